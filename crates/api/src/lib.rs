@@ -1,0 +1,188 @@
+//! The `Memcached` custom resource (`memcached.cache.example.com/v1`): its spec and status
+//! types, the defaults the CRD schema declares, and pure validation that needs no API server.
+//!
+//! The CRD YAML is generated from these types (`memcached-operator crd`); never edit it by hand.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub mod validation;
+
+/// API group of the Memcached kind (Kubebuilder: `--group memcached --domain cache.example.com`).
+pub const GROUP: &str = "memcached.cache.example.com";
+/// The one served and stored version.
+pub const VERSION: &str = "v1";
+/// Default memcached port, as in the seed.
+pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
+/// Largest `spec.size` accepted. A memcached pool beyond 100 pods is a sign of a mistake
+/// (a typo, a runaway autoscaler) far more often than a real need; raise it deliberately.
+pub const MAX_SIZE: i32 = 100;
+/// Default memcached image when neither the CR nor the operator's `--memcached-image` says
+/// otherwise: the current 1.6 line on Alpine (the seed used the long-unsupported 1.4.36).
+pub const DEFAULT_IMAGE: &str = "memcached:1.6.39-alpine";
+
+/// Desired state of a Memcached pool.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "memcached.cache.example.com",
+    version = "v1",
+    kind = "Memcached",
+    plural = "memcacheds",
+    singular = "memcached",
+    namespaced,
+    status = "MemcachedStatus",
+    shortname = "mc",
+    category = "all",
+    scale(
+        spec_replicas_path = ".spec.size",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    doc = "Memcached is a pool of memcached pods managed by the memcached-operator."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedSpec {
+    /// Number of memcached pods (Deployment replicas). 0 keeps the Service but runs no pods.
+    #[schemars(range(min = 0, max = 100))]
+    pub size: i32,
+
+    /// Port memcached listens on, in the pods and on the Service.
+    #[serde(default = "default_container_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub container_port: i32,
+
+    /// Container image. Empty means the operator's default (`--memcached-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+}
+
+fn default_container_port() -> i32 {
+    DEFAULT_CONTAINER_PORT
+}
+
+/// Observed state of a Memcached pool.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedStatus {
+    /// Names of the memcached pods, sorted (as in the seed).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Pods of the current Deployment (the scale subresource's status replicas).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Pods that pass their readiness probe.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Label selector of the pods, as a string (the scale subresource's selector, for HPA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// `Available`, `Progressing` and `Degraded`, in the `metav1.Condition` shape.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Condition types reported in `status.conditions`.
+pub mod condition {
+    /// All desired pods are ready.
+    pub const AVAILABLE: &str = "Available";
+    /// A rollout or scale is under way.
+    pub const PROGRESSING: &str = "Progressing";
+    /// The operator cannot make the pool match the spec (invalid input, API errors).
+    pub const DEGRADED: &str = "Degraded";
+}
+
+impl Memcached {
+    /// The image to run: the CR's own, else the operator's default.
+    pub fn image_or<'a>(&'a self, default: &'a str) -> &'a str {
+        match self.spec.image.as_deref() {
+            Some(image) if !image.is_empty() => image,
+            _ => default,
+        }
+    }
+
+    /// A condition of the status by type, if present.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn seed_sample_parses_with_defaults() {
+        let yaml = r#"
+apiVersion: memcached.cache.example.com/v1
+kind: Memcached
+metadata:
+  name: memcached-sample
+spec:
+  size: 3
+"#;
+        let mc: Memcached = serde_yaml::from_str(yaml).expect("seed sample parses");
+        assert_eq!(mc.spec.size, 3);
+        assert_eq!(mc.spec.container_port, DEFAULT_CONTAINER_PORT);
+        assert_eq!(mc.image_or(DEFAULT_IMAGE), DEFAULT_IMAGE);
+    }
+
+    #[test]
+    fn crd_declares_subresources_columns_and_names() {
+        let crd = Memcached::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("memcacheds.memcached.cache.example.com")
+        );
+        assert_eq!(crd.spec.names.short_names, Some(vec!["mc".to_string()]));
+        assert_eq!(crd.spec.names.categories, Some(vec!["all".to_string()]));
+        let version = &crd.spec.versions[0];
+        let sub = version.subresources.as_ref().expect("subresources");
+        assert!(sub.status.is_some());
+        let scale = sub.scale.as_ref().expect("scale subresource");
+        assert_eq!(scale.spec_replicas_path, ".spec.size");
+        assert_eq!(scale.status_replicas_path, ".status.replicas");
+        let columns: Vec<_> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(columns, ["Size", "Ready", "Available", "Age"]);
+    }
+
+    #[test]
+    fn crd_schema_carries_bounds_and_defaults() {
+        let crd = Memcached::crd();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serializes");
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(spec["required"], serde_json::json!(["size"]));
+        let size = &spec["properties"]["size"];
+        assert_eq!(size["minimum"], 0.0);
+        assert_eq!(size["maximum"], f64::from(MAX_SIZE));
+        let port = &spec["properties"]["containerPort"];
+        assert_eq!(port["default"], 11211);
+        assert_eq!(port["minimum"], 1.0);
+        assert_eq!(port["maximum"], 65535.0);
+    }
+}
