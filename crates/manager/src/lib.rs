@@ -1,0 +1,8 @@
+//! Runtime concerns shared by any controller, kept apart from the Memcached logic:
+//! the Rust counterpart of controller-runtime's manager. One module per concern.
+
+pub mod logging;
+pub mod metrics;
+pub mod shutdown;
+
+pub use metrics::{ControllerMetrics, Metrics, ReconcileResult};
