@@ -1,8 +1,13 @@
 //! Runtime concerns shared by any controller, kept apart from the Memcached logic:
 //! the Rust counterpart of controller-runtime's manager. One module per concern.
 
+pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod shutdown;
 
+pub use health::Health;
 pub use metrics::{ControllerMetrics, Metrics, ReconcileResult};
+
+#[cfg(test)]
+mod test_http;
