@@ -5,9 +5,12 @@ pub mod health;
 pub mod logging;
 pub mod metrics;
 pub mod shutdown;
+pub mod webhook_tls;
 
 pub use health::Health;
 pub use metrics::{ControllerMetrics, Metrics, ReconcileResult};
 
 #[cfg(test)]
 mod test_http;
+#[cfg(test)]
+mod test_util;
