@@ -40,18 +40,10 @@ pub const DEFAULT_IMAGE: &str = "memcached:1.6.39-alpine";
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
-    printcolumn(
-        name = "Available",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Available\")].status"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    ),
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".spec.size"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "Memcached is a pool of memcached pods managed by the memcached-operator."
 )]
 #[serde(rename_all = "camelCase")]

@@ -1,1 +1,10 @@
-//! Memcached operator.
+//! The Memcached operator: desired-state builders (pure), drift detection, status
+//! computation (pure) and the controller that applies them, plus the `demo` that runs it all
+//! against the in-memory API server.
+
+pub mod builders;
+pub mod controller;
+pub mod crd;
+//pub mod demo;
+pub mod drift;
+pub mod status;

@@ -1,0 +1,542 @@
+//! The Memcached controller: informers (kube-runtime watchers + reflector stores) feed the
+//! work queue (kube-runtime's `Controller`, which deduplicates keys and never runs two
+//! reconciles of one object at once); `reconcile` reads the CR and its children from the
+//! cache, applies the desired Deployment and Service with server-side apply only when they
+//! differ, and writes status only when it changed.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use memcached_api::{Memcached, MemcachedStatus, validation};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::builders::{
+    self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_INSTANCE,
+    LABEL_MANAGED_BY, MANAGED_BY,
+};
+use crate::drift;
+use crate::status::{self, Observed, Problem};
+
+/// Name under which the controller reports events and metrics.
+pub const CONTROLLER_NAME: &str = "memcached";
+
+/// Per-object retry delays after a failed reconcile: `base * 2^(failures-1)`, capped.
+/// 250 ms keeps a transient API error (a 409, a 500 during an upgrade) from being
+/// noticeable; the 5 minute cap bounds the load a persistently failing object puts on the
+/// API server while still retrying often enough to recover unattended. Reset on success.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    pub base: Duration,
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// Delay before the retry that follows the `failures`-th consecutive failure (1-based).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(31);
+        self.base.saturating_mul(1u32 << exp).min(self.cap)
+    }
+}
+
+/// Settings of one controller instance.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Namespace to watch; `None` watches all namespaces.
+    pub namespace: Option<String>,
+    pub build: BuildSettings,
+    /// Reconciles running at once (never two for one object).
+    pub concurrency: u16,
+    /// How often a converged object is looked at again, as a safety net for missed events.
+    pub resync: Duration,
+    pub backoff: Backoff,
+    /// Reported as the events' `reportingInstance` (the pod name in a cluster).
+    pub instance: Option<String>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            build: BuildSettings::default(),
+            concurrency: 4,
+            resync: Duration::from_secs(300),
+            backoff: Backoff::default(),
+            instance: None,
+        }
+    }
+}
+
+/// Why a reconcile failed; each names the object and the step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("building the desired {kind} for {object}: {source}")]
+    Build {
+        kind: &'static str,
+        object: String,
+        source: BuildError,
+    },
+    #[error("applying {kind} {object}: {source}")]
+    Apply {
+        kind: &'static str,
+        object: String,
+        source: kube::Error,
+    },
+    #[error("writing the status of Memcached {object}: {source}")]
+    Status { object: String, source: kube::Error },
+    #[error("Memcached has no namespace (it is a namespaced kind)")]
+    NoNamespace,
+}
+
+/// Shared state of the reconciler: the client for writes and the caches for reads.
+pub struct Context {
+    pub client: Client,
+    pub config: ControllerConfig,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub pods: Store<Pod>,
+    recorder: Recorder,
+    failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
+}
+
+impl Context {
+    fn record_failure(&self, key: ObjectRef<Memcached>) -> u32 {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let count = failures.entry(key).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    }
+
+    fn reset_failures(&self, key: &ObjectRef<Memcached>) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.remove(key);
+    }
+
+    async fn publish(
+        &self,
+        mc: &Memcached,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &mc.object_ref(&())).await {
+            warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+fn object_key(mc: &Memcached) -> String {
+    format!("{}/{}", mc.namespace().unwrap_or_default(), mc.name_any())
+}
+
+fn with_hash<T: Resource + Serialize>(mut desired: T) -> T {
+    // The hash is computed without the annotation, then added, so it is stable.
+    let hash = drift::desired_hash(&desired);
+    desired
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(APPLIED_HASH_ANNOTATION.to_string(), hash);
+    desired
+}
+
+/// What an apply did, for events.
+enum Applied<T> {
+    Unchanged(Arc<T>),
+    Created(T),
+    Updated { before: Arc<T>, after: T },
+}
+
+async fn apply_if_changed<T>(
+    client: &Client,
+    cache: &Store<T>,
+    desired: T,
+    kind: &'static str,
+) -> Result<Applied<T>, Error>
+where
+    T: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let desired = with_hash(desired);
+    let name = desired.name_any();
+    let namespace = desired.namespace().ok_or(Error::NoNamespace)?;
+    let key = ObjectRef::new(&name).within(&namespace);
+    let live = cache.get(&key);
+    if drift::is_converged(&desired, live.as_deref())
+        && let Some(live) = live
+    {
+        return Ok(Applied::Unchanged(live));
+    }
+    let api: Api<T> = Api::namespaced(client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let after = api
+        .patch(&name, &params, &Patch::Apply(&desired))
+        .await
+        .map_err(|source| Error::Apply {
+            kind,
+            object: format!("{namespace}/{name}"),
+            source,
+        })?;
+    Ok(match live {
+        None => Applied::Created(after),
+        Some(before) => Applied::Updated { before, after },
+    })
+}
+
+fn replicas(d: &Deployment) -> i32 {
+    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+}
+
+/// Names of the live pods of `mc` in the pod cache.
+fn pod_names(pods: &Store<Pod>, namespace: &str, name: &str) -> Vec<String> {
+    pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace)
+            && p.metadata.deletion_timestamp.is_none()
+            && p.labels().get(LABEL_INSTANCE).map(String::as_str) == Some(name)
+    })
+    .iter()
+    .map(|p| p.name_any())
+    .collect()
+}
+
+async fn write_status_if_changed(
+    client: &Client,
+    mc: &Memcached,
+    status: MemcachedStatus,
+) -> Result<bool, Error> {
+    if mc.status.as_ref() == Some(&status) {
+        return Ok(false);
+    }
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<Memcached> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(
+        &mc.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        object: object_key(mc),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// Reconciles one Memcached: idempotent, level-triggered, reads from the caches.
+pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = ObjectRef::from_obj(mc.as_ref());
+    let span = tracing::info_span!("reconcile", object = %object_key(&mc));
+    let result = reconcile_inner(&mc, &ctx).instrument(span).await;
+    match &result {
+        Ok(_) => ctx.reset_failures(&key),
+        Err(err) => {
+            // Best effort: surface the failure on the object itself, unless writing the
+            // status is what failed.
+            if !matches!(err, Error::Status { .. }) {
+                let problem = Problem {
+                    reason: "ReconcileFailed".into(),
+                    message: err.to_string(),
+                };
+                let deployment = mc.namespace().and_then(|ns| {
+                    ctx.deployments
+                        .get(&ObjectRef::new(&mc.name_any()).within(&ns))
+                });
+                let observed = Observed {
+                    deployment: deployment.as_deref(),
+                    pod_names: mc
+                        .namespace()
+                        .map(|ns| pod_names(&ctx.pods, &ns, &mc.name_any()))
+                        .unwrap_or_default(),
+                    problem: Some(problem),
+                };
+                let status = status::desired_status(&mc, &observed, jiff::Timestamp::now());
+                if let Err(e) = write_status_if_changed(&ctx.client, &mc, status).await {
+                    debug!(error = %e, "could not record the failure in status");
+                }
+            }
+            ctx.publish(
+                &mc,
+                EventType::Warning,
+                "ReconcileFailed",
+                "Reconcile",
+                err.to_string(),
+            )
+            .await;
+        }
+    }
+    result
+}
+
+async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
+    if mc.metadata.deletion_timestamp.is_some() {
+        // Owned objects go with the CR through ownerReference garbage collection.
+        return Ok(Action::await_change());
+    }
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    let name = mc.name_any();
+    let object = format!("{namespace}/{name}");
+
+    if let Err(errors) = validation::validate(mc) {
+        let message = errors.to_string();
+        warn!(object, %message, "invalid Memcached: not creating children");
+        let deployment = ctx
+            .deployments
+            .get(&ObjectRef::new(&name).within(&namespace));
+        let observed = Observed {
+            deployment: deployment.as_deref(),
+            pod_names: pod_names(&ctx.pods, &namespace, &name),
+            problem: Some(Problem {
+                reason: "InvalidSpec".into(),
+                message: message.clone(),
+            }),
+        };
+        let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+        if write_status_if_changed(&ctx.client, mc, status).await? {
+            ctx.publish(mc, EventType::Warning, "InvalidSpec", "Validate", message)
+                .await;
+        }
+        // Retrying cannot help: wait for the user to change the object.
+        return Ok(Action::await_change());
+    }
+
+    let desired =
+        builders::desired_deployment(mc, &ctx.config.build).map_err(|source| Error::Build {
+            kind: "Deployment",
+            object: object.clone(),
+            source,
+        })?;
+    let want_replicas = replicas(&desired);
+    let deployment =
+        match apply_if_changed(&ctx.client, &ctx.deployments, desired, "Deployment").await? {
+            Applied::Unchanged(live) => live,
+            Applied::Created(after) => {
+                info!(object, replicas = want_replicas, "created Deployment");
+                ctx.publish(
+                    mc,
+                    EventType::Normal,
+                    "Created",
+                    "CreateDeployment",
+                    format!("Created Deployment {name} with {want_replicas} replicas"),
+                )
+                .await;
+                Arc::new(after)
+            }
+            Applied::Updated { before, after } => {
+                let had = replicas(&before);
+                if had != want_replicas {
+                    info!(object, from = had, to = want_replicas, "scaled Deployment");
+                    ctx.publish(
+                        mc,
+                        EventType::Normal,
+                        "Scaled",
+                        "ScaleDeployment",
+                        format!("Scaled Deployment {name} from {had} to {want_replicas} replicas"),
+                    )
+                    .await;
+                } else {
+                    info!(object, "updated Deployment");
+                    ctx.publish(
+                        mc,
+                        EventType::Normal,
+                        "Updated",
+                        "UpdateDeployment",
+                        format!("Updated Deployment {name} to the desired spec"),
+                    )
+                    .await;
+                }
+                Arc::new(after)
+            }
+        };
+
+    let desired = builders::desired_service(mc).map_err(|source| Error::Build {
+        kind: "Service",
+        object: object.clone(),
+        source,
+    })?;
+    match apply_if_changed(&ctx.client, &ctx.services, desired, "Service").await? {
+        Applied::Unchanged(_) => {}
+        Applied::Created(_) => {
+            info!(object, "created Service");
+            ctx.publish(
+                mc,
+                EventType::Normal,
+                "Created",
+                "CreateService",
+                format!("Created Service {name}"),
+            )
+            .await;
+        }
+        Applied::Updated { .. } => {
+            info!(object, "updated Service");
+            ctx.publish(
+                mc,
+                EventType::Normal,
+                "Updated",
+                "UpdateService",
+                format!("Updated Service {name} to the desired spec"),
+            )
+            .await;
+        }
+    }
+
+    let observed = Observed {
+        deployment: Some(deployment.as_ref()),
+        pod_names: pod_names(&ctx.pods, &namespace, &name),
+        problem: None,
+    };
+    let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+    if write_status_if_changed(&ctx.client, mc, status).await? {
+        debug!(object, "status updated");
+    }
+    Ok(Action::requeue(ctx.config.resync))
+}
+
+/// Retry a failed object with per-object exponential backoff.
+pub fn error_policy(mc: Arc<Memcached>, err: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.record_failure(ObjectRef::from_obj(mc.as_ref()));
+    let delay = ctx.config.backoff.delay(failures);
+    warn!(object = %object_key(&mc), error = %err, failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Maps one of our pods to the Memcached that owns it (by its instance label).
+fn pod_owner(pod: Pod) -> Option<ObjectRef<Memcached>> {
+    let instance = pod.labels().get(LABEL_INSTANCE)?;
+    Some(ObjectRef::new(instance).within(pod.metadata.namespace.as_deref()?))
+}
+
+/// Drops what the reconciler never reads, to keep the caches small.
+fn slim<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+}
+
+/// Runs the controller until `shutdown` resolves, then lets in-flight reconciles finish.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ns = config.namespace.as_deref();
+    let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+
+    let (mc_reader, mc_writer) = reflector::store::<Memcached>();
+    let memcacheds = watcher(scoped::<Memcached>(&client, ns), watcher::Config::default())
+        .default_backoff()
+        .modify(slim)
+        .reflect(mc_writer)
+        .applied_objects()
+        // Status writes (ours included) and metadata-only edits do not change the outcome.
+        .predicate_filter(predicates::generation, Default::default());
+
+    let (dep_reader, dep_writer) = reflector::store::<Deployment>();
+    let deployments = watcher(scoped::<Deployment>(&client, ns), owned.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(dep_writer)
+        .touched_objects();
+
+    let (svc_reader, svc_writer) = reflector::store::<Service>();
+    let services = watcher(scoped::<Service>(&client, ns), owned.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(svc_writer)
+        .touched_objects();
+
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let pods = watcher(scoped::<Pod>(&client, ns), owned)
+        .default_backoff()
+        .modify(|p: &mut Pod| {
+            slim(p);
+            // The reconciler reads names, labels and deletion state only.
+            p.spec = None;
+        })
+        .reflect(pod_writer)
+        .touched_objects();
+
+    let reporter = Reporter {
+        controller: MANAGED_BY.to_string(),
+        instance: config.instance.clone(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        deployments: dep_reader,
+        services: svc_reader,
+        pods: pod_reader,
+        failures: Mutex::new(HashMap::new()),
+        config: config.clone(),
+    });
+
+    Controller::for_stream(memcacheds, mc_reader)
+        .owns_stream(deployments)
+        .owns_stream(services)
+        .watches_stream(pods, pod_owner)
+        .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(object = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_base_to_cap() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(1), Duration::from_millis(250));
+        assert_eq!(b.delay(2), Duration::from_millis(500));
+        assert_eq!(b.delay(5), Duration::from_secs(4));
+        assert_eq!(b.delay(20), Duration::from_secs(300));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,373 @@
+//! Observed state → `status`: a pure function of the Memcached, its Deployment (from the
+//! cache), its pod names and any problem found while reconciling. Conditions keep their
+//! `lastTransitionTime` unless their status flips, so an unchanged world gives an
+//! identical status and no write.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use memcached_api::{Memcached, MemcachedStatus, condition};
+
+use crate::builders::selector_string;
+
+/// Something that keeps the operator from making the pool match its spec; reported as the
+/// `Degraded` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// CamelCase reason, e.g. `InvalidSpec`.
+    pub reason: String,
+    /// What is wrong, readable by a person.
+    pub message: String,
+}
+
+/// What the reconciler saw, as plain values.
+#[derive(Clone, Debug, Default)]
+pub struct Observed<'a> {
+    pub deployment: Option<&'a Deployment>,
+    /// Names of the pods of this Memcached that are not being deleted, in any order.
+    pub pod_names: Vec<String>,
+    pub problem: Option<Problem>,
+}
+
+struct Rollout {
+    replicas: i32,
+    updated: i32,
+    ready: i32,
+    available: i32,
+    observed: bool,
+}
+
+fn rollout(deployment: &Deployment) -> Rollout {
+    let status = deployment.status.clone().unwrap_or_default();
+    let observed = match (status.observed_generation, deployment.metadata.generation) {
+        (Some(seen), Some(current)) => seen >= current,
+        (_, None) => true,
+        (None, Some(_)) => false,
+    };
+    Rollout {
+        replicas: status.replicas.unwrap_or(0),
+        updated: status.updated_replicas.unwrap_or(0),
+        ready: status.ready_replicas.unwrap_or(0),
+        available: status.available_replicas.unwrap_or(0),
+        observed,
+    }
+}
+
+fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: None,
+        last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+    }
+}
+
+/// The status `mc` should have, given what was observed at `now`.
+pub fn desired_status(
+    mc: &Memcached,
+    observed: &Observed<'_>,
+    now: jiff::Timestamp,
+) -> MemcachedStatus {
+    let size = mc.spec.size;
+    let name = mc.metadata.name.clone().unwrap_or_default();
+    let mut nodes = observed.pod_names.clone();
+    nodes.sort();
+    nodes.dedup();
+
+    let (replicas, ready, available_cond, progressing_cond) = match observed.deployment {
+        None => (
+            0,
+            0,
+            cond(
+                condition::AVAILABLE,
+                false,
+                "DeploymentMissing",
+                "the Deployment does not exist yet".into(),
+            ),
+            cond(
+                condition::PROGRESSING,
+                observed.problem.is_none(),
+                if observed.problem.is_none() {
+                    "Creating"
+                } else {
+                    "Blocked"
+                },
+                if observed.problem.is_none() {
+                    "creating the Deployment".into()
+                } else {
+                    "waiting for the problem to be fixed".into()
+                },
+            ),
+        ),
+        Some(deployment) => {
+            let r = rollout(deployment);
+            let available = r.available >= size && (size == 0 || r.ready > 0);
+            let available_cond = cond(
+                condition::AVAILABLE,
+                available,
+                if available {
+                    "MinimumReplicasAvailable"
+                } else {
+                    "MinimumReplicasUnavailable"
+                },
+                format!("{}/{} pods ready", r.ready, size),
+            );
+            let done = r.observed
+                && r.updated >= size
+                && r.replicas == size
+                && r.available >= size
+                && r.ready >= size;
+            let (reason, message) = if done {
+                ("RolloutComplete", format!("{size} pods updated and ready"))
+            } else if !r.observed {
+                (
+                    "DeploymentUpdated",
+                    "the Deployment controller has not yet seen the change".to_string(),
+                )
+            } else if r.replicas < size && r.updated >= r.replicas {
+                ("ScalingUp", format!("{} of {size} pods exist", r.replicas))
+            } else if r.replicas > size && r.updated >= size {
+                (
+                    "ScalingDown",
+                    format!("{} pods exist, {size} wanted", r.replicas),
+                )
+            } else if r.updated < size {
+                (
+                    "RollingUpdate",
+                    format!("{} of {size} pods updated", r.updated),
+                )
+            } else {
+                (
+                    "WaitingForReadyPods",
+                    format!("{} of {size} pods ready", r.ready),
+                )
+            };
+            let progressing_cond = cond(condition::PROGRESSING, !done, reason, message);
+            (r.replicas, r.ready, available_cond, progressing_cond)
+        }
+    };
+    let degraded_cond = match &observed.problem {
+        Some(p) => cond(condition::DEGRADED, true, &p.reason, p.message.clone()),
+        None => cond(
+            condition::DEGRADED,
+            false,
+            "AsExpected",
+            "no problems found".into(),
+        ),
+    };
+
+    let previous = mc
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let generation = mc.metadata.generation;
+    let conditions = [available_cond, progressing_cond, degraded_cond]
+        .into_iter()
+        .map(|mut c| {
+            c.observed_generation = generation;
+            c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
+                Some(p) if p.status == c.status => p.last_transition_time.clone(),
+                _ => Time(now),
+            };
+            c
+        })
+        .collect();
+
+    MemcachedStatus {
+        nodes,
+        replicas,
+        ready_replicas: ready,
+        observed_generation: generation,
+        selector: Some(selector_string(&name)),
+        conditions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use memcached_api::MemcachedSpec;
+
+    fn mc(size: i32, generation: i64) -> Memcached {
+        let mut mc = Memcached::new(
+            "m",
+            MemcachedSpec {
+                size,
+                container_port: 11211,
+                image: None,
+            },
+        );
+        mc.metadata.generation = Some(generation);
+        mc
+    }
+
+    fn deployment(
+        generation: i64,
+        seen: i64,
+        replicas: i32,
+        updated: i32,
+        ready: i32,
+    ) -> Deployment {
+        let mut d = Deployment::default();
+        d.metadata.generation = Some(generation);
+        d.status = Some(DeploymentStatus {
+            observed_generation: Some(seen),
+            replicas: Some(replicas),
+            updated_replicas: Some(updated),
+            ready_replicas: Some(ready),
+            available_replicas: Some(ready),
+            ..DeploymentStatus::default()
+        });
+        d
+    }
+
+    fn status_of<'a>(s: &'a MemcachedStatus, t: &str) -> (&'a str, &'a str) {
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .expect("condition present");
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    fn t(secs: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(secs).expect("valid time")
+    }
+
+    #[test]
+    fn table_of_rollout_states() {
+        // (size, deployment (gen, seen, replicas, updated, ready), Available, Progressing reason)
+        let cases = [
+            (
+                3,
+                None,
+                ("False", "DeploymentMissing"),
+                ("True", "Creating"),
+            ),
+            (
+                3,
+                Some((1, 1, 3, 3, 3)),
+                ("True", "MinimumReplicasAvailable"),
+                ("False", "RolloutComplete"),
+            ),
+            (
+                3,
+                Some((1, 1, 3, 3, 1)),
+                ("False", "MinimumReplicasUnavailable"),
+                ("True", "WaitingForReadyPods"),
+            ),
+            (
+                5,
+                Some((2, 1, 3, 3, 3)),
+                ("False", "MinimumReplicasUnavailable"),
+                ("True", "DeploymentUpdated"),
+            ),
+            (
+                5,
+                Some((2, 2, 3, 3, 3)),
+                ("False", "MinimumReplicasUnavailable"),
+                ("True", "ScalingUp"),
+            ),
+            (
+                1,
+                Some((2, 2, 3, 3, 3)),
+                ("True", "MinimumReplicasAvailable"),
+                ("True", "ScalingDown"),
+            ),
+            (
+                3,
+                Some((2, 2, 4, 1, 3)),
+                ("True", "MinimumReplicasAvailable"),
+                ("True", "RollingUpdate"),
+            ),
+            (
+                0,
+                Some((2, 2, 0, 0, 0)),
+                ("True", "MinimumReplicasAvailable"),
+                ("False", "RolloutComplete"),
+            ),
+        ];
+        for (size, dep, available, progressing) in cases {
+            let dep = dep.map(|(g, s, r, u, rd)| deployment(g, s, r, u, rd));
+            let observed = Observed {
+                deployment: dep.as_ref(),
+                ..Observed::default()
+            };
+            let s = desired_status(&mc(size, 1), &observed, t(100));
+            assert_eq!(
+                status_of(&s, condition::AVAILABLE),
+                available,
+                "size {size} {dep:?}"
+            );
+            assert_eq!(
+                status_of(&s, condition::PROGRESSING),
+                progressing,
+                "size {size} {dep:?}"
+            );
+            assert_eq!(status_of(&s, condition::DEGRADED), ("False", "AsExpected"));
+        }
+    }
+
+    #[test]
+    fn nodes_are_sorted_pod_names_and_counts_come_from_the_deployment() {
+        let d = deployment(1, 1, 3, 3, 2);
+        let observed = Observed {
+            deployment: Some(&d),
+            pod_names: vec!["m-abc-3".into(), "m-abc-1".into(), "m-abc-2".into()],
+            problem: None,
+        };
+        let s = desired_status(&mc(3, 4), &observed, t(100));
+        assert_eq!(s.nodes, ["m-abc-1", "m-abc-2", "m-abc-3"]);
+        assert_eq!(
+            (s.replicas, s.ready_replicas, s.observed_generation),
+            (3, 2, Some(4))
+        );
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(4))
+        );
+        assert_eq!(
+            s.selector.as_deref(),
+            Some("app.kubernetes.io/instance=m,app.kubernetes.io/name=memcached")
+        );
+    }
+
+    #[test]
+    fn transition_time_changes_only_when_a_condition_flips() {
+        let d = deployment(1, 1, 3, 3, 3);
+        let observed = Observed {
+            deployment: Some(&d),
+            ..Observed::default()
+        };
+        let mut m = mc(3, 1);
+        let first = desired_status(&m, &observed, t(100));
+        m.status = Some(first.clone());
+        let again = desired_status(&m, &observed, t(200));
+        assert_eq!(first, again, "an unchanged world gives an identical status");
+
+        let degraded = Observed {
+            problem: Some(Problem {
+                reason: "InvalidSpec".into(),
+                message: "spec.size: too big".into(),
+            }),
+            ..observed.clone()
+        };
+        let flipped = desired_status(&m, &degraded, t(300));
+        let when = |s: &MemcachedStatus, ty: &str| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == ty)
+                .map(|c| c.last_transition_time.0)
+        };
+        assert_eq!(when(&flipped, condition::DEGRADED), Some(t(300)));
+        assert_eq!(when(&flipped, condition::AVAILABLE), Some(t(100)));
+        assert_eq!(
+            status_of(&flipped, condition::DEGRADED),
+            ("True", "InvalidSpec")
+        );
+    }
+}
