@@ -4,6 +4,7 @@
 pub mod health;
 pub mod logging;
 pub mod metrics;
+pub mod metrics_server;
 pub mod shutdown;
 pub mod webhook_tls;
 

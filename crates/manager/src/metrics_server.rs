@@ -1,0 +1,511 @@
+//! The `/metrics` endpoint. Secure mode (the default, `:8443`): TLS plus the checks of
+//! controller-runtime's `filters.WithAuthenticationAndAuthorization` (bearer token →
+//! TokenReview → SubjectAccessReview `get /metrics`, decisions cached briefly). Insecure: plain HTTP.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::future::BoxFuture;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::webhook_tls;
+
+/// controller-runtime's default secure metrics port.
+pub const DEFAULT_SECURE_BIND: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8443);
+/// How long an authentication/authorization decision is reused for the same token.
+pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(10);
+/// At most this many cached decisions are kept.
+const AUTH_CACHE_MAX: usize = 1024;
+/// A TLS handshake must finish within this time.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of the metrics server, naming the step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bind address could not be parsed.
+    #[error("invalid metrics bind address {0:?}: expected \"0\", \":PORT\" or \"HOST:PORT\"")]
+    InvalidAddress(String),
+    /// Binding failed.
+    #[error("binding metrics address {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Secure mode needs a Kubernetes client for TokenReview/SubjectAccessReview.
+    #[error("secure metrics serving needs a Kubernetes client for authentication")]
+    NoClient,
+    /// Loading or generating the certificate failed.
+    #[error("setting up metrics TLS: {0}")]
+    Tls(#[from] webhook_tls::Error),
+    /// Serving failed.
+    #[error("serving metrics: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Where and how `/metrics` is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsServerConfig {
+    /// Address to listen on; `None` disables the server (`--metrics-bind-address=0`).
+    pub bind: Option<SocketAddr>,
+    /// TLS plus authentication/authorization (default true).
+    pub secure: bool,
+    /// Directory with `tls.crt`/`tls.key`; `None` = self-signed certificate generated at start.
+    pub cert_dir: Option<PathBuf>,
+}
+
+impl Default for MetricsServerConfig {
+    fn default() -> Self {
+        Self {
+            bind: Some(DEFAULT_SECURE_BIND),
+            secure: true,
+            cert_dir: None,
+        }
+    }
+}
+
+impl MetricsServerConfig {
+    /// Parses controller-runtime's address syntax: `"0"` → disabled, `":8443"` →
+    /// `0.0.0.0:8443`, `"127.0.0.1:0"`, `"[::1]:8080"`, `"localhost:8080"`.
+    pub fn parse_bind(s: &str) -> Result<Option<SocketAddr>, Error> {
+        parse_bind_address(s)
+    }
+}
+
+/// See [`MetricsServerConfig::parse_bind`].
+pub fn parse_bind_address(s: &str) -> Result<Option<SocketAddr>, Error> {
+    let s = s.trim();
+    let bad = || Error::InvalidAddress(s.to_string());
+    if s == "0" {
+        return Ok(None);
+    }
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port,
+        )));
+    }
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(Some(addr));
+    }
+    if let Some(port) = s.strip_prefix("localhost:") {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)));
+    }
+    Err(bad())
+}
+
+/// The authenticated caller (from a TokenReview).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserInfo {
+    /// User name, e.g. `system:serviceaccount:monitoring:prometheus`.
+    pub username: String,
+    /// UID.
+    pub uid: Option<String>,
+    /// Groups.
+    pub groups: Vec<String>,
+    /// Extra attributes.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+/// Failure to reach a decision (answered with 500, never cached).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The TokenReview call failed.
+    #[error("creating TokenReview: {0}")]
+    TokenReview(#[source] kube::Error),
+    /// The SubjectAccessReview call failed.
+    #[error("creating SubjectAccessReview: {0}")]
+    SubjectAccessReview(#[source] kube::Error),
+    /// Any other failure (fakes, future implementations).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Authentication and authorization of scrapers, behind a trait so the server is
+/// testable without a cluster. [`KubeAuthorizer`] is the real one.
+pub trait Authorizer: Send + Sync + 'static {
+    /// `Ok(None)` when the token is not valid.
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UserInfo>, AuthError>>;
+    /// Whether `user` may do `verb` on the non-resource URL `path`.
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        verb: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<bool, AuthError>>;
+}
+
+/// Checks tokens with `TokenReview` and access with `SubjectAccessReview` (needs RBAC:
+/// `create` on `tokenreviews` and `subjectaccessreviews`, as kube-rbac-proxy does).
+#[derive(Clone)]
+pub struct KubeAuthorizer {
+    client: kube::Client,
+}
+
+impl KubeAuthorizer {
+    /// Uses `client` for the reviews.
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl Authorizer for KubeAuthorizer {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UserInfo>, AuthError>> {
+        Box::pin(async move {
+            let api: Api<TokenReview> = Api::all(self.client.clone());
+            let review = TokenReview {
+                spec: TokenReviewSpec {
+                    token: Some(token.to_string()),
+                    audiences: None,
+                },
+                ..Default::default()
+            };
+            let out = api
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(AuthError::TokenReview)?;
+            let Some(status) = out.status else {
+                return Ok(None);
+            };
+            if status.authenticated != Some(true) {
+                return Ok(None);
+            }
+            let user = status.user.unwrap_or_default();
+            Ok(Some(UserInfo {
+                username: user.username.unwrap_or_default(),
+                uid: user.uid,
+                groups: user.groups.unwrap_or_default(),
+                extra: user.extra.unwrap_or_default(),
+            }))
+        })
+    }
+
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        verb: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<bool, AuthError>> {
+        Box::pin(async move {
+            let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.username.clone()),
+                    uid: user.uid.clone(),
+                    groups: Some(user.groups.clone()),
+                    extra: Some(user.extra.clone()),
+                    non_resource_attributes: Some(NonResourceAttributes {
+                        path: Some(path.to_string()),
+                        verb: Some(verb.to_string()),
+                    }),
+                    resource_attributes: None,
+                },
+                ..Default::default()
+            };
+            let out = api
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(AuthError::SubjectAccessReview)?;
+            Ok(out.status.map(|s| s.allowed).unwrap_or(false))
+        })
+    }
+}
+
+/// Outcome of checking one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// 200.
+    Allowed,
+    /// No or invalid token: 401.
+    Unauthenticated,
+    /// Valid token, access denied: 403.
+    Forbidden(String),
+}
+
+/// (token, verb, path).
+type CacheKey = (String, String, String);
+
+/// Caches decisions per (token, verb, path) for a TTL to bound the load on the API server.
+pub struct CachingAuthorizer {
+    inner: Arc<dyn Authorizer>,
+    ttl: Duration,
+    cache: Mutex<HashMap<CacheKey, (Instant, Decision)>>,
+}
+
+impl CachingAuthorizer {
+    /// Wraps `inner`, reusing decisions for `ttl`.
+    pub fn new(inner: Arc<dyn Authorizer>, ttl: Duration) -> Self {
+        Self {
+            inner,
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Decides for a bearer `token` doing `verb` on `path`.
+    pub async fn check(&self, token: &str, verb: &str, path: &str) -> Result<Decision, AuthError> {
+        let key = (token.to_string(), verb.to_string(), path.to_string());
+        {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, d)) = cache.get(&key)
+                && at.elapsed() < self.ttl
+            {
+                return Ok(d.clone());
+            }
+        }
+        let decision = match self.inner.authenticate(token).await? {
+            None => Decision::Unauthenticated,
+            Some(user) => {
+                if self.inner.authorize(&user, verb, path).await? {
+                    Decision::Allowed
+                } else {
+                    Decision::Forbidden(user.username)
+                }
+            }
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= AUTH_CACHE_MAX {
+            let ttl = self.ttl;
+            cache.retain(|_, (at, _)| at.elapsed() < ttl);
+            if cache.len() >= AUTH_CACHE_MAX {
+                cache.clear();
+            }
+        }
+        cache.insert(key, (Instant::now(), decision.clone()));
+        Ok(decision)
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Metrics,
+    auth: Option<Arc<CachingAuthorizer>>,
+}
+
+fn plain(status: StatusCode, msg: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        msg.into(),
+    )
+        .into_response()
+}
+
+async fn metrics_handler(
+    State(state): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(auth) = &state.auth {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .filter(|t| !t.is_empty());
+        let Some(token) = token else {
+            return plain(StatusCode::UNAUTHORIZED, "Unauthorized\n");
+        };
+        let verb = method.as_str().to_ascii_lowercase();
+        match auth.check(token, &verb, uri.path()).await {
+            Ok(Decision::Allowed) => {}
+            Ok(Decision::Unauthenticated) => {
+                return plain(StatusCode::UNAUTHORIZED, "Unauthorized\n");
+            }
+            Ok(Decision::Forbidden(user)) => {
+                tracing::debug!(%user, "metrics access denied");
+                return plain(
+                    StatusCode::FORBIDDEN,
+                    format!("Authorization denied for user {user}\n"),
+                );
+            }
+            Err(err) => {
+                tracing::error!(%err, "metrics authentication/authorization failed");
+                return plain(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Authentication or authorization failed\n",
+                );
+            }
+        }
+    }
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// The router: `GET /metrics`, checked by `auth` when given.
+pub fn router(metrics: Metrics, auth: Option<Arc<CachingAuthorizer>>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(AppState { metrics, auth })
+}
+
+/// Serves `/metrics` as configured until `shutdown`. Returns at once if disabled.
+pub async fn serve_metrics(
+    config: MetricsServerConfig,
+    metrics: Metrics,
+    client: Option<kube::Client>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let Some(addr) = config.bind else {
+        tracing::info!("metrics server disabled");
+        return Ok(());
+    };
+    let (tls, auth) = if config.secure {
+        let client = client.ok_or(Error::NoClient)?;
+        let tls = match &config.cert_dir {
+            Some(dir) => webhook_tls::server_config_from_dir(
+                dir,
+                webhook_tls::DEFAULT_POLL_INTERVAL,
+                shutdown.clone(),
+            )?,
+            None => {
+                tracing::info!(
+                    "no metrics certificate directory given, using a self-signed certificate"
+                );
+                webhook_tls::self_signed_server_config()?
+            }
+        };
+        let auth: Arc<dyn Authorizer> = Arc::new(KubeAuthorizer::new(client));
+        (
+            Some(tls),
+            Some(Arc::new(CachingAuthorizer::new(auth, AUTH_CACHE_TTL))),
+        )
+    } else {
+        (None, None)
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    serve_metrics_on(listener, tls, metrics, auth, shutdown).await
+}
+
+/// Lower-level form of [`serve_metrics`] on a bound listener (tests bind port 0):
+/// TLS when `tls` is given, request checks when `auth` is given.
+pub async fn serve_metrics_on(
+    listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
+    metrics: Metrics,
+    auth: Option<Arc<CachingAuthorizer>>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let app = router(metrics, auth);
+    let addr = listener.local_addr().map_err(Error::Serve)?;
+    tracing::info!(%addr, secure = tls.is_some(), "serving metrics");
+    match tls {
+        None => axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+            .map_err(Error::Serve),
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls, shutdown.clone());
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+                .map_err(Error::Serve)
+        }
+    }
+}
+
+/// Accepts TCP connections and completes TLS handshakes in their own tasks (so one
+/// slow client cannot stall others), handing finished streams to axum.
+struct TlsListener {
+    rx: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    fn new(listener: TcpListener, tls: Arc<ServerConfig>, shutdown: CancellationToken) -> Self {
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+        let (tx, rx) = mpsc::channel(64);
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = listener.accept() => match r {
+                        Ok(x) => x,
+                        Err(err) => {
+                            tracing::debug!(%err, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = tx.send((stream, peer)).await;
+                        }
+                        Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Self { rx, local, task }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(conn) => conn,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+#[path = "metrics_server_tests.rs"]
+mod tests;

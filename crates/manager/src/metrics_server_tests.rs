@@ -1,0 +1,292 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use super::*;
+use crate::test_http::{self, Response};
+use crate::test_util::TempDir;
+
+/// Tokens: "alice" is valid and allowed, "bob" valid but denied, anything else invalid,
+/// "boom" makes the TokenReview fail.
+#[derive(Default)]
+struct FakeAuth {
+    authn_calls: AtomicUsize,
+    authz_calls: AtomicUsize,
+}
+
+impl Authorizer for FakeAuth {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<Option<UserInfo>, AuthError>> {
+        Box::pin(async move {
+            self.authn_calls.fetch_add(1, Ordering::SeqCst);
+            match token {
+                "alice" | "bob" => Ok(Some(UserInfo {
+                    username: format!("system:serviceaccount:monitoring:{token}"),
+                    ..Default::default()
+                })),
+                "boom" => Err(AuthError::Other("api down".into())),
+                _ => Ok(None),
+            }
+        })
+    }
+    fn authorize<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        verb: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<bool, AuthError>> {
+        Box::pin(async move {
+            self.authz_calls.fetch_add(1, Ordering::SeqCst);
+            Ok(user.username.ends_with(":alice") && verb == "get" && path == "/metrics")
+        })
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn start(
+    tls: Option<Arc<ServerConfig>>,
+    auth: Option<Arc<CachingAuthorizer>>,
+    shutdown: CancellationToken,
+) -> Running {
+    let metrics = Metrics::new();
+    metrics.controller("memcached");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(serve_metrics_on(
+        listener,
+        tls,
+        metrics,
+        auth,
+        shutdown.clone(),
+    ));
+    Running {
+        addr,
+        shutdown,
+        task,
+    }
+}
+
+fn assert_metrics_body(r: &Response) {
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some(CONTENT_TYPE));
+    assert!(
+        r.body.contains(
+            r#"controller_runtime_reconcile_total{controller="memcached",result="success"} 0"#
+        ),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("process_start_time_seconds"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn secure_mode_authenticates_and_authorizes() {
+    let fake = Arc::new(FakeAuth::default());
+    let auth = Arc::new(CachingAuthorizer::new(fake.clone(), AUTH_CACHE_TTL));
+    let tls = webhook_tls::self_signed_server_config().unwrap();
+    let srv = start(Some(tls), Some(auth), CancellationToken::new()).await;
+
+    let (r, _) = test_http::tls::get(srv.addr, "/metrics", &[]).await;
+    assert_eq!(r.status, 401, "no token");
+    let (r, _) = test_http::tls::get(srv.addr, "/metrics", &[("Authorization", "Basic abc")]).await;
+    assert_eq!(r.status, 401, "not a bearer token");
+    let (r, _) =
+        test_http::tls::get(srv.addr, "/metrics", &[("Authorization", "Bearer mallory")]).await;
+    assert_eq!(r.status, 401, "token failing TokenReview");
+    let (r, _) =
+        test_http::tls::get(srv.addr, "/metrics", &[("Authorization", "Bearer bob")]).await;
+    assert_eq!(r.status, 403, "SubjectAccessReview denied");
+    assert!(r.body.contains("monitoring:bob"), "{}", r.body);
+    let (r, _) =
+        test_http::tls::get(srv.addr, "/metrics", &[("Authorization", "Bearer boom")]).await;
+    assert_eq!(r.status, 500, "review call failed");
+    let (r, _) =
+        test_http::tls::get(srv.addr, "/metrics", &[("Authorization", "Bearer alice")]).await;
+    assert_metrics_body(&r);
+
+    // The decision for alice is cached: a second scrape makes no API calls.
+    let before = (
+        fake.authn_calls.load(Ordering::SeqCst),
+        fake.authz_calls.load(Ordering::SeqCst),
+    );
+    let (r, _) =
+        test_http::tls::get(srv.addr, "/metrics", &[("Authorization", "Bearer alice")]).await;
+    assert_eq!(r.status, 200);
+    let after = (
+        fake.authn_calls.load(Ordering::SeqCst),
+        fake.authz_calls.load(Ordering::SeqCst),
+    );
+    assert_eq!(before, after);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn cache_expires() {
+    let fake = Arc::new(FakeAuth::default());
+    let auth = CachingAuthorizer::new(fake.clone(), Duration::from_millis(100));
+    assert_eq!(
+        auth.check("alice", "get", "/metrics").await.unwrap(),
+        Decision::Allowed
+    );
+    assert_eq!(
+        auth.check("alice", "get", "/metrics").await.unwrap(),
+        Decision::Allowed
+    );
+    assert_eq!(fake.authn_calls.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        auth.check("alice", "get", "/metrics").await.unwrap(),
+        Decision::Allowed
+    );
+    assert_eq!(fake.authn_calls.load(Ordering::SeqCst), 2);
+    // Errors are not cached.
+    assert!(auth.check("boom", "get", "/metrics").await.is_err());
+    assert!(auth.check("boom", "get", "/metrics").await.is_err());
+    assert_eq!(fake.authn_calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn insecure_mode_serves_plain_http_without_token() {
+    let srv = start(None, None, CancellationToken::new()).await;
+    let r = test_http::get(srv.addr, "/metrics", &[]).await;
+    assert_metrics_body(&r);
+    assert_eq!(test_http::get(srv.addr, "/other", &[]).await.status, 404);
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn serves_new_certificate_after_files_change() {
+    let dir = TempDir::new("metrics-cert");
+    let write = |names: &[&str]| {
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let pem = webhook_tls::generate_self_signed(&names).unwrap();
+        std::fs::write(dir.path().join(webhook_tls::CERT_FILE), &pem.cert_pem).unwrap();
+        std::fs::write(dir.path().join(webhook_tls::KEY_FILE), &pem.key_pem).unwrap();
+        CertificateDer::from_pem_slice(pem.cert_pem.as_bytes()).unwrap()
+    };
+    let first = write(&["localhost"]);
+    let shutdown = CancellationToken::new();
+    let tls = webhook_tls::server_config_from_dir(
+        dir.path(),
+        Duration::from_millis(100),
+        shutdown.clone(),
+    )
+    .unwrap();
+    let srv = start(Some(tls), None, shutdown).await;
+
+    let (r, served) = test_http::tls::get(srv.addr, "/metrics", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(served, first);
+
+    let second = write(&["localhost", "metrics.example"]);
+    assert_ne!(first, second);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, served) = test_http::tls::get(srv.addr, "/metrics", &[]).await;
+        if served == second {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "new certificate not served within 5s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    srv.stop().await;
+}
+
+#[tokio::test]
+async fn serve_metrics_disabled_returns_at_once() {
+    let config = MetricsServerConfig {
+        bind: None,
+        ..Default::default()
+    };
+    let r = tokio::time::timeout(
+        Duration::from_secs(1),
+        serve_metrics(config, Metrics::new(), None, CancellationToken::new()),
+    )
+    .await
+    .unwrap();
+    assert!(r.is_ok());
+}
+
+#[tokio::test]
+async fn secure_mode_without_client_is_an_error() {
+    let config = MetricsServerConfig {
+        bind: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    };
+    let r = serve_metrics(config, Metrics::new(), None, CancellationToken::new()).await;
+    assert!(matches!(r, Err(Error::NoClient)));
+}
+
+#[tokio::test]
+async fn serve_metrics_insecure_binds_and_stops() {
+    let config = MetricsServerConfig {
+        bind: Some("127.0.0.1:0".parse().unwrap()),
+        secure: false,
+        cert_dir: None,
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(serve_metrics(
+        config,
+        Metrics::new(),
+        None,
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn parses_controller_runtime_addresses() {
+    assert_eq!(parse_bind_address("0").unwrap(), None);
+    assert_eq!(
+        parse_bind_address(":8443").unwrap(),
+        Some("0.0.0.0:8443".parse().unwrap())
+    );
+    assert_eq!(
+        parse_bind_address("127.0.0.1:0").unwrap(),
+        Some("127.0.0.1:0".parse().unwrap())
+    );
+    assert_eq!(
+        parse_bind_address("[::1]:8080").unwrap(),
+        Some("[::1]:8080".parse().unwrap())
+    );
+    assert_eq!(
+        parse_bind_address("localhost:8080").unwrap(),
+        Some("127.0.0.1:8080".parse().unwrap())
+    );
+    for bad in ["", ":", ":http", "8443", "example.com:80", ":99999"] {
+        assert!(parse_bind_address(bad).is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        MetricsServerConfig::default().bind,
+        Some(DEFAULT_SECURE_BIND)
+    );
+    assert!(MetricsServerConfig::default().secure);
+}
