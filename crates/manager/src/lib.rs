@@ -2,6 +2,7 @@
 //! the Rust counterpart of controller-runtime's manager. One module per concern.
 
 pub mod health;
+pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
