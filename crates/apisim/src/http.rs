@@ -1,0 +1,840 @@
+//! Routing and request handling.
+
+use crate::error::{ApiError, FieldError};
+use crate::faults::RequestInfo;
+use crate::registry::ResourceType;
+use crate::store::{DeleteOpts, Managed, State, WriteCtx};
+use crate::util::{self, FieldSelector, LabelSelector, meta_str};
+use crate::{Inner, ResponseBody, ServeHandle, patch};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub type Query = BTreeMap<String, String>;
+
+pub fn full(code: u16, body: Bytes, ctype: &str) -> Response<ResponseBody> {
+    let mut r = Response::new(Full::new(body).boxed_unsync());
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = header::HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+pub fn json_response(code: u16, v: &Value) -> Response<ResponseBody> {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    full(code, Bytes::from(body), "application/json")
+}
+
+pub fn error_response(e: &ApiError) -> Response<ResponseBody> {
+    json_response(e.code, &e.to_status())
+}
+
+/// The object as served at `version`.
+pub fn present(obj: &Value, rt: &ResourceType, version: &str) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.insert("apiVersion".into(), json!(rt.api_version(version)));
+        m.insert("kind".into(), json!(rt.kind));
+    }
+    o
+}
+
+#[derive(Debug, Clone)]
+pub struct ResRoute {
+    pub group: String,
+    pub version: String,
+    pub ns: Option<String>,
+    pub plural: String,
+    pub name: Option<String>,
+    pub sub: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+enum Route {
+    Root,
+    Version,
+    Health,
+    Api,
+    Apis,
+    Group(String),
+    Discovery(String, String),
+    Resource(ResRoute),
+    NotFound,
+}
+
+fn parse_route(path: &str) -> Route {
+    let segs: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(util::url_decode)
+        .collect();
+    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let (group, version, rest) = match s.as_slice() {
+        [] => return Route::Root,
+        ["version"] => return Route::Version,
+        ["healthz" | "livez" | "readyz", ..] => return Route::Health,
+        ["api"] => return Route::Api,
+        ["api", v] => return Route::Discovery(String::new(), v.to_string()),
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis"] => return Route::Apis,
+        ["apis", g] => return Route::Group(g.to_string()),
+        ["apis", g, v] => return Route::Discovery(g.to_string(), v.to_string()),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Route::NotFound,
+    };
+    let (ns, r) = if rest.first() == Some(&"namespaces")
+        && rest.len() >= 3
+        && !(rest.len() == 3 && (rest[2] == "status" || rest[2] == "finalize"))
+    {
+        (Some(rest[1].to_string()), &rest[2..])
+    } else {
+        (None, rest)
+    };
+    let (plural, name, sub) = match r {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, sub] => (*p, Some(n.to_string()), Some(sub.to_string())),
+        _ => return Route::NotFound,
+    };
+    Route::Resource(ResRoute {
+        group: group.to_string(),
+        version: version.to_string(),
+        ns,
+        plural: plural.to_string(),
+        name,
+        sub,
+    })
+}
+
+fn is_watch(q: &Query) -> bool {
+    matches!(q.get("watch").map(String::as_str), Some("true" | "1"))
+}
+
+fn verb_of(method: &Method, r: &ResRoute, q: &Query) -> &'static str {
+    match *method {
+        Method::GET if r.name.is_some() => "get",
+        Method::GET if is_watch(q) => "watch",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if r.name.is_some() => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "unknown",
+    }
+}
+
+pub async fn handle(inner: Arc<Inner>, parts: http::request::Parts, body: Bytes) -> Response<ResponseBody> {
+    inner.ensure_background();
+    let path = parts.uri.path().to_string();
+    let q = util::parse_query(parts.uri.query());
+    let route = parse_route(&path);
+    let (verb, resource, sub, ns, name) = match &route {
+        Route::Resource(r) => (
+            verb_of(&parts.method, r, &q).to_string(),
+            r.plural.clone(),
+            r.sub.clone().unwrap_or_default(),
+            r.ns.clone().unwrap_or_default(),
+            r.name.clone().unwrap_or_default(),
+        ),
+        _ => (
+            parts.method.as_str().to_lowercase(),
+            path.clone(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ),
+    };
+    let counted = if sub.is_empty() { resource.clone() } else { format!("{resource}/{sub}") };
+    *inner.counts.lock().entry((verb.clone(), counted)).or_insert(0) += 1;
+    let latency = *inner.latency.lock();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let fault = {
+        let info = RequestInfo {
+            verb: &verb,
+            resource: &resource,
+            subresource: &sub,
+            namespace: &ns,
+            name: &name,
+        };
+        inner.faults.lock().iter_mut().find_map(|f| f.check(&info))
+    };
+    if let Some(e) = fault {
+        return error_response(&e);
+    }
+    let res = match route {
+        Route::Resource(r) => resource_request(&inner, &parts.method, &parts.headers, r, &q, &body),
+        other => discovery(&inner, &parts.method, &parts.headers, other),
+    };
+    match res {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+fn discovery(inner: &Inner, method: &Method, _headers: &HeaderMap, route: Route) -> Result<Response<ResponseBody>, ApiError> {
+    if *method != Method::GET && *method != Method::HEAD {
+        return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource")));
+    }
+    let st = inner.state.lock();
+    let v = match route {
+        Route::Root => {
+            let mut paths = vec!["/api".to_string(), "/api/v1".into(), "/apis".into(), "/version".into(), "/healthz".into()];
+            for (g, vs) in st.reg.groups() {
+                if g.is_empty() {
+                    continue;
+                }
+                paths.push(format!("/apis/{g}"));
+                for v in vs {
+                    paths.push(format!("/apis/{g}/{v}"));
+                }
+            }
+            json!({"paths": paths})
+        }
+        Route::Health => return Ok(full(200, Bytes::from_static(b"ok"), "text/plain; charset=utf-8")),
+        Route::Version => json!({
+            "major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "apisim",
+            "gitTreeState": "clean", "buildDate": "2025-04-23T00:00:00Z", "goVersion": "go1.24.2",
+            "compiler": "gc", "platform": "linux/amd64"
+        }),
+        Route::Api => json!({
+            "kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}]
+        }),
+        Route::Apis => st.reg.group_list(),
+        Route::Group(g) => {
+            let groups = st.reg.groups();
+            let vs = groups.get(&g).filter(|_| !g.is_empty()).ok_or_else(not_found_resource)?;
+            let mut v = st.reg.group_json(&g, vs);
+            v["kind"] = json!("APIGroup");
+            v["apiVersion"] = json!("v1");
+            v
+        }
+        Route::Discovery(g, v) => st.reg.resource_list(&g, &v).ok_or_else(not_found_resource)?,
+        Route::Resource(_) | Route::NotFound => return Err(not_found_resource()),
+    };
+    Ok(json_response(200, &v))
+}
+
+fn not_found_resource() -> ApiError {
+    ApiError::new(404, "the server could not find the requested resource").with_details(json!({}))
+}
+
+fn content_type(h: &HeaderMap) -> String {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_lowercase()
+}
+
+fn parse_body(h: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = content_type(h);
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::bad_request("the body of the request was empty"));
+    }
+    let v: Value = if ct.contains("yaml") {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(_) => serde_yaml::from_slice::<Value>(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
+        }
+    } else if ct.contains("protobuf") || ct.contains("cbor") {
+        return Err(ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml"
+        )));
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the object provided is unrecognized (not a valid JSON document): {e}"
+            ))
+        })?
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+    }
+    Ok(v)
+}
+
+/// Check apiVersion/kind/metadata of a body against the URL; fill them in when absent.
+fn check_type(rt: &ResourceType, version: &str, obj: &mut Value, require: bool) -> Result<(), ApiError> {
+    let want_av = rt.api_version(version);
+    match obj.get("apiVersion") {
+        Some(Value::String(av)) if !av.is_empty() => {
+            let (g, _) = crate::split_api_version(av);
+            if g != rt.group || !rt.versions.iter().any(|v| rt.api_version(v) == *av) {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({want_av})"
+                )));
+            }
+        }
+        None | Some(Value::Null) if !require => {}
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(ApiError::bad_request("Object 'apiVersion' is missing in the request body"));
+        }
+        Some(_) => return Err(ApiError::bad_request("apiVersion must be a string")),
+    }
+    match obj.get("kind") {
+        Some(Value::String(k)) if !k.is_empty() => {
+            if *k != rt.kind {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({}) for {want_av}, Resource={}",
+                    rt.kind, rt.plural
+                )));
+            }
+        }
+        None | Some(Value::Null) if !require => {}
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(ApiError::bad_request("Object 'Kind' is missing in the request body"));
+        }
+        Some(_) => return Err(ApiError::bad_request("kind must be a string")),
+    }
+    obj["apiVersion"] = json!(want_av);
+    obj["kind"] = json!(rt.kind);
+    match &obj["metadata"] {
+        Value::Null => {
+            obj["metadata"] = json!({});
+        }
+        Value::Object(m) => {
+            for k in ["name", "namespace", "generateName", "resourceVersion", "uid"] {
+                if let Some(v) = m.get(k)
+                    && !v.is_string()
+                    && !v.is_null()
+                {
+                    return Err(ApiError::bad_request(format!("metadata.{k} must be a string")));
+                }
+            }
+        }
+        _ => return Err(ApiError::bad_request("metadata must be an object")),
+    }
+    Ok(())
+}
+
+fn check_ns(rt: &ResourceType, r: &ResRoute, obj: &Value) -> Result<(), ApiError> {
+    let body_ns = meta_str(obj, "namespace");
+    if rt.namespaced
+        && !body_ns.is_empty()
+        && Some(body_ns) != r.ns.as_deref()
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    Ok(())
+}
+
+fn manager(q: &Query, headers: &HeaderMap) -> Result<String, ApiError> {
+    if let Some(m) = q.get("fieldManager") {
+        if m.len() > 128 {
+            return Err(ApiError::invalid("PatchOptions.meta.k8s.io", "meta.k8s.io", "PatchOptions", "", vec![FieldError::invalid("fieldManager", &json!(m), "must be at most 128 characters")]));
+        }
+        if !m.is_empty() {
+            return Ok(m.clone());
+        }
+    }
+    let ua = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown");
+    Ok(ua.split('/').next().unwrap_or("unknown").to_string())
+}
+
+fn dry_run(q: &Query) -> Result<bool, ApiError> {
+    match q.get("dryRun").map(String::as_str) {
+        None | Some("") => Ok(false),
+        Some("All") => Ok(true),
+        Some(o) => Err(ApiError::bad_request(format!(
+            "Invalid dry run value: {o}; only \"All\" is supported"
+        ))),
+    }
+}
+
+fn wants_table(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"))
+}
+
+fn age(ts: &str) -> String {
+    let Ok(t) = ts.parse::<jiff::Timestamp>() else { return "<unknown>".into() };
+    let secs = (jiff::Timestamp::now().as_second() - t.as_second()).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn table(items: &[Value], rv: &str, cont: Option<&str>) -> Value {
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            json!({
+                "cells": [meta_str(o, "name"), age(meta_str(o, "creationTimestamp"))],
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
+            })
+        })
+        .collect();
+    let mut meta = json!({"resourceVersion": rv});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": [
+            {"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0},
+            {"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp", "priority": 0},
+        ],
+        "rows": rows,
+    })
+}
+
+fn resource_request(
+    inner: &Arc<Inner>,
+    method: &Method,
+    headers: &HeaderMap,
+    r: ResRoute,
+    q: &Query,
+    body: &[u8],
+) -> Result<Response<ResponseBody>, ApiError> {
+    let rt = {
+        let st = inner.state.lock();
+        st.reg
+            .find(&r.group, &r.version, &r.plural)
+            .cloned()
+            .ok_or_else(not_found_resource)?
+    };
+    if (rt.namespaced && r.ns.is_none() && (r.name.is_some() || *method == Method::POST))
+        || (!rt.namespaced && r.ns.is_some())
+    {
+        return Err(not_found_resource());
+    }
+    if let Some(ns) = &r.ns
+        && !util::is_label(ns)
+    {
+        return Err(ApiError::not_found("", "namespaces", ns));
+    }
+    if rt.create_only && (*method != Method::POST || r.name.is_some()) {
+        return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+    }
+    match r.sub.as_deref() {
+        None => {}
+        Some("status") if rt.status => {}
+        Some("scale") if rt.scale.is_some() => {}
+        Some(_) => return Err(not_found_resource()),
+    }
+    let version = r.version.clone();
+    let ns = r.ns.clone().unwrap_or_default();
+    let name = r.name.clone();
+    match (method.clone(), name) {
+        (Method::GET | Method::HEAD, Some(name)) => {
+            let st = inner.state.lock();
+            let obj = st
+                .get(&rt.key(), &ns, &name)
+                .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, &name))?;
+            if r.sub.as_deref() == Some("scale") {
+                return Ok(json_response(200, &scale_of(&rt, obj)));
+            }
+            let o = present(obj, &rt, &version);
+            if wants_table(headers) {
+                return Ok(json_response(200, &table(&[o], &st.rv.to_string(), None)));
+            }
+            Ok(json_response(200, &o))
+        }
+        (Method::GET | Method::HEAD, None) => {
+            if is_watch(q) {
+                return crate::watch::start(inner.clone(), rt, version, r.ns.clone(), q);
+            }
+            list(inner, headers, &rt, &version, r.ns.as_deref(), q)
+        }
+        (Method::POST, None) => {
+            let mut obj = parse_body(headers, body)?;
+            check_type(&rt, &version, &mut obj, false)?;
+            check_ns(&rt, &r, &obj)?;
+            if rt.create_only {
+                let st = inner.state.lock();
+                let out = crate::sim::review(&st, &rt, obj)?;
+                return Ok(json_response(201, &out));
+            }
+            let ctx = WriteCtx {
+                dry_run: dry_run(q)?,
+                managed: Managed::Update(manager(q, headers)?),
+                version: version.clone(),
+            };
+            let out = inner.state.lock().create(&rt, r.ns.as_deref(), obj, &ctx)?;
+            Ok(json_response(201, &present(&out, &rt, &version)))
+        }
+        (Method::PUT, Some(name)) => {
+            let mut obj = parse_body(headers, body)?;
+            let ctx = WriteCtx {
+                dry_run: dry_run(q)?,
+                managed: Managed::Update(manager(q, headers)?),
+                version: version.clone(),
+            };
+            if r.sub.as_deref() == Some("scale") {
+                let mut st = inner.state.lock();
+                return scale_write(&mut st, &rt, &ns, &name, None, Some(obj), &ctx);
+            }
+            check_type(&rt, &version, &mut obj, false)?;
+            check_ns(&rt, &r, &obj)?;
+            let sub = r.sub.clone().unwrap_or_default();
+            let out = inner.state.lock().update(&rt, &ns, &name, &sub, obj, &ctx)?;
+            Ok(json_response(200, &present(&out, &rt, &version)))
+        }
+        (Method::PATCH, Some(name)) => patch_request(inner, headers, &rt, &r, &name, q, body),
+        (Method::DELETE, Some(name)) => {
+            let opts = delete_opts(q, body)?;
+            let out = inner.state.lock().delete(&rt, &ns, &name, &opts)?;
+            Ok(json_response(200, &present(&out, &rt, &version)))
+        }
+        (Method::DELETE, None) => {
+            let opts = delete_opts(q, body)?;
+            let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+            let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.group, &rt.plural)?;
+            let mut st = inner.state.lock();
+            let targets: Vec<Arc<Value>> = st
+                .list(&rt.key(), r.ns.as_deref())
+                .into_iter()
+                .filter(|o| ls.matches(o) && fs.matches(o))
+                .collect();
+            let mut items = vec![];
+            for o in targets {
+                if let Ok(d) = st.delete(&rt, meta_str(&o, "namespace"), meta_str(&o, "name"), &opts) {
+                    items.push(present(&d, &rt, &version));
+                }
+            }
+            let v = json!({
+                "kind": rt.list_kind, "apiVersion": rt.api_version(&version),
+                "metadata": {"resourceVersion": st.rv.to_string()}, "items": items,
+            });
+            Ok(json_response(200, &v))
+        }
+        _ => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
+    }
+}
+
+fn delete_opts(q: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
+    let mut o = DeleteOpts::default();
+    if !body.iter().all(|b| b.is_ascii_whitespace()) {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        if let Some(p) = v["propagationPolicy"].as_str() {
+            o.propagation = Some(p.to_string());
+        }
+        if v["orphanDependents"].as_bool() == Some(true) && o.propagation.is_none() {
+            o.propagation = Some("Orphan".into());
+        }
+        o.precondition_uid = v["preconditions"]["uid"].as_str().map(str::to_string);
+        o.precondition_rv = v["preconditions"]["resourceVersion"].as_str().map(str::to_string);
+        if let Some(d) = v["dryRun"].as_array() {
+            o.dry_run = d.iter().any(|x| x.as_str() == Some("All"));
+        }
+    }
+    if let Some(p) = q.get("propagationPolicy") {
+        o.propagation = Some(p.clone());
+    }
+    if q.get("orphanDependents").map(String::as_str) == Some("true") && o.propagation.is_none() {
+        o.propagation = Some("Orphan".into());
+    }
+    if dry_run(q)? {
+        o.dry_run = true;
+    }
+    Ok(o)
+}
+
+fn list(
+    inner: &Inner,
+    headers: &HeaderMap,
+    rt: &ResourceType,
+    version: &str,
+    ns: Option<&str>,
+    q: &Query,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.group, &rt.plural)?;
+    let limit: usize = match q.get("limit").map(String::as_str) {
+        None | Some("") | Some("0") => 0,
+        Some(l) => l
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?,
+    };
+    let start: Option<(String, String)> = match q.get("continue").map(String::as_str) {
+        None | Some("") => None,
+        Some(c) => {
+            let d = util::hex_decode(c).ok_or_else(|| ApiError::bad_request("continue key is not valid: illegal base64 data"))?;
+            let mut it = d.splitn(3, '\0');
+            match (it.next(), it.next(), it.next()) {
+                (Some(_rv), Some(n), Some(name)) => Some((n.to_string(), name.to_string())),
+                _ => return Err(ApiError::bad_request("continue key is not valid")),
+            }
+        }
+    };
+    let st = inner.state.lock();
+    let rv = st.rv.to_string();
+    let mut matched = st
+        .list(&rt.key(), ns)
+        .into_iter()
+        .filter(|o| {
+            start.as_ref().is_none_or(|(sn, sname)| {
+                (meta_str(o, "namespace"), meta_str(o, "name")) > (sn.as_str(), sname.as_str())
+            })
+        })
+        .filter(|o| ls.matches(o) && fs.matches(o));
+    let mut items = vec![];
+    let mut cont = None;
+    let mut remaining = 0usize;
+    for o in matched.by_ref() {
+        if limit > 0 && items.len() == limit {
+            remaining = 1;
+            break;
+        }
+        items.push(present(&o, rt, version));
+    }
+    if remaining > 0 {
+        remaining += matched.count();
+        if let Some(last) = items.last() {
+            cont = Some(util::hex_encode(&format!(
+                "{rv}\0{}\0{}",
+                meta_str(last, "namespace"),
+                meta_str(last, "name")
+            )));
+        }
+    }
+    drop(st);
+    if wants_table(headers) {
+        return Ok(json_response(200, &table(&items, &rv, cont.as_deref())));
+    }
+    let mut meta = json!({"resourceVersion": rv});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+        meta["remainingItemCount"] = json!(remaining);
+    }
+    let v = json!({"kind": rt.list_kind, "apiVersion": rt.api_version(version), "metadata": meta, "items": items});
+    Ok(json_response(200, &v))
+}
+
+fn scale_of(rt: &ResourceType, obj: &Value) -> Value {
+    let Some(sp) = &rt.scale else { return json!({}) };
+    let spec = util::get_path(obj, &util::json_path(&sp.spec_replicas)).as_i64().unwrap_or(0);
+    let status = util::get_path(obj, &util::json_path(&sp.status_replicas)).as_i64().unwrap_or(0);
+    let selector = match &sp.label_selector {
+        Some(p) => match util::get_path(obj, &util::json_path(p)) {
+            Value::String(s) => s.clone(),
+            o @ Value::Object(_) => LabelSelector::from_object(o).to_query(),
+            _ => String::new(),
+        },
+        None => String::new(),
+    };
+    let m = &obj["metadata"];
+    let mut meta = json!({
+        "name": m["name"], "uid": m["uid"], "resourceVersion": m["resourceVersion"],
+        "creationTimestamp": m["creationTimestamp"],
+    });
+    if !m["namespace"].is_null() {
+        meta["namespace"] = m["namespace"].clone();
+    }
+    let mut st = json!({"replicas": status});
+    if !selector.is_empty() {
+        st["selector"] = json!(selector);
+    }
+    json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta, "spec": {"replicas": spec}, "status": st})
+}
+
+/// PUT (body = Scale) or PATCH (patch applied to the Scale) on /scale.
+fn scale_write(
+    st: &mut State,
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+    patch_fn: Option<&dyn Fn(&mut Value) -> Result<(), ApiError>>,
+    body: Option<Value>,
+    ctx: &WriteCtx,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let Some(sp) = rt.scale.clone() else { return Err(not_found_resource()) };
+    let cur = st
+        .get(&rt.key(), ns, name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+    let mut scale = scale_of(rt, &cur);
+    if let Some(f) = patch_fn {
+        f(&mut scale)?;
+    }
+    if let Some(b) = body {
+        let rv = meta_str(&b, "resourceVersion");
+        if !rv.is_empty() && rv != meta_str(&cur, "resourceVersion") {
+            return Err(ApiError::conflict(&rt.group, &rt.plural, name));
+        }
+        scale = b;
+    }
+    let replicas = &scale["spec"]["replicas"];
+    let n = match replicas {
+        Value::Null => 0,
+        v => v.as_i64().filter(|n| *n >= 0 && *n <= i32::MAX as i64).ok_or_else(|| {
+            ApiError::invalid("Scale.autoscaling", "autoscaling", "Scale", name, vec![FieldError::invalid("spec.replicas", v, "must be greater than or equal to 0")])
+        })?,
+    };
+    let mut new = (*cur).clone();
+    util::set_path(&mut new, &util::json_path(&sp.spec_replicas), json!(n));
+    if let Some(m) = new["metadata"].as_object_mut() {
+        m.remove("resourceVersion");
+    }
+    let out = st.update(rt, ns, name, "", new, ctx)?;
+    Ok(json_response(200, &scale_of(rt, &out)))
+}
+
+fn patch_request(
+    inner: &Arc<Inner>,
+    headers: &HeaderMap,
+    rt: &ResourceType,
+    r: &ResRoute,
+    name: &str,
+    q: &Query,
+    body: &[u8],
+) -> Result<Response<ResponseBody>, ApiError> {
+    let ct = content_type(headers);
+    let version = r.version.as_str();
+    let ns = r.ns.clone().unwrap_or_default();
+    let sub = r.sub.clone().unwrap_or_default();
+    let dry = dry_run(q)?;
+    let accepted = if rt.crd {
+        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+    } else {
+        "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml"
+    };
+    let unsupported = || {
+        ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format - accepted media types include: {accepted}"
+        ))
+    };
+    if ct == "application/apply-patch+yaml" {
+        let mgr = q.get("fieldManager").filter(|m| !m.is_empty()).ok_or_else(|| {
+            ApiError::invalid("PatchOptions.meta.k8s.io", "meta.k8s.io", "PatchOptions", "", vec![FieldError::required("fieldManager", "is required for apply patch")])
+        })?;
+        if sub == "scale" {
+            return Err(unsupported());
+        }
+        let force = q.get("force").map(String::as_str) == Some("true");
+        let mut applied = parse_body(headers, body)?;
+        check_type(rt, version, &mut applied, true)?;
+        check_ns(rt, r, &applied)?;
+        let body_name = meta_str(&applied, "name");
+        if !body_name.is_empty() && body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        util::meta_mut(&mut applied).insert("name".into(), json!(name));
+        let ctx = WriteCtx { dry_run: dry, managed: Managed::Keep, version: version.to_string() };
+        let mut st = inner.state.lock();
+        let live = st.get(&rt.key(), if rt.namespaced { &ns } else { "" }, name).cloned();
+        let av = rt.api_version(version);
+        return match live {
+            None => {
+                if !sub.is_empty() {
+                    return Err(ApiError::not_found(&rt.group, &rt.plural, name));
+                }
+                let obj = patch::server_side_apply(None, &applied, mgr, force, &av, "", rt.status)?;
+                let out = st.create(rt, r.ns.as_deref(), obj, &ctx)?;
+                Ok(json_response(201, &present(&out, rt, version)))
+            }
+            Some(live) => {
+                let live = present(&live, rt, version);
+                let obj = patch::server_side_apply(Some(&live), &applied, mgr, force, &av, &sub, rt.status)?;
+                let out = st.update(rt, &ns, name, &sub, obj, &ctx)?;
+                Ok(json_response(200, &present(&out, rt, version)))
+            }
+        };
+    }
+    let ctx = WriteCtx {
+        dry_run: dry,
+        managed: Managed::Update(manager(q, headers)?),
+        version: version.to_string(),
+    };
+    let apply_patch = |doc: &mut Value| -> Result<(), ApiError> {
+        match ct.as_str() {
+            "application/json-patch+json" => patch::json_patch(doc, body),
+            "application/merge-patch+json" => {
+                let p: Value = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                if !p.is_object() {
+                    return Err(ApiError::bad_request("merge patch must be a JSON object"));
+                }
+                patch::merge_patch(doc, &p);
+                Ok(())
+            }
+            "application/strategic-merge-patch+json" if !rt.crd => {
+                let p: Value = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+                if !p.is_object() {
+                    return Err(ApiError::bad_request("strategic merge patch must be a JSON object"));
+                }
+                patch::strategic_merge(doc, &p);
+                Ok(())
+            }
+            _ => Err(unsupported()),
+        }
+    };
+    let mut st = inner.state.lock();
+    if sub == "scale" {
+        return scale_write(&mut st, rt, &ns, name, Some(&apply_patch), None, &ctx);
+    }
+    let cur = st
+        .get(&rt.key(), if rt.namespaced { &ns } else { "" }, name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+    let mut doc = present(&cur, rt, version);
+    apply_patch(&mut doc)?;
+    if !doc.is_object() {
+        return Err(ApiError::bad_request("patch result is not an object"));
+    }
+    if !doc["metadata"].is_object() {
+        doc["metadata"] = json!({});
+    }
+    let out = st.update(rt, &ns, name, &sub, doc, &ctx)?;
+    Ok(json_response(200, &present(&out, rt, version)))
+}
+
+// ------------------------------------------------------------------ serving
+
+pub async fn serve(inner: Arc<Inner>) -> std::io::Result<ServeHandle> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    inner.ensure_background();
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                acc = listener.accept() => {
+                    let Ok((stream, _)) = acc else { continue };
+                    let _ = stream.set_nodelay(true);
+                    let svc = crate::ApiService { inner: inner.clone() };
+                    conns.spawn(async move {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                            let mut s = svc.clone();
+                            tower::Service::call(&mut s, req)
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .keep_alive(true)
+                            .serve_connection(io, svc)
+                            .await;
+                    });
+                }
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+    });
+    Ok(ServeHandle { port, task })
+}

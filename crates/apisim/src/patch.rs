@@ -1,0 +1,586 @@
+//! Patch semantics (merge, JSON, strategic, server-side apply) and field ownership.
+
+use crate::error::ApiError;
+use serde_json::{Map, Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The merge key of a list field (strategic merge patch / SSA list-map), by field name.
+pub fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
+    let k = match field {
+        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
+        | "imagePullSecrets" => "name",
+        "ports" => {
+            if items.iter().any(|i| i.get("containerPort").is_some()) {
+                "containerPort"
+            } else {
+                "port"
+            }
+        }
+        "volumeMounts" => "mountPath",
+        "volumeDevices" => "devicePath",
+        "ownerReferences" => "uid",
+        "conditions" => "type",
+        "hostAliases" => "ip",
+        _ => return None,
+    };
+    if items.iter().all(|i| i.is_object()) {
+        Some(k)
+    } else {
+        None
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(doc: &mut Value, patch: &Value) {
+    json_patch::merge(doc, patch);
+}
+
+/// RFC 6902 JSON patch.
+pub fn json_patch(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
+    let p: json_patch::Patch = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    json_patch::patch(doc, &p.0).map_err(|e| {
+        ApiError::new(422, format!("the server rejected our request due to an error in our request: {e}"))
+    })
+}
+
+/// Approximate strategic merge patch (see the crate docs).
+pub fn strategic_merge(doc: &mut Value, patch: &Value) {
+    strategic(doc, patch, "");
+}
+
+fn strategic(doc: &mut Value, patch: &Value, _field: &str) {
+    let Value::Object(p) = patch else {
+        *doc = patch.clone();
+        return;
+    };
+    if p.get("$patch").and_then(Value::as_str) == Some("replace") {
+        let mut c = p.clone();
+        c.remove("$patch");
+        *doc = Value::Object(c);
+        return;
+    }
+    if !doc.is_object() {
+        *doc = json!({});
+    }
+    let Some(d) = doc.as_object_mut() else { return };
+    // primitive list deletions
+    for (k, v) in p {
+        if let Some(f) = k.strip_prefix("$deleteFromPrimitiveList/")
+            && let (Some(Value::Array(cur)), Some(del)) = (d.get_mut(f), v.as_array())
+        {
+            cur.retain(|x| !del.contains(x));
+        }
+    }
+    for (k, v) in p {
+        if k.starts_with('$') {
+            continue;
+        }
+        if v.is_null() {
+            d.remove(k);
+            continue;
+        }
+        match (d.get_mut(k), v) {
+            (Some(cur @ Value::Object(_)), Value::Object(_)) => strategic(cur, v, k),
+            (Some(Value::Array(cur)), Value::Array(items)) => {
+                if let Some(mk) = merge_key(k, items).filter(|_| cur.iter().all(Value::is_object)) {
+                    for item in items {
+                        let key = &item[mk];
+                        let pos = cur.iter().position(|c| &c[mk] == key);
+                        let directive = item.get("$patch").and_then(Value::as_str);
+                        match (pos, directive) {
+                            (Some(i), Some("delete")) => {
+                                cur.remove(i);
+                            }
+                            (None, Some("delete")) => {}
+                            (Some(i), _) => strategic(&mut cur[i], item, k),
+                            (None, _) => {
+                                let mut n = Value::Null;
+                                strategic(&mut n, item, k);
+                                cur.push(n);
+                            }
+                        }
+                    }
+                } else if k == "finalizers" {
+                    for i in items {
+                        if !cur.contains(i) {
+                            cur.push(i.clone());
+                        }
+                    }
+                } else {
+                    *cur = items.iter().map(strip_directives).collect();
+                }
+            }
+            _ => {
+                d.insert(k.clone(), strip_directives(v));
+            }
+        }
+    }
+}
+
+fn strip_directives(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_directives(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_directives).collect()),
+        o => o.clone(),
+    }
+}
+
+// ------------------------------------------------------------ field ownership
+
+/// A field path: segments like `f:spec`, `k:{"name":"x"}`.
+pub type FieldPath = Vec<String>;
+pub type FieldSet = BTreeSet<FieldPath>;
+
+const IGNORED_META: &[&str] = &[
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "managedFields",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "selfLink",
+];
+
+/// The set of leaf field paths of an object, as server-side apply tracks them.
+pub fn field_set(obj: &Value, include_status: bool) -> FieldSet {
+    let mut out = FieldSet::new();
+    if let Value::Object(m) = obj {
+        for (k, v) in m {
+            match k.as_str() {
+                "apiVersion" | "kind" => {}
+                "status" if !include_status => {}
+                "metadata" => {
+                    if let Value::Object(mm) = v {
+                        for (mk, mv) in mm {
+                            if !IGNORED_META.contains(&mk.as_str()) {
+                                walk(mv, vec!["f:metadata".into(), format!("f:{mk}")], mk, &mut out);
+                            }
+                        }
+                    }
+                }
+                _ => walk(v, vec![format!("f:{k}")], k, &mut out),
+            }
+        }
+    }
+    out
+}
+
+fn key_segment(item: &Value, mk: &str) -> String {
+    let mut m = Map::new();
+    m.insert(mk.to_string(), item[mk].clone());
+    format!("k:{}", Value::Object(m))
+}
+
+fn walk(v: &Value, prefix: FieldPath, field: &str, out: &mut FieldSet) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, c) in m {
+                let mut p = prefix.clone();
+                p.push(format!("f:{k}"));
+                walk(c, p, k, out);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            if let Some(mk) = merge_key(field, items) {
+                for it in items {
+                    let mut p = prefix.clone();
+                    p.push(key_segment(it, mk));
+                    out.insert(p.clone());
+                    if let Value::Object(m) = it {
+                        for (k, c) in m {
+                            let mut pp = p.clone();
+                            pp.push(format!("f:{k}"));
+                            walk(c, pp, k, out);
+                        }
+                    }
+                }
+            } else if field == "finalizers" {
+                for it in items {
+                    let mut p = prefix.clone();
+                    p.push(format!("v:{it}"));
+                    out.insert(p);
+                }
+            } else {
+                out.insert(prefix);
+            }
+        }
+        _ => {
+            out.insert(prefix);
+        }
+    }
+}
+
+/// The value at a field path, if present.
+pub fn get_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
+    let mut cur = v;
+    for seg in path {
+        if let Some(f) = seg.strip_prefix("f:") {
+            cur = cur.as_object()?.get(f)?;
+        } else if let Some(k) = seg.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(k).ok()?;
+            cur = cur
+                .as_array()?
+                .iter()
+                .find(|i| key.iter().all(|(kk, kv)| &i[kk] == kv))?;
+        } else if let Some(k) = seg.strip_prefix("v:") {
+            let val: Value = serde_json::from_str(k).ok()?;
+            cur = cur.as_array()?.iter().find(|i| **i == val)?;
+        } else {
+            return None;
+        }
+    }
+    Some(cur)
+}
+
+/// Remove the field at a path (no-op if absent).
+pub fn remove_at(v: &mut Value, path: &[String]) {
+    let Some((last, parent_path)) = path.split_last() else { return };
+    let mut cur = v;
+    for seg in parent_path {
+        let next = if let Some(f) = seg.strip_prefix("f:") {
+            cur.as_object_mut().and_then(|m| m.get_mut(f))
+        } else if let Some(k) = seg.strip_prefix("k:") {
+            let Ok(key) = serde_json::from_str::<Map<String, Value>>(k) else { return };
+            cur.as_array_mut()
+                .and_then(|a| a.iter_mut().find(|i| key.iter().all(|(kk, kv)| &i[kk] == kv)))
+        } else {
+            None
+        };
+        match next {
+            Some(n) => cur = n,
+            None => return,
+        }
+    }
+    if let Some(f) = last.strip_prefix("f:") {
+        if let Some(m) = cur.as_object_mut() {
+            m.remove(f);
+        }
+    } else if let Some(k) = last.strip_prefix("k:") {
+        if let (Ok(key), Some(a)) = (serde_json::from_str::<Map<String, Value>>(k), cur.as_array_mut()) {
+            a.retain(|i| !key.iter().all(|(kk, kv)| &i[kk] == kv));
+        }
+    } else if let Some(k) = last.strip_prefix("v:")
+        && let (Ok(val), Some(a)) = (serde_json::from_str::<Value>(k), cur.as_array_mut())
+    {
+        a.retain(|i| *i != val);
+    }
+}
+
+/// `fieldsV1` JSON from a field set.
+pub fn to_fields_v1(set: &FieldSet) -> Value {
+    #[derive(Default)]
+    struct Node {
+        leaf: bool,
+        children: BTreeMap<String, Node>,
+    }
+    let mut root = Node::default();
+    for p in set {
+        let mut n = &mut root;
+        for s in p {
+            n = n.children.entry(s.clone()).or_default();
+        }
+        n.leaf = true;
+    }
+    fn render(n: &Node) -> Value {
+        let mut m = Map::new();
+        if n.leaf && !n.children.is_empty() {
+            m.insert(".".into(), json!({}));
+        }
+        for (k, c) in &n.children {
+            m.insert(k.clone(), render(c));
+        }
+        Value::Object(m)
+    }
+    render(&root)
+}
+
+/// Field set from `fieldsV1` JSON.
+pub fn from_fields_v1(v: &Value) -> FieldSet {
+    let mut out = FieldSet::new();
+    fn rec(v: &Value, prefix: &mut FieldPath, out: &mut FieldSet) {
+        if let Value::Object(m) = v {
+            for (k, c) in m {
+                if k == "." {
+                    out.insert(prefix.clone());
+                    continue;
+                }
+                prefix.push(k.clone());
+                if c.as_object().is_some_and(|m| m.is_empty()) {
+                    out.insert(prefix.clone());
+                } else {
+                    rec(c, prefix, out);
+                }
+                prefix.pop();
+            }
+        }
+    }
+    rec(v, &mut vec![], &mut out);
+    out
+}
+
+/// One `managedFields` entry, parsed.
+#[derive(Debug, Clone)]
+pub struct Manager {
+    pub manager: String,
+    pub operation: String,
+    pub api_version: String,
+    pub subresource: String,
+    pub time: String,
+    pub fields: FieldSet,
+}
+
+pub fn read_managers(obj: &Value) -> Vec<Manager> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| Manager {
+                    manager: e["manager"].as_str().unwrap_or("").into(),
+                    operation: e["operation"].as_str().unwrap_or("Update").into(),
+                    api_version: e["apiVersion"].as_str().unwrap_or("").into(),
+                    subresource: e["subresource"].as_str().unwrap_or("").into(),
+                    time: e["time"].as_str().unwrap_or("").into(),
+                    fields: from_fields_v1(&e["fieldsV1"]),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn write_managers(obj: &mut Value, ms: &[Manager]) {
+    let entries: Vec<Value> = ms
+        .iter()
+        .filter(|m| !m.fields.is_empty())
+        .map(|m| {
+            let mut e = json!({
+                "manager": m.manager,
+                "operation": m.operation,
+                "apiVersion": m.api_version,
+                "time": m.time,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": to_fields_v1(&m.fields),
+            });
+            if !m.subresource.is_empty() {
+                e["subresource"] = json!(m.subresource);
+            }
+            e
+        })
+        .collect();
+    let meta = crate::util::meta_mut(obj);
+    if entries.is_empty() {
+        meta.remove("managedFields");
+    } else {
+        meta.insert("managedFields".into(), Value::Array(entries));
+    }
+}
+
+/// Record an `Update` operation by `manager`: it takes ownership of every field it changed.
+pub fn track_update(old: Option<&Value>, new: &mut Value, manager: &str, api_version: &str, subresource: &str) {
+    let mut ms = match old {
+        Some(o) => read_managers(o),
+        None => vec![],
+    };
+    let include_status = subresource == "status" || subresource.is_empty();
+    let changed: FieldSet = field_set(new, include_status)
+        .into_iter()
+        .filter(|p| match old {
+            Some(o) => get_at(o, p) != get_at(new, p),
+            None => true,
+        })
+        .collect();
+    for m in ms.iter_mut() {
+        if m.manager != manager || m.operation != "Update" || m.subresource != subresource {
+            m.fields.retain(|p| !changed.contains(p));
+        }
+        m.fields.retain(|p| get_at(new, p).is_some());
+    }
+    if !changed.is_empty() {
+        let now = crate::util::now_rfc3339();
+        match ms
+            .iter_mut()
+            .find(|m| m.manager == manager && m.operation == "Update" && m.subresource == subresource)
+        {
+            Some(m) => {
+                m.fields.extend(changed);
+                m.time = now;
+                m.api_version = api_version.into();
+            }
+            None => ms.push(Manager {
+                manager: manager.into(),
+                operation: "Update".into(),
+                api_version: api_version.into(),
+                subresource: subresource.into(),
+                time: now,
+                fields: changed,
+            }),
+        }
+    }
+    write_managers(new, &ms);
+}
+
+/// Merge an applied configuration into the live object (maps recursively, keyed lists by key).
+pub fn apply_merge(live: &mut Value, applied: &Value, field: &str) {
+    match (live, applied) {
+        (l @ Value::Object(_), Value::Object(a)) => {
+            let Some(lm) = l.as_object_mut() else { return };
+            for (k, v) in a {
+                if v.is_null() {
+                    continue;
+                }
+                match lm.get_mut(k) {
+                    Some(cur) => apply_merge(cur, v, k),
+                    None => {
+                        lm.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(l), Value::Array(a)) => {
+            if let Some(mk) = merge_key(field, a).filter(|_| l.iter().all(Value::is_object)) {
+                for it in a {
+                    match l.iter().position(|c| c[mk] == it[mk]) {
+                        Some(i) => apply_merge(&mut l[i], it, field),
+                        None => l.push(it.clone()),
+                    }
+                }
+            } else if field == "finalizers" {
+                for it in a {
+                    if !l.contains(it) {
+                        l.push(it.clone());
+                    }
+                }
+            } else {
+                *l = a.clone();
+            }
+        }
+        (l, a) => *l = a.clone(),
+    }
+}
+
+fn path_string(p: &FieldPath) -> String {
+    let mut s = String::new();
+    for seg in p {
+        if let Some(f) = seg.strip_prefix("f:") {
+            s.push('.');
+            s.push_str(f);
+        } else if let Some(k) = seg.strip_prefix("k:") {
+            s.push('[');
+            s.push_str(&k.replace(['{', '}'], "").replace(':', "="));
+            s.push(']');
+        } else if let Some(v) = seg.strip_prefix("v:") {
+            s.push_str(&format!("[{v}]"));
+        }
+    }
+    s
+}
+
+/// Server-side apply. Returns the new object (with managedFields) or a 409 conflict.
+pub fn server_side_apply(
+    live: Option<&Value>,
+    applied: &Value,
+    manager: &str,
+    force: bool,
+    api_version: &str,
+    subresource: &str,
+    status_subresource: bool,
+) -> Result<Value, ApiError> {
+    let include_status = subresource == "status" || !status_subresource;
+    let mut applied = applied.clone();
+    if !include_status && let Some(m) = applied.as_object_mut() {
+        m.remove("status");
+    }
+    let new_set = field_set(&applied, include_status);
+    let mut ms = live.map(read_managers).unwrap_or_default();
+    let mut obj = live.cloned().unwrap_or_else(|| json!({}));
+    // conflicts
+    let mut conflicts: Vec<(String, String, String)> = vec![];
+    for m in ms.iter() {
+        if m.manager == manager && m.operation == "Apply" {
+            continue;
+        }
+        for p in &new_set {
+            if m.fields.contains(p) && get_at(&obj, p) != get_at(&applied, p) {
+                conflicts.push((m.manager.clone(), m.api_version.clone(), path_string(p)));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        let msg = if conflicts.len() == 1 {
+            let (m, av, f) = &conflicts[0];
+            format!("Apply failed with 1 conflict: conflict with \"{m}\" using {av}: {f}")
+        } else {
+            let lines: Vec<String> = conflicts
+                .iter()
+                .map(|(m, av, f)| format!("- conflict with \"{m}\" using {av}: {f}"))
+                .collect();
+            format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
+        };
+        let causes: Vec<Value> = conflicts
+            .iter()
+            .map(|(m, av, f)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\" using {av}"), "field": f}))
+            .collect();
+        return Err(ApiError::new(409, msg).with_details(json!({"causes": causes})));
+    }
+    if force {
+        for m in ms.iter_mut() {
+            if !(m.manager == manager && m.operation == "Apply") {
+                m.fields.retain(|p| !(new_set.contains(p) && get_at(&obj, p) != get_at(&applied, p)));
+            }
+        }
+    }
+    // fields this manager applied before and no longer applies: remove if nobody else owns them
+    let prev: FieldSet = ms
+        .iter()
+        .find(|m| m.manager == manager && m.operation == "Apply" && m.subresource == subresource)
+        .map(|m| m.fields.clone())
+        .unwrap_or_default();
+    let mut removed: Vec<&FieldPath> = prev
+        .iter()
+        .filter(|p| !new_set.contains(*p))
+        .filter(|p| {
+            !ms.iter().any(|m| {
+                !(m.manager == manager && m.operation == "Apply" && m.subresource == subresource)
+                    && m.fields.contains(*p)
+            })
+        })
+        .collect();
+    // deepest first
+    removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in removed {
+        // don't remove a keyed item if some other manager owns a field inside it
+        let inside_owned = ms.iter().any(|m| {
+            !(m.manager == manager && m.operation == "Apply")
+                && m.fields.iter().any(|q| q.len() > p.len() && q.starts_with(p))
+        });
+        if !inside_owned {
+            remove_at(&mut obj, p);
+        }
+    }
+    apply_merge(&mut obj, &applied, "");
+    let now = crate::util::now_rfc3339();
+    ms.retain(|m| !(m.manager == manager && m.operation == "Apply" && m.subresource == subresource));
+    ms.push(Manager {
+        manager: manager.into(),
+        operation: "Apply".into(),
+        api_version: api_version.into(),
+        subresource: subresource.into(),
+        time: now,
+        fields: new_set,
+    });
+    for m in ms.iter_mut() {
+        let snapshot = obj.clone();
+        m.fields.retain(|p| get_at(&snapshot, p).is_some());
+    }
+    write_managers(&mut obj, &ms);
+    Ok(obj)
+}

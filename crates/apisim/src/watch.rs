@@ -1,0 +1,211 @@
+//! Watch streams.
+
+use crate::error::ApiError;
+use crate::http::{Query, present};
+use crate::registry::ResourceType;
+use crate::store::Event;
+use crate::util::{FieldSelector, LabelSelector};
+use crate::{Inner, ResponseBody};
+use bytes::Bytes;
+use http::{Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+
+/// A response body fed by a channel.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.0.poll_recv(cx) {
+            Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+struct Filter {
+    rt: ResourceType,
+    version: String,
+    ns: Option<String>,
+    ls: LabelSelector,
+    fs: FieldSelector,
+}
+
+impl Filter {
+    fn matches(&self, o: &Value) -> bool {
+        self.ls.matches(o) && self.fs.matches(o)
+    }
+    /// The event this watcher sees for a store event, if any.
+    fn apply(&self, ev: &Event) -> Option<(&'static str, Value)> {
+        if ev.key != self.rt.key() {
+            return None;
+        }
+        if let Some(ns) = &self.ns
+            && *ns != ev.ns
+        {
+            return None;
+        }
+        let now = self.matches(&ev.obj);
+        let was = ev.prev.as_ref().is_some_and(|p| self.matches(p));
+        let t = match ev.etype {
+            "ADDED" => now.then_some("ADDED"),
+            "DELETED" => (now || was).then_some("DELETED"),
+            _ => match (was, now) {
+                (true, true) => Some("MODIFIED"),
+                (false, true) => Some("ADDED"),
+                (true, false) => Some("DELETED"),
+                (false, false) => None,
+            },
+        }?;
+        Some((t, present(&ev.obj, &self.rt, &self.version)))
+    }
+}
+
+fn line(t: &str, obj: &Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({"type": t, "object": obj})).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+fn bookmark(rt: &ResourceType, version: &str, rv: u64, initial_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    line("BOOKMARK", &json!({"kind": rt.kind, "apiVersion": rt.api_version(version), "metadata": meta}))
+}
+
+pub fn start(inner: Arc<Inner>, rt: ResourceType, version: String, ns: Option<String>, q: &Query) -> Result<Response<ResponseBody>, ApiError> {
+    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.group, &rt.plural)?;
+    let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
+    let send_initial = q.get("sendInitialEvents").map(String::as_str) == Some("true");
+    if send_initial && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
+        return Err(ApiError::invalid("ListOptions.meta.k8s.io", "meta.k8s.io", "ListOptions", "", vec![crate::error::FieldError::required("resourceVersionMatch", "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")]));
+    }
+    let timeout = match q.get("timeoutSeconds").map(String::as_str) {
+        None | Some("") => None,
+        Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?)),
+    };
+    let rv_param = q.get("resourceVersion").cloned().unwrap_or_default();
+    let filter = Filter { rt: rt.clone(), version: version.clone(), ns: ns.clone(), ls, fs };
+
+    let mut initial: Vec<Bytes> = vec![];
+    let mut expired = false;
+    let (rx, start_rv) = {
+        let st = inner.state.lock();
+        let rx = st.tx.subscribe();
+        let start_rv = st.rv;
+        if send_initial || rv_param.is_empty() || rv_param == "0" {
+            for o in st.list(&rt.key(), ns.as_deref()) {
+                if filter.matches(&o) {
+                    initial.push(line("ADDED", &present(&o, &rt, &version)));
+                }
+            }
+        } else {
+            let rv: u64 = rv_param
+                .parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv_param}")))?;
+            if rv < st.floor {
+                expired = true;
+                let e = ApiError::expired(format!("too old resource version: {rv} ({})", st.floor + 1));
+                initial.push(line("ERROR", &e.to_status()));
+            } else {
+                for ev in st.history.iter().filter(|e| e.rv > rv) {
+                    if let Some((t, o)) = filter.apply(ev) {
+                        initial.push(line(t, &o));
+                    }
+                }
+            }
+        }
+        (rx, start_rv)
+    };
+    let (tx, body_rx) = mpsc::channel::<Bytes>(256);
+    let cut = inner.cut.subscribe();
+    let interval = inner.cfg.bookmark_interval;
+    drop(inner);
+    tokio::spawn(run(filter, rx, tx, cut, initial, expired, start_rv, bookmarks, send_initial, timeout, interval));
+    let mut resp = Response::new(ChannelBody(body_rx).boxed_unsync());
+    *resp.status_mut() = StatusCode::OK;
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    Ok(resp)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    filter: Filter,
+    mut rx: broadcast::Receiver<Arc<Event>>,
+    tx: mpsc::Sender<Bytes>,
+    mut cut: tokio::sync::watch::Receiver<u64>,
+    initial: Vec<Bytes>,
+    expired: bool,
+    start_rv: u64,
+    bookmarks: bool,
+    send_initial: bool,
+    timeout: Option<Duration>,
+    interval: Duration,
+) {
+    cut.borrow_and_update();
+    let deadline = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    let send_all = async {
+        for b in initial {
+            if tx.send(b).await.is_err() {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::select! {
+        ok = send_all => if !ok { return },
+        _ = cut.changed() => return,
+        _ = tokio::time::sleep_until(deadline) => return,
+    }
+    if expired {
+        return;
+    }
+    let mut last_rv = start_rv;
+    if send_initial {
+        if tx.send(bookmark(&filter.rt, &filter.version, last_rv, true)).await.is_err() {
+            return;
+        }
+    } else if bookmarks && tx.send(bookmark(&filter.rt, &filter.version, last_rv, false)).await.is_err() {
+        return;
+    }
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    loop {
+        tokio::select! {
+            _ = tx.closed() => return,
+            _ = cut.changed() => return,
+            _ = tokio::time::sleep_until(deadline) => return,
+            _ = tick.tick(), if bookmarks => {
+                if tx.send(bookmark(&filter.rt, &filter.version, last_rv, false)).await.is_err() {
+                    return;
+                }
+            }
+            r = rx.recv() => match r {
+                Ok(ev) => {
+                    if ev.rv <= start_rv {
+                        continue;
+                    }
+                    last_rv = last_rv.max(ev.rv);
+                    if let Some((t, o)) = filter.apply(&ev) {
+                        if tx.send(line(t, &o)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
