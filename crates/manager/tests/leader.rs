@@ -1,0 +1,310 @@
+//! Leader election against the in-memory API server (apisim).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use manager::Metrics;
+use manager::leader::{Error, LeaderElectionConfig, run_as_leader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const LEASE: &str = "memcached-operator-lock";
+
+fn config(identity: &str) -> LeaderElectionConfig {
+    LeaderElectionConfig {
+        lease_name: LEASE.into(),
+        lease_namespace: "default".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_millis(1400),
+        retry_period: Duration::from_millis(200),
+    }
+}
+
+fn holder(server: &apisim::ApiServer) -> Option<String> {
+    let lease = server.get_object("coordination.k8s.io/v1", "leases", Some("default"), LEASE)?;
+    lease["spec"]["holderIdentity"]
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .map(str::to_string)
+}
+
+fn renew_time(server: &apisim::ApiServer) -> Timestamp {
+    let lease = server
+        .get_object("coordination.k8s.io/v1", "leases", Some("default"), LEASE)
+        .unwrap();
+    lease["spec"]["renewTime"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn leader_status(metrics: &Metrics) -> Option<String> {
+    let text = metrics.encode();
+    let series = format!("leader_election_master_status{{name=\"{LEASE}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map(str::to_string)
+}
+
+/// What a candidate's controllers report.
+#[derive(Debug)]
+enum Event {
+    Started(&'static str, Instant),
+    /// Controllers saw leader_token cancelled; holder of the Lease at that moment.
+    Stopping(&'static str, Option<String>),
+}
+
+struct Candidate {
+    shutdown: CancellationToken,
+    metrics: Metrics,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+fn spawn_candidate(
+    server: &Arc<apisim::ApiServer>,
+    identity: &'static str,
+    leading: Arc<AtomicUsize>,
+    events: mpsc::UnboundedSender<Event>,
+) -> Candidate {
+    let shutdown = CancellationToken::new();
+    let metrics = Metrics::new();
+    let client = server.client();
+    let s = server.clone();
+    let (sd, m) = (shutdown.clone(), metrics.clone());
+    let task = tokio::spawn(async move {
+        run_as_leader(
+            client,
+            Some(config(identity)),
+            &m,
+            sd,
+            move |leader_token| async move {
+                let now_leading = leading.fetch_add(1, Ordering::SeqCst) + 1;
+                assert_eq!(now_leading, 1, "two leaders at once");
+                let _ = events.send(Event::Started(identity, Instant::now()));
+                leader_token.cancelled().await;
+                let _ = events.send(Event::Stopping(identity, holder(&s)));
+                // Stopping takes a moment; the Lease must not be released meanwhile.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                leading.fetch_sub(1, Ordering::SeqCst);
+                Ok::<(), std::io::Error>(())
+            },
+        )
+        .await
+    });
+    Candidate {
+        shutdown,
+        metrics,
+        task,
+    }
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<Event>, within: Duration) -> Event {
+    tokio::time::timeout(within, rx.recv())
+        .await
+        .expect("no event in time")
+        .expect("channel closed")
+}
+
+#[tokio::test]
+async fn one_leader_and_fast_handover_on_shutdown() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let leading = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let a = spawn_candidate(&server, "a", leading.clone(), tx.clone());
+    let b = spawn_candidate(&server, "b", leading.clone(), tx.clone());
+
+    let Event::Started(first, _) = next(&mut rx, Duration::from_secs(5)).await else {
+        panic!("expected a start");
+    };
+    // Several lease durations pass: still exactly one leader, the same one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "leadership changed without a reason"
+    );
+    assert_eq!(leading.load(Ordering::SeqCst), 1);
+    assert_eq!(holder(&server).as_deref(), Some(first));
+    let (leader, standby) = if first == "a" { (a, b) } else { (b, a) };
+    assert_eq!(leader_status(&leader.metrics).as_deref(), Some("1"));
+    assert_eq!(leader_status(&standby.metrics).as_deref(), Some("0"));
+
+    // Graceful shutdown of the leader: controllers stop while the Lease is still held,
+    // then it is released and the standby takes over in well under a lease duration.
+    let t0 = Instant::now();
+    leader.shutdown.cancel();
+    let Event::Stopping(who, held_by) = next(&mut rx, Duration::from_secs(2)).await else {
+        panic!("expected the leader to stop");
+    };
+    assert_eq!(who, first);
+    assert_eq!(
+        held_by.as_deref(),
+        Some(first),
+        "lease released before controllers stopped"
+    );
+    let Event::Started(second, at) = next(&mut rx, Duration::from_secs(3)).await else {
+        panic!("expected the standby to start");
+    };
+    assert_ne!(second, first);
+    assert!(
+        at - t0 < Duration::from_secs(2),
+        "handover took {:?}",
+        at - t0
+    );
+    tokio::time::timeout(Duration::from_secs(5), leader.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader_status(&leader.metrics).as_deref(), Some("0"));
+    assert_eq!(holder(&server).as_deref(), Some(second));
+
+    standby.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), standby.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder(&server), None, "lease released on shutdown");
+}
+
+#[tokio::test]
+async fn failing_renewals_stop_controllers_before_the_lease_expires() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let leading = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let a = spawn_candidate(&server, "a", leading.clone(), tx.clone());
+    let Event::Started(..) = next(&mut rx, Duration::from_secs(5)).await else {
+        panic!("expected a start");
+    };
+    // Let a few renewals succeed, then make every Lease update fail.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    server.inject(
+        apisim::Fault::new()
+            .verb("update")
+            .resource("leases")
+            .status(500),
+    );
+    let injected = Timestamp::now();
+
+    let Event::Stopping(..) = next(&mut rx, Duration::from_secs(3)).await else {
+        panic!("expected the controllers to be stopped");
+    };
+    let stopped = Timestamp::now();
+    let last_renew = renew_time(&server);
+    assert!(last_renew <= injected);
+    let since_renew = stopped.duration_since(last_renew);
+    let lease_duration = k8s_openapi::jiff::SignedDuration::from_secs(2);
+    let renew_deadline = k8s_openapi::jiff::SignedDuration::from_millis(1400);
+    assert!(
+        since_renew < lease_duration,
+        "controllers stopped {since_renew:?} after the last renewal, not before the lease expired"
+    );
+    assert!(
+        since_renew >= renew_deadline - k8s_openapi::jiff::SignedDuration::from_millis(50),
+        "gave up too early: {since_renew:?}"
+    );
+    let r = tokio::time::timeout(Duration::from_secs(5), a.task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Err(Error::LeadershipLost { .. })), "{r:?}");
+    assert_eq!(leader_status(&a.metrics).as_deref(), Some("0"));
+    assert_eq!(leading.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn transient_renewal_failures_are_tolerated() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let leading = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let a = spawn_candidate(&server, "a", leading.clone(), tx.clone());
+    let Event::Started(..) = next(&mut rx, Duration::from_secs(5)).await else {
+        panic!("expected a start");
+    };
+    // Two failed renewals (~400ms) stay well within the renew deadline.
+    server.inject(
+        apisim::Fault::new()
+            .verb("update")
+            .resource("leases")
+            .status(500)
+            .times(2),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "leadership lost on transient errors"
+    );
+    assert_eq!(holder(&server).as_deref(), Some("a"));
+    a.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), a.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn standby_never_runs_and_shutdown_returns() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let leading = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let a = spawn_candidate(&server, "a", leading.clone(), tx.clone());
+    next(&mut rx, Duration::from_secs(5)).await;
+    let b = spawn_candidate(&server, "b", leading.clone(), tx.clone());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    b.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(2), b.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(rx.try_recv().is_err());
+    assert_eq!(holder(&server).as_deref(), Some("a"));
+    a.shutdown.cancel();
+    let _ = a.task.await;
+}
+
+#[tokio::test]
+async fn disabled_election_runs_at_once_and_stops_on_shutdown() {
+    let server = apisim::ApiServer::new();
+    let shutdown = CancellationToken::new();
+    let metrics = Metrics::new();
+    let sd = shutdown.clone();
+    let task = tokio::spawn(async move {
+        run_as_leader(server.client(), None, &metrics, sd, |token| async move {
+            token.cancelled().await;
+            Ok::<(), std::io::Error>(())
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished());
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn controller_error_is_returned_and_lease_released() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let r = run_as_leader(
+        server.client(),
+        Some(config("a")),
+        &Metrics::new(),
+        CancellationToken::new(),
+        |_token| async { Err::<(), _>(std::io::Error::other("reconciler exploded")) },
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(Error::Run(e)) if e.to_string().contains("exploded")),
+        "{r:?}"
+    );
+    assert_eq!(holder(&server), None);
+}
