@@ -73,6 +73,24 @@ pub struct ControllerConfig {
     pub backoff: Backoff,
     /// Reported as the events' `reportingInstance` (the pod name in a cluster).
     pub instance: Option<String>,
+    /// Counts of reconciles, shared with whoever wants to read them (tests, metrics).
+    pub counters: Arc<ReconcileCounters>,
+}
+
+/// How many reconciles ran and how they ended.
+#[derive(Debug, Default)]
+pub struct ReconcileCounters {
+    pub reconciles: std::sync::atomic::AtomicU64,
+    pub failures: std::sync::atomic::AtomicU64,
+}
+
+impl ReconcileCounters {
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Default for ControllerConfig {
@@ -84,6 +102,7 @@ impl Default for ControllerConfig {
             resync: Duration::from_secs(300),
             backoff: Backoff::default(),
             instance: None,
+            counters: Arc::default(),
         }
     }
 }
@@ -260,6 +279,15 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     let key = ObjectRef::from_obj(mc.as_ref());
     let span = tracing::info_span!("reconcile", object = %object_key(&mc));
     let result = reconcile_inner(&mc, &ctx).instrument(span).await;
+    let counters = &ctx.config.counters;
+    counters
+        .reconciles
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if result.is_err() {
+        counters
+            .failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     match &result {
         Ok(_) => ctx.reset_failures(&key),
         Err(err) => {

@@ -5,6 +5,6 @@
 pub mod builders;
 pub mod controller;
 pub mod crd;
-//pub mod demo;
+pub mod demo;
 pub mod drift;
 pub mod status;

@@ -1,0 +1,490 @@
+//! The Memcached controller end to end, through the real kube-runtime `Controller`, against
+//! the in-memory API server with its workload simulator (Deployment → ReplicaSet → Pods).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apisim::{ApiServer, Fault};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use memcached_api::{Memcached, condition};
+use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileCounters};
+use memcached_operator::demo::SEED_SAMPLE;
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Env {
+    server: ApiServer,
+    client: Client,
+    counters: Arc<ReconcileCounters>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Env {
+    async fn start() -> Env {
+        Self::start_with(ControllerConfig::default(), |_| {}).await
+    }
+
+    async fn start_with(config: ControllerConfig, before: impl FnOnce(&ApiServer)) -> Env {
+        let server = ApiServer::builder()
+            .workload_simulator(true)
+            .pod_ready_delay(Duration::from_millis(50))
+            .build();
+        let client = server.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &Memcached::crd())
+            .await
+            .expect("CRD installs");
+        before(&server);
+        let config = ControllerConfig {
+            backoff: Backoff {
+                base: Duration::from_millis(20),
+                cap: Duration::from_millis(500),
+            },
+            ..config
+        };
+        let counters = config.counters.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(controller::run(client.clone(), config, async {
+            let _ = rx.await;
+        }));
+        Env {
+            server,
+            client,
+            counters,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    fn memcacheds(&self) -> Api<Memcached> {
+        Api::default_namespaced(self.client.clone())
+    }
+    fn deployments(&self) -> Api<Deployment> {
+        Api::default_namespaced(self.client.clone())
+    }
+    fn services(&self) -> Api<Service> {
+        Api::default_namespaced(self.client.clone())
+    }
+    fn pods(&self) -> Api<Pod> {
+        Api::default_namespaced(self.client.clone())
+    }
+
+    async fn apply_sample(&self, name: &str, size: i32) {
+        let yaml = SEED_SAMPLE
+            .replace("memcached-sample", name)
+            .replace("size: 3", &format!("size: {size}"));
+        let mc: Memcached = serde_yaml::from_str(&yaml).expect("sample parses");
+        self.memcacheds()
+            .patch(name, &PatchParams::apply("kubectl"), &Patch::Apply(&mc))
+            .await
+            .expect("sample applies");
+    }
+
+    /// Waits until `name` reports `size` ready pods, all of them named in `status.nodes`,
+    /// for its current generation.
+    async fn converged(&self, name: &str, size: usize) -> Memcached {
+        let api = self.memcacheds();
+        wait_for(&format!("{name} converged at {size}"), || async {
+            let mc = api.get_opt(name).await.ok().flatten()?;
+            let status = mc.status.as_ref()?;
+            let available = mc.condition(condition::AVAILABLE)?.status == "True";
+            let settled = mc.condition(condition::PROGRESSING)?.status == "False";
+            (status.nodes.len() == size
+                && status.ready_replicas as usize == size
+                && available
+                && settled
+                && status.observed_generation == mc.metadata.generation)
+                .then_some(mc)
+        })
+        .await
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn sorted_pod_names(pods: &[Pod]) -> Vec<String> {
+    let mut names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    names.sort();
+    names
+}
+
+async fn live_pods(env: &Env, name: &str) -> Vec<Pod> {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
+    env.pods()
+        .list(&lp)
+        .await
+        .expect("pods list")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+#[tokio::test]
+async fn seed_sample_gets_a_deployment_a_service_and_three_pod_names() {
+    let env = Env::start().await;
+    env.apply_sample("memcached-sample", 3).await;
+    let mc = env.converged("memcached-sample", 3).await;
+
+    let d = env
+        .deployments()
+        .get("memcached-sample")
+        .await
+        .expect("Deployment exists");
+    let spec = d.spec.as_ref().expect("spec");
+    assert_eq!(spec.replicas, Some(3));
+    let c = &spec.template.spec.as_ref().expect("pod spec").containers[0];
+    assert_eq!(c.name, "memcached");
+    assert_eq!(c.image.as_deref(), Some(memcached_api::DEFAULT_IMAGE));
+    assert_eq!(c.command.as_ref().expect("command")[0], "memcached");
+    let port = &c.ports.as_ref().expect("ports")[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("memcached"), 11211)
+    );
+    let owner = &d.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        (
+            "Memcached",
+            "memcached-sample",
+            mc.uid().expect("uid").as_str()
+        )
+    );
+    assert_eq!(
+        (owner.controller, owner.block_owner_deletion),
+        (Some(true), Some(true))
+    );
+
+    let s = env
+        .services()
+        .get("memcached-sample")
+        .await
+        .expect("Service exists");
+    assert_eq!(
+        s.spec
+            .as_ref()
+            .and_then(|s| s.ports.clone())
+            .expect("ports")[0]
+            .port,
+        11211
+    );
+    assert_eq!(s.owner_references()[0].uid, mc.uid().expect("uid"));
+
+    let pods = live_pods(&env, "memcached-sample").await;
+    let status = mc.status.expect("status");
+    assert_eq!(status.nodes, sorted_pod_names(&pods));
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|n| n.starts_with("memcached-sample-"))
+    );
+    assert_eq!(status.replicas, 3);
+    assert_eq!(mc.metadata.generation, status.observed_generation);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn scaling_to_five_and_to_zero_follows_spec_size() {
+    let env = Env::start().await;
+    env.apply_sample("scaled", 3).await;
+    env.converged("scaled", 3).await;
+
+    // `kubectl scale memcached/scaled --replicas=5` goes through the scale subresource.
+    env.memcacheds()
+        .patch_scale(
+            "scaled",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .expect("scale subresource accepts");
+    let mc = env.converged("scaled", 5).await;
+    assert_eq!(
+        mc.status.expect("status").nodes,
+        sorted_pod_names(&live_pods(&env, "scaled").await)
+    );
+
+    // The scale above made another field manager own spec.size, so edit it as kubectl
+    // patch would (a re-apply without --force-conflicts would rightly conflict).
+    env.memcacheds()
+        .patch(
+            "scaled",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 0}})),
+        )
+        .await
+        .expect("patch to zero");
+    let mc = env.converged("scaled", 0).await;
+    assert!(mc.status.expect("status").nodes.is_empty());
+    let d = env
+        .deployments()
+        .get("scaled")
+        .await
+        .expect("Deployment kept");
+    assert_eq!(d.spec.and_then(|s| s.replicas), Some(0));
+    assert!(
+        env.services()
+            .get_opt("scaled")
+            .await
+            .expect("get")
+            .is_some(),
+        "Service kept at size 0"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn manual_replica_edit_is_repaired_and_deleted_service_recreated() {
+    let env = Env::start().await;
+    env.apply_sample("drift", 3).await;
+    env.converged("drift", 3).await;
+
+    env.deployments()
+        .patch(
+            "drift",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .expect("edit");
+    wait_for("replicas repaired to 3", || async {
+        let d = env.deployments().get("drift").await.ok()?;
+        (d.spec?.replicas == Some(3)).then_some(())
+    })
+    .await;
+
+    let old_uid = env.services().get("drift").await.expect("Service").uid();
+    env.services()
+        .delete("drift", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("Service recreated", || async {
+        let s = env.services().get_opt("drift").await.ok().flatten()?;
+        (s.uid() != old_uid && s.metadata.deletion_timestamp.is_none()).then_some(())
+    })
+    .await;
+    env.converged("drift", 3).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_the_memcached_leaves_nothing_behind() {
+    let env = Env::start().await;
+    env.apply_sample("gone", 2).await;
+    env.converged("gone", 2).await;
+    env.memcacheds()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("children garbage-collected", || async {
+        let d = env.deployments().get_opt("gone").await.ok()?;
+        let s = env.services().get_opt("gone").await.ok()?;
+        let pods = live_pods(&env, "gone").await;
+        (d.is_none() && s.is_none() && pods.is_empty()).then_some(())
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_pod_is_replaced_and_status_nodes_follow() {
+    let env = Env::start().await;
+    env.apply_sample("podchurn", 2).await;
+    let before = env
+        .converged("podchurn", 2)
+        .await
+        .status
+        .expect("status")
+        .nodes;
+    env.pods()
+        .delete(&before[0], &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    let api = env.memcacheds();
+    let after = wait_for("nodes list the replacement pod", || async {
+        let mc = api.get("podchurn").await.ok()?;
+        let nodes = mc.status?.nodes;
+        (nodes.len() == 2 && !nodes.contains(&before[0])).then_some(nodes)
+    })
+    .await;
+    assert_eq!(after, sorted_pod_names(&live_pods(&env, "podchurn").await));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn converged_objects_cost_zero_writes_on_resync() {
+    let config = ControllerConfig {
+        resync: Duration::from_millis(100),
+        ..ControllerConfig::default()
+    };
+    let env = Env::start_with(config, |_| {}).await;
+    env.apply_sample("quiet-a", 3).await;
+    env.apply_sample("quiet-b", 1).await;
+    env.converged("quiet-a", 3).await;
+    env.converged("quiet-b", 1).await;
+    // Let the last status write's watch event and any reconcile it triggers settle.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    env.server.reset_request_counts();
+    let reconciles_before = env.counters.reconciles();
+    // At least several resync periods for both objects.
+    wait_for("ten resync reconciles", || async {
+        (env.counters.reconciles() >= reconciles_before + 10).then_some(())
+    })
+    .await;
+    let counts = env.server.request_counts();
+    assert_eq!(counts.writes(), 0, "writes during resync:\n{counts}");
+    assert_eq!(env.counters.failures(), 0);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn injected_server_errors_and_conflicts_still_converge() {
+    let env = Env::start_with(ControllerConfig::default(), |server| {
+        server.inject(
+            Fault::new()
+                .verb("patch")
+                .resource("deployments")
+                .status(500)
+                .times(3),
+        );
+        server.inject(
+            Fault::new()
+                .verb("patch")
+                .resource("services")
+                .status(409)
+                .times(2),
+        );
+        server.inject(
+            Fault::new()
+                .verb("patch")
+                .resource("memcacheds")
+                .subresource("status")
+                .status(500)
+                .times(2),
+        );
+    })
+    .await;
+    env.apply_sample("flaky", 3).await;
+    let mc = env.converged("flaky", 3).await;
+    assert!(env.counters.failures() >= 3, "the injected faults were hit");
+    let degraded = mc
+        .condition(condition::DEGRADED)
+        .expect("Degraded condition");
+    assert_eq!(degraded.status, "False", "recovered: {degraded:?}");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_name_too_long_for_child_objects_is_degraded_and_others_still_converge() {
+    let env = Env::start().await;
+    let long = format!("m{}", "x".repeat(59)); // a valid object name, too long for children
+    env.apply_sample(&long, 2).await;
+    env.apply_sample("neighbour", 2).await;
+
+    let api = env.memcacheds();
+    let mc = wait_for("Degraded condition on the long name", || async {
+        let mc = api.get(&long).await.ok()?;
+        (mc.condition(condition::DEGRADED)?.status == "True").then_some(mc)
+    })
+    .await;
+    let degraded = mc.condition(condition::DEGRADED).expect("condition");
+    assert_eq!(degraded.reason, "InvalidSpec");
+    assert!(
+        degraded.message.contains("metadata.name"),
+        "{}",
+        degraded.message
+    );
+    env.converged("neighbour", 2).await;
+    assert!(
+        env.deployments()
+            .get_opt(&long)
+            .await
+            .expect("get")
+            .is_none(),
+        "no child for an invalid CR"
+    );
+    assert!(env.services().get_opt(&long).await.expect("get").is_none());
+
+    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let warned = wait_for("InvalidSpec event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("InvalidSpec")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(long.as_str())
+        })
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn creation_and_scaling_are_recorded_as_events() {
+    let env = Env::start().await;
+    env.apply_sample("evented", 1).await;
+    env.converged("evented", 1).await;
+    env.apply_sample("evented", 2).await;
+    env.converged("evented", 2).await;
+    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let reasons = wait_for("Created and Scaled events", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let reasons: Vec<String> = list
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("evented"))
+            .filter_map(|e| e.note.clone())
+            .collect();
+        (reasons.iter().any(|n| n.contains("Created Deployment"))
+            && reasons
+                .iter()
+                .any(|n| n.contains("Scaled Deployment evented from 1 to 2")))
+        .then_some(reasons)
+    })
+    .await;
+    assert!(
+        reasons.iter().any(|n| n.contains("Created Service")),
+        "{reasons:?}"
+    );
+    env.stop().await;
+}
