@@ -268,8 +268,7 @@ impl LeaseLock {
         new_spec.renew_time = Some(now.clone());
         if !renewing {
             new_spec.acquire_time = Some(now);
-            new_spec.lease_transitions =
-                Some(spec.lease_transitions.unwrap_or(0) + i32::from(holder.is_some()));
+            new_spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
         }
         let mut update = current;
         update.spec = Some(new_spec);

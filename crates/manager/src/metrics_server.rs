@@ -373,43 +373,83 @@ pub fn router(metrics: Metrics, auth: Option<Arc<CachingAuthorizer>>) -> Router 
 }
 
 /// Serves `/metrics` as configured until `shutdown`. Returns at once if disabled.
+/// Same as [`MetricsServer::bind`] followed by [`MetricsServer::run`].
 pub async fn serve_metrics(
     config: MetricsServerConfig,
     metrics: Metrics,
     client: Option<kube::Client>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let Some(addr) = config.bind else {
-        tracing::info!("metrics server disabled");
-        return Ok(());
-    };
-    let (tls, auth) = if config.secure {
-        let client = client.ok_or(Error::NoClient)?;
-        let tls = match &config.cert_dir {
-            Some(dir) => webhook_tls::server_config_from_dir(
-                dir,
-                webhook_tls::DEFAULT_POLL_INTERVAL,
-                shutdown.clone(),
-            )?,
-            None => {
-                tracing::info!(
-                    "no metrics certificate directory given, using a self-signed certificate"
-                );
-                webhook_tls::self_signed_server_config()?
-            }
+    match MetricsServer::bind(&config, client, &shutdown).await? {
+        Some(server) => server.run(metrics, shutdown).await,
+        None => {
+            tracing::info!("metrics server disabled");
+            Ok(())
+        }
+    }
+}
+
+/// A bound, not yet running metrics server (lets callers learn the port first).
+pub struct MetricsServer {
+    listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
+    auth: Option<Arc<CachingAuthorizer>>,
+}
+
+impl MetricsServer {
+    /// Binds `config.bind` and prepares TLS and authentication (secure mode needs
+    /// `client`). With a cert dir, a task reloading the certificate runs until
+    /// `shutdown`. `Ok(None)` when the server is disabled.
+    pub async fn bind(
+        config: &MetricsServerConfig,
+        client: Option<kube::Client>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Self>, Error> {
+        let Some(addr) = config.bind else {
+            return Ok(None);
         };
-        let auth: Arc<dyn Authorizer> = Arc::new(KubeAuthorizer::new(client));
-        (
-            Some(tls),
-            Some(Arc::new(CachingAuthorizer::new(auth, AUTH_CACHE_TTL))),
-        )
-    } else {
-        (None, None)
-    };
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Bind { addr, source })?;
-    serve_metrics_on(listener, tls, metrics, auth, shutdown).await
+        let (tls, auth) = if config.secure {
+            let client = client.ok_or(Error::NoClient)?;
+            let tls = match &config.cert_dir {
+                Some(dir) => webhook_tls::server_config_from_dir(
+                    dir,
+                    webhook_tls::DEFAULT_POLL_INTERVAL,
+                    shutdown.clone(),
+                )?,
+                None => {
+                    tracing::info!(
+                        "no metrics certificate directory given, using a self-signed certificate"
+                    );
+                    webhook_tls::self_signed_server_config()?
+                }
+            };
+            let auth: Arc<dyn Authorizer> = Arc::new(KubeAuthorizer::new(client));
+            (
+                Some(tls),
+                Some(Arc::new(CachingAuthorizer::new(auth, AUTH_CACHE_TTL))),
+            )
+        } else {
+            (None, None)
+        };
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, source })?;
+        Ok(Some(Self {
+            listener,
+            tls,
+            auth,
+        }))
+    }
+
+    /// The bound address (the real port when bound to port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, Error> {
+        self.listener.local_addr().map_err(Error::Serve)
+    }
+
+    /// Serves until `shutdown`.
+    pub async fn run(self, metrics: Metrics, shutdown: CancellationToken) -> Result<(), Error> {
+        serve_metrics_on(self.listener, self.tls, metrics, self.auth, shutdown).await
+    }
 }
 
 /// Lower-level form of [`serve_metrics`] on a bound listener (tests bind port 0):

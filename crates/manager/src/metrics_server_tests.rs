@@ -290,3 +290,76 @@ fn parses_controller_runtime_addresses() {
     );
     assert!(MetricsServerConfig::default().secure);
 }
+
+/// The real `KubeAuthorizer` (TokenReview + SubjectAccessReview) against apisim's RBAC,
+/// through `MetricsServer::bind` in secure mode with a self-signed certificate.
+#[tokio::test]
+async fn secure_mode_end_to_end_with_kube_reviews() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+    let api = apisim::ApiServer::new();
+    api.allow_token(
+        "prom-token",
+        "system:serviceaccount:monitoring:prometheus",
+        &["system:serviceaccounts"],
+    );
+    api.allow_token("nobody-token", "system:serviceaccount:default:nobody", &[]);
+    let client = api.client();
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "metrics-reader"},
+        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    }))
+    .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "prometheus-metrics-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    let config = MetricsServerConfig {
+        bind: Some("127.0.0.1:0".parse().unwrap()),
+        secure: true,
+        cert_dir: None,
+    };
+    let shutdown = CancellationToken::new();
+    let server = MetricsServer::bind(&config, Some(client), &shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    assert_ne!(addr.port(), 0);
+    let metrics = Metrics::new();
+    metrics.controller("memcached");
+    let task = tokio::spawn(server.run(metrics, shutdown.clone()));
+
+    let (r, _) = test_http::tls::get(addr, "/metrics", &[]).await;
+    assert_eq!(r.status, 401);
+    let (r, _) = test_http::tls::get(addr, "/metrics", &[("Authorization", "Bearer forged")]).await;
+    assert_eq!(r.status, 401);
+    let (r, _) = test_http::tls::get(
+        addr,
+        "/metrics",
+        &[("Authorization", "Bearer nobody-token")],
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let (r, _) =
+        test_http::tls::get(addr, "/metrics", &[("Authorization", "Bearer prom-token")]).await;
+    assert_metrics_body(&r);
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
