@@ -9,8 +9,12 @@ pub mod metrics_server;
 pub mod shutdown;
 pub mod webhook_tls;
 
-pub use health::Health;
-pub use metrics::{ControllerMetrics, Metrics, ReconcileResult};
+pub use health::{Health, serve_probes};
+pub use leader::{LeaderElectionConfig, run_as_leader};
+pub use logging::LogFormat;
+pub use metrics::{ControllerMetrics, Metrics, ReconcileResult, ReconcileTimer};
+pub use metrics_server::{MetricsServer, MetricsServerConfig, serve_metrics};
+pub use shutdown::signal_token;
 
 #[cfg(test)]
 mod test_http;
