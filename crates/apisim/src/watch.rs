@@ -166,8 +166,9 @@ async fn run(
         true
     };
     tokio::select! {
-        ok = send_all => if !ok { return },
+        biased;
         _ = cut.changed() => return,
+        ok = send_all => if !ok { return },
         _ = tokio::time::sleep_until(deadline) => return,
     }
     if expired {
@@ -184,8 +185,9 @@ async fn run(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     loop {
         tokio::select! {
-            _ = tx.closed() => return,
+            biased;
             _ = cut.changed() => return,
+            _ = tx.closed() => return,
             _ = tokio::time::sleep_until(deadline) => return,
             _ = tick.tick(), if bookmarks => {
                 if tx.send(bookmark(&filter.rt, &filter.version, last_rv, false)).await.is_err() {
