@@ -338,7 +338,8 @@ fn jitter(d: Duration) -> Duration {
 ///   - Renewal failing for `renew_deadline`: `leader_token` is cancelled, `run`'s
 ///     future is awaited, and [`Error::LeadershipLost`] is returned.
 ///   - `shutdown` cancelled: `leader_token` is cancelled (it is a child of
-///     `shutdown`), `run` is awaited, the Lease is released, and `Ok(())` returned.
+///     `shutdown`), `run` is awaited while the Lease keeps being renewed, then the
+///     Lease is released and `run`'s result returned (`Ok(())` normally).
 ///   - `run` ending by itself: the Lease is released and its result returned.
 ///
 /// `shutdown` cancelled while on standby returns `Ok(())` without calling `run`.
@@ -397,17 +398,24 @@ where
     tokio::pin!(controllers);
 
     // Leading: renew every retry period; give up at last_renew + renew_deadline.
+    // Renewal goes on while the controllers stop after `shutdown` (as controller-runtime
+    // does), so slow-stopping controllers never run without the Lease.
     enum End<R> {
-        Shutdown,
         Lost,
         RunEnded(R),
     }
+    let mut stopping = false;
     let mut next_attempt = Instant::now() + config.retry_period;
     let end = loop {
         let deadline = last_renew + config.renew_deadline;
         tokio::select! {
             biased;
-            _ = shutdown.cancelled() => break End::Shutdown,
+            _ = shutdown.cancelled(), if !stopping => {
+                tracing::info!("shutdown requested, stopping controllers");
+                stopping = true;
+                leader_token.cancel();
+                continue;
+            }
             r = &mut controllers => break End::RunEnded(r),
             _ = tokio::time::sleep_until(deadline) => break End::Lost,
             _ = tokio::time::sleep_until(next_attempt) => {}
@@ -416,7 +424,11 @@ where
         let attempt_start = Instant::now();
         let outcome = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => break End::Shutdown,
+            _ = shutdown.cancelled(), if !stopping => {
+                stopping = true;
+                leader_token.cancel();
+                continue;
+            }
             r = &mut controllers => break End::RunEnded(r),
             _ = tokio::time::sleep_until(deadline) => break End::Lost,
             r = lock.try_acquire_or_renew() => r,
@@ -449,13 +461,6 @@ where
                 name,
                 identity: config.identity.clone(),
             })
-        }
-        End::Shutdown => {
-            leader_token.cancel();
-            let result = controllers.await.map_err(|e| Error::Run(e.into()));
-            release(&mut lock, &config).await;
-            metrics.set_leader(&name, false);
-            result
         }
         End::RunEnded(result) => {
             leader_token.cancel();

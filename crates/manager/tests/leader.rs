@@ -308,3 +308,78 @@ async fn controller_error_is_returned_and_lease_released() {
     );
     assert_eq!(holder(&server), None);
 }
+
+#[tokio::test]
+async fn lease_is_kept_while_controllers_stop_slowly() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let started_b = Arc::new(AtomicUsize::new(0));
+    let slow_shutdown = CancellationToken::new();
+    let s = server.clone();
+    let (sd, m) = (slow_shutdown.clone(), Metrics::new());
+    let slow = tokio::spawn(async move {
+        run_as_leader(
+            s.client(),
+            Some(config("slow")),
+            &m,
+            sd,
+            |token| async move {
+                token.cancelled().await;
+                // Stopping takes longer than the lease duration.
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                Ok::<(), std::io::Error>(())
+            },
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(holder(&server).as_deref(), Some("slow"));
+
+    let other_shutdown = CancellationToken::new();
+    let (sd, m, s, b) = (
+        other_shutdown.clone(),
+        Metrics::new(),
+        server.clone(),
+        started_b.clone(),
+    );
+    let other = tokio::spawn(async move {
+        run_as_leader(
+            s.client(),
+            Some(config("other")),
+            &m,
+            sd,
+            |token| async move {
+                b.fetch_add(1, Ordering::SeqCst);
+                token.cancelled().await;
+                Ok::<(), std::io::Error>(())
+            },
+        )
+        .await
+    });
+
+    slow_shutdown.cancel();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(2800) {
+        assert_eq!(
+            started_b.load(Ordering::SeqCst),
+            0,
+            "took over while controllers still ran"
+        );
+        assert_eq!(holder(&server).as_deref(), Some("slow"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(3), slow)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let t1 = Instant::now();
+    while started_b.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t1.elapsed() < Duration::from_secs(2),
+            "no hand-over after release"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    other_shutdown.cancel();
+    let _ = other.await;
+}
