@@ -1,6 +1,6 @@
 //! Prometheus metrics: one [`prometheus_client`] registry holding the metric families
 //! controller-runtime exposes (same names and labels, so existing dashboards work),
-//! process metrics read from `/proc/self` at scrape time, and room for controllers' own.
+//! `process_*` metrics read from `/proc/self` at scrape time, and room for controllers' own.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -376,17 +376,29 @@ fn cpu_seconds() -> Option<f64> {
     Some((utime + stime) / USER_HZ)
 }
 
-fn resident_memory_bytes() -> Option<i64> {
+/// A `kB` line of `/proc/self/status` (e.g. `VmRSS:`), in bytes.
+fn status_bytes(field: &str) -> Option<i64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kb: i64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// Soft limit of open files from `/proc/self/limits`.
+fn max_fds() -> Option<i64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn open_fds() -> Option<i64> {
@@ -406,7 +418,7 @@ impl Collector for ProcessCollector {
             )?;
             m.encode(e)?;
         }
-        if let Some(v) = resident_memory_bytes() {
+        if let Some(v) = status_bytes("VmRSS:") {
             let m = ConstGauge::new(v);
             let e = encoder.encode_descriptor(
                 "process_resident_memory_bytes",
@@ -421,6 +433,26 @@ impl Collector for ProcessCollector {
             let e = encoder.encode_descriptor(
                 "process_start_time_seconds",
                 "Start time of the process since unix epoch in seconds.",
+                None,
+                m.metric_type(),
+            )?;
+            m.encode(e)?;
+        }
+        if let Some(v) = status_bytes("VmSize:") {
+            let m = ConstGauge::new(v);
+            let e = encoder.encode_descriptor(
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                None,
+                m.metric_type(),
+            )?;
+            m.encode(e)?;
+        }
+        if let Some(v) = max_fds() {
+            let m = ConstGauge::new(v);
+            let e = encoder.encode_descriptor(
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
                 None,
                 m.metric_type(),
             )?;
@@ -577,6 +609,11 @@ mod tests {
         );
         assert!(sample_value(&text, "process_resident_memory_bytes").unwrap() > 1_000_000.0);
         assert!(sample_value(&text, "process_open_fds").unwrap() >= 3.0);
+        assert!(sample_value(&text, "process_max_fds").unwrap() >= 64.0);
+        assert!(
+            sample_value(&text, "process_virtual_memory_bytes").unwrap()
+                >= sample_value(&text, "process_resident_memory_bytes").unwrap()
+        );
     }
 
     #[test]
