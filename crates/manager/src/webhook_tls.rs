@@ -227,7 +227,8 @@ pub fn self_signed_server_config() -> Result<Arc<ServerConfig>, Error> {
     if let Ok(h) = hostname::get()
         && let Some(h) = h.to_str()
         && !h.is_empty()
-        && h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && h.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
     {
         names.push(h.to_string());
     }
