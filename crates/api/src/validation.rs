@@ -1,23 +1,121 @@
-//! Pure validation of a Memcached that the CRD schema cannot express: the name must make
-//! valid child object names and label values. Shared by the reconciler (which reports a
-//! `Degraded` condition) and, later, the validating webhook.
+//! Pure validation of a Memcached beyond what the CRD schema expresses: the name must make
+//! valid child object names and label values, the port must not clash with a port the pod
+//! reserves, and the image must be a reference a container runtime can pull. Shared by the
+//! reconciler (which reports a `Degraded` condition) and the validating admission webhook
+//! (which rejects the request), so both give the same answer in the same words.
+//!
+//! Messages follow Kubernetes' field errors: `spec.size: Invalid value: -1: must be between
+//! 0 and 100`.
+//!
+//! No field is immutable: the Deployment's selector (the one immutable thing downstream)
+//! depends only on `metadata.name`, which Kubernetes already keeps fixed, and size, port
+//! and image are all changed by a rolling update. Risky but legal choices (one pod, an
+//! unpinned image, a port change that moves the Service) get [`warnings`] instead.
 
 use std::fmt;
 
-use crate::{MAX_SIZE, Memcached};
+use crate::{EXPORTER_PORT, MAX_IMAGE_LENGTH, MAX_SIZE, Memcached, MemcachedSpec};
 
 /// Longest Memcached name accepted. Child objects are named `<name>` and `<name>-<suffix>`
 /// with suffixes up to 9 characters (`-headless`), and each must be a DNS-1035 label
 /// (63 characters); the name is also the `app.kubernetes.io/instance` label value.
 pub const MAX_NAME_LENGTH: usize = 54;
+/// Characters the API server appends to `metadata.generateName`.
+pub const GENERATED_SUFFIX_LENGTH: usize = 5;
+/// Longest image name (registry and path, without tag or digest), as in the distribution
+/// project's reference grammar.
+pub const MAX_IMAGE_NAME_LENGTH: usize = 255;
+/// Longest image tag.
+pub const MAX_TAG_LENGTH: usize = 128;
+
+/// A port the memcached container may not listen on, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReservedPort {
+    pub port: i32,
+    pub purpose: &'static str,
+}
+
+/// Ports other containers of the memcached pod use or will use. Containers of a pod share
+/// one network namespace, so `spec.containerPort` may not take any of them.
+pub const RESERVED_PORTS: &[ReservedPort] = &[ReservedPort {
+    port: EXPORTER_PORT,
+    purpose: "the memcached exporter sidecar's metrics port (memcached_exporter's default)",
+}];
 
 /// One problem with a Memcached, naming the field and the rule it breaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
     /// Path of the offending field, e.g. `metadata.name` or `spec.size`.
     pub field: String,
-    /// The rule that was broken, readable by a person.
+    /// The rule that was broken, readable by a person, in Kubernetes' style
+    /// (`Invalid value: -1: must be between 0 and 100`).
     pub message: String,
+}
+
+impl FieldError {
+    /// A field error with a free-form message.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// `field: Invalid value: <value>: <detail>` (strings are shown quoted).
+    pub fn invalid(
+        field: impl Into<String>,
+        value: impl fmt::Debug,
+        detail: impl fmt::Display,
+    ) -> Self {
+        Self::new(field, format!("Invalid value: {value:?}: {detail}"))
+    }
+
+    /// `field: Required value[: <detail>]`.
+    pub fn required(field: impl Into<String>, detail: impl fmt::Display) -> Self {
+        let detail = detail.to_string();
+        if detail.is_empty() {
+            Self::new(field, "Required value")
+        } else {
+            Self::new(field, format!("Required value: {detail}"))
+        }
+    }
+
+    /// `field: Forbidden: <detail>`.
+    pub fn forbidden(field: impl Into<String>, detail: impl fmt::Display) -> Self {
+        Self::new(field, format!("Forbidden: {detail}"))
+    }
+
+    /// `field: Unsupported value: <value>: supported values: "a", "b"`.
+    pub fn not_supported(
+        field: impl Into<String>,
+        value: impl fmt::Debug,
+        supported: &[&str],
+    ) -> Self {
+        let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+        Self::new(
+            field,
+            format!(
+                "Unsupported value: {value:?}: supported values: {}",
+                supported.join(", ")
+            ),
+        )
+    }
+
+    /// The `metav1.StatusCause` reason for this error (`FieldValueInvalid`, ...).
+    pub fn reason(&self) -> &'static str {
+        let m = self.message.as_str();
+        if m.starts_with("Required value") {
+            "FieldValueRequired"
+        } else if m.starts_with("Forbidden") {
+            "FieldValueForbidden"
+        } else if m.starts_with("Unsupported value") {
+            "FieldValueNotSupported"
+        } else if m.starts_with("Too long") {
+            "FieldValueTooLong"
+        } else {
+            "FieldValueInvalid"
+        }
+    }
 }
 
 impl fmt::Display for FieldError {
@@ -34,6 +132,11 @@ impl ValidationErrors {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Ok when empty.
+    pub fn into_result(self) -> Result<(), ValidationErrors> {
+        if self.is_empty() { Ok(()) } else { Err(self) }
+    }
 }
 
 impl fmt::Display for ValidationErrors {
@@ -45,99 +148,490 @@ impl fmt::Display for ValidationErrors {
 
 impl std::error::Error for ValidationErrors {}
 
+const DNS1035_RULE: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
+fn is_dns1035_chars(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
 /// Checks that `name` is a DNS-1035 label no longer than [`MAX_NAME_LENGTH`], so that the
 /// Service, Deployment and label values derived from it are valid.
 pub fn validate_name(name: &str) -> Result<(), FieldError> {
-    let err = |message: String| FieldError {
-        field: "metadata.name".into(),
-        message,
-    };
+    const FIELD: &str = "metadata.name";
     if name.is_empty() {
-        return Err(err("must not be empty".into()));
+        return Err(FieldError::required(
+            FIELD,
+            "name or generateName is required",
+        ));
     }
     if name.len() > MAX_NAME_LENGTH {
-        return Err(err(format!(
-            "must be no more than {MAX_NAME_LENGTH} characters (is {}), so that child names such as \"<name>-headless\" stay valid DNS-1035 labels",
-            name.len()
-        )));
+        return Err(FieldError::invalid(
+            FIELD,
+            name,
+            format!(
+                "must be no more than {MAX_NAME_LENGTH} characters (is {}), so that child names such as \"<name>-headless\" stay valid DNS-1035 labels (63 characters)",
+                name.len()
+            ),
+        ));
     }
     let bytes = name.as_bytes();
-    let valid_chars = bytes
-        .iter()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
-    let starts_with_letter = bytes[0].is_ascii_lowercase();
-    let ends_alnum = bytes[bytes.len() - 1].is_ascii_alphanumeric();
-    if !valid_chars || !starts_with_letter || !ends_alnum {
-        return Err(err(format!(
-            "\"{name}\" must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit), because it names the Service"
-        )));
+    let starts_with_letter = bytes.first().is_some_and(u8::is_ascii_lowercase);
+    let ends_alnum = bytes.last().is_some_and(u8::is_ascii_alphanumeric);
+    if !is_dns1035_chars(bytes) || !starts_with_letter || !ends_alnum {
+        return Err(FieldError::invalid(
+            FIELD,
+            name,
+            format!("{DNS1035_RULE}; the name is used for the Service, which must be one"),
+        ));
     }
     Ok(())
 }
 
-/// Validates what the reconciler needs before it creates anything for `mc`.
-pub fn validate(mc: &Memcached) -> Result<(), ValidationErrors> {
-    let mut errors = Vec::new();
-    match mc.metadata.name.as_deref() {
-        Some(name) => {
-            if let Err(e) = validate_name(name) {
-                errors.push(e);
-            }
-        }
-        None => errors.push(FieldError {
-            field: "metadata.name".into(),
-            message: "is required".into(),
-        }),
+/// Checks a `metadata.generateName` prefix: with the 5 characters the API server appends
+/// it must make a name [`validate_name`] accepts.
+pub fn validate_generate_name(prefix: &str) -> Result<(), FieldError> {
+    const FIELD: &str = "metadata.generateName";
+    let max = MAX_NAME_LENGTH - GENERATED_SUFFIX_LENGTH;
+    if prefix.len() > max {
+        return Err(FieldError::invalid(
+            FIELD,
+            prefix,
+            format!(
+                "must be no more than {max} characters (is {}): with the {GENERATED_SUFFIX_LENGTH} generated characters the name must stay within {MAX_NAME_LENGTH}",
+                prefix.len()
+            ),
+        ));
     }
-    let spec = &mc.spec;
+    let bytes = prefix.as_bytes();
+    if !is_dns1035_chars(bytes) || !bytes.first().is_some_and(u8::is_ascii_lowercase) {
+        return Err(FieldError::invalid(
+            FIELD,
+            prefix,
+            format!("with the generated suffix it must make a DNS-1035 label: {DNS1035_RULE}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The name checks of [`validate`]: `metadata.name`, or `metadata.generateName` when the
+/// name is still to be generated.
+pub fn validate_metadata(mc: &Memcached) -> Vec<FieldError> {
+    let name = mc.metadata.name.as_deref().unwrap_or_default();
+    let generate = mc.metadata.generate_name.as_deref().unwrap_or_default();
+    let result = if name.is_empty() && !generate.is_empty() {
+        validate_generate_name(generate)
+    } else {
+        validate_name(name)
+    };
+    result.err().into_iter().collect()
+}
+
+/// The spec checks of [`validate`], each naming its field.
+pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
     if !(0..=MAX_SIZE).contains(&spec.size) {
-        errors.push(FieldError {
-            field: "spec.size".into(),
-            message: format!("must be between 0 and {MAX_SIZE} (is {})", spec.size),
-        });
+        errors.push(FieldError::invalid(
+            "spec.size",
+            spec.size,
+            format!("must be between 0 and {MAX_SIZE}"),
+        ));
     }
     if !(1..=65535).contains(&spec.container_port) {
-        errors.push(FieldError {
-            field: "spec.containerPort".into(),
-            message: format!("must be between 1 and 65535 (is {})", spec.container_port),
-        });
+        errors.push(FieldError::invalid(
+            "spec.containerPort",
+            spec.container_port,
+            "must be between 1 and 65535, inclusive",
+        ));
+    } else if let Some(reserved) = RESERVED_PORTS
+        .iter()
+        .find(|r| r.port == spec.container_port)
+    {
+        errors.push(FieldError::invalid(
+            "spec.containerPort",
+            spec.container_port,
+            format!(
+                "is reserved for {} in the same pod; choose another port",
+                reserved.purpose
+            ),
+        ));
     }
     if let Some(image) = spec.image.as_deref()
-        && let Err(message) = validate_image(image)
+        && let Err(reason) = validate_image(image)
     {
-        errors.push(FieldError {
-            field: "spec.image".into(),
-            message,
-        });
+        errors.push(FieldError::invalid("spec.image", image, reason));
     }
-    if errors.is_empty() {
+    errors
+}
+
+/// Validates what the reconciler needs before it creates anything for `mc`.
+pub fn validate(mc: &Memcached) -> Result<(), ValidationErrors> {
+    let mut errors = validate_metadata(mc);
+    errors.extend(validate_spec(&mc.spec));
+    ValidationErrors(errors).into_result()
+}
+
+/// Validates an update. No field is immutable (see the module documentation), so this is
+/// [`validate`] of the new object; it exists so that callers (the webhook) need not change
+/// if a rule about transitions is ever added.
+pub fn validate_update(_old: &Memcached, new: &Memcached) -> Result<(), ValidationErrors> {
+    validate(new)
+}
+
+/// Checks an image reference (see [`ImageReference::parse`]); the error is the reason,
+/// without the image itself.
+pub fn validate_image(image: &str) -> Result<(), String> {
+    ImageReference::parse(image).map(|_| ())
+}
+
+/// Warnings for risky but legal choices, shown by kubectl on create and update.
+/// `default_image` is the operator's `--memcached-image`, used when `spec.image` is unset.
+pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    match mc.spec.size {
+        0 => out.push(
+            "spec.size: 0 runs no memcached pods; the Service stays, with no endpoints".into(),
+        ),
+        1 => out.push(
+            "spec.size: 1 runs a single memcached pod: no redundancy, and the whole cache is lost whenever that pod restarts or moves".into(),
+        ),
+        _ => {}
+    }
+    if (1..1024).contains(&mc.spec.container_port) {
+        out.push(format!(
+            "spec.containerPort: {} is a privileged port; memcached runs as a non-root user with all capabilities dropped, so it starts only where the container runtime allows unprivileged low ports",
+            mc.spec.container_port
+        ));
+    }
+    let (field, image) = match mc.spec.image.as_deref() {
+        Some(image) if !image.is_empty() => ("spec.image", image),
+        _ => (
+            "spec.image (unset, so the operator's default)",
+            default_image,
+        ),
+    };
+    if let Ok(reference) = ImageReference::parse(image)
+        && reference.digest.is_none()
+    {
+        match reference.tag.as_deref() {
+            None => out.push(format!(
+                "{field}: {image:?} has no tag, which means \"latest\": pods may run different versions and a restart may upgrade silently; pin a version such as {:?}",
+                crate::DEFAULT_IMAGE
+            )),
+            Some("latest") => out.push(format!(
+                "{field}: {image:?} uses the \"latest\" tag: pods may run different versions and a restart may upgrade silently; pin a version such as {:?}",
+                crate::DEFAULT_IMAGE
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// [`warnings`] of the new object plus those about the change itself.
+pub fn update_warnings(old: &Memcached, new: &Memcached, default_image: &str) -> Vec<String> {
+    let mut out = warnings(new, default_image);
+    if old.spec.container_port != new.spec.container_port {
+        out.push(format!(
+            "spec.containerPort: changing {} to {} replaces every pod (each starts with an empty cache) and moves the Service port; clients must follow",
+            old.spec.container_port, new.spec.container_port
+        ));
+    }
+    out
+}
+
+/// A parsed container image reference, `[domain/]path[:tag][@digest]`, following the
+/// grammar of the distribution project (github.com/distribution/reference), which
+/// containerd, CRI-O and Docker share:
+///
+/// ```text
+/// reference        := name [ ":" tag ] [ "@" digest ]
+/// name             := [domain '/'] path-component ['/' path-component]*
+/// domain           := host [':' port-number]
+/// host             := domain-name | '[' IPv6address ']'
+/// domain-name      := domain-component ['.' domain-component]*
+/// domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
+/// path-component   := alpha-numeric [separator alpha-numeric]*
+/// alpha-numeric    := /[a-z0-9]+/
+/// separator        := /[_.]|__|[-]+/
+/// tag              := /[\w][\w.-]{0,127}/
+/// digest           := algorithm ":" hex
+/// algorithm        := /[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*/
+/// hex              := /[0-9a-fA-F]{32,}/
+/// ```
+///
+/// As in Docker, the first component is the registry when it contains `.` or `:`, is
+/// `localhost`, or has an uppercase letter. The name is at most 255 characters, and digests
+/// of the algorithms runtimes support (sha256, sha384, sha512) must have their exact
+/// length in lowercase hex.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageReference {
+    /// Registry host with optional port (`registry.example.com:5000`), if given.
+    pub domain: Option<String>,
+    /// Repository path (`team/memcached`).
+    pub path: String,
+    /// Tag (`1.6.39-alpine`), if given.
+    pub tag: Option<String>,
+    /// Digest (`sha256:<64 hex>`), if given.
+    pub digest: Option<String>,
+}
+
+impl fmt::Display for ImageReference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(domain) = &self.domain {
+            write!(f, "{domain}/")?;
+        }
+        f.write_str(&self.path)?;
+        if let Some(tag) = &self.tag {
+            write!(f, ":{tag}")?;
+        }
+        if let Some(digest) = &self.digest {
+            write!(f, "@{digest}")?;
+        }
         Ok(())
-    } else {
-        Err(ValidationErrors(errors))
     }
 }
 
-/// A light check of an image reference: non-empty, no whitespace or control characters,
-/// no scheme, at most 512 characters.
-pub fn validate_image(image: &str) -> Result<(), String> {
-    if image.is_empty() {
-        return Err("must not be empty (omit the field to use the operator's default)".into());
+impl ImageReference {
+    /// Parses `image`; the error says what is wrong, readable by a person.
+    pub fn parse(image: &str) -> Result<Self, String> {
+        if image.is_empty() {
+            return Err("must not be empty (omit the field to use the operator's default)".into());
+        }
+        if image.len() > MAX_IMAGE_LENGTH {
+            return Err(format!(
+                "must be no more than {MAX_IMAGE_LENGTH} characters (is {})",
+                image.len()
+            ));
+        }
+        if image.chars().any(char::is_whitespace) {
+            return Err("is not a valid image reference: it contains whitespace".into());
+        }
+        if image.chars().any(char::is_control) {
+            return Err("is not a valid image reference: it contains control characters".into());
+        }
+        if image.contains("://") {
+            return Err(
+                "is not a valid image reference: drop the URL scheme (an image is [registry[:port]/]path[:tag][@digest])"
+                    .into(),
+            );
+        }
+        if !image.is_ascii() {
+            return Err("is not a valid image reference: only ASCII characters are allowed".into());
+        }
+        let (rest, digest) = match image.split_once('@') {
+            Some((rest, digest)) => {
+                parse_digest(digest)?;
+                (rest, Some(digest.to_string()))
+            }
+            None => (image, None),
+        };
+        // A ':' after the last '/' starts the tag; one before it belongs to a registry port.
+        let last_slash = rest.rfind('/');
+        let (name, tag) = match rest.rfind(':') {
+            Some(colon) if last_slash.is_none_or(|slash| colon > slash) => {
+                let tag = &rest[colon + 1..];
+                parse_tag(tag)?;
+                (&rest[..colon], Some(tag.to_string()))
+            }
+            _ => (rest, None),
+        };
+        if name.is_empty() {
+            return Err("is not a valid image reference: the repository name is missing".into());
+        }
+        if name.len() > MAX_IMAGE_NAME_LENGTH {
+            return Err(format!(
+                "is not a valid image reference: the repository name must be no more than {MAX_IMAGE_NAME_LENGTH} characters (is {})",
+                name.len()
+            ));
+        }
+        let (domain, path) = match name.split_once('/') {
+            Some((first, path))
+                if first.contains(['.', ':'])
+                    || first == "localhost"
+                    || first.chars().any(|c| c.is_ascii_uppercase()) =>
+            {
+                parse_domain(first)?;
+                (Some(first.to_string()), path)
+            }
+            _ => (None, name),
+        };
+        for component in path.split('/') {
+            parse_path_component(component)?;
+        }
+        if domain.is_none() && path.len() == 64 && path.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(
+                "is not a valid image reference: a repository name may not be a 64-character hexadecimal string (that is an image ID)"
+                    .into(),
+            );
+        }
+        Ok(Self {
+            domain,
+            path: path.to_string(),
+            tag,
+            digest,
+        })
     }
-    if image.len() > 512 {
-        return Err(format!(
-            "must be no more than 512 characters (is {})",
-            image.len()
+}
+
+fn parse_digest(digest: &str) -> Result<(), String> {
+    let bad = |why: String| {
+        Err(format!(
+            "is not a valid image reference: digest {digest:?} {why}"
+        ))
+    };
+    let Some((algorithm, hex)) = digest.split_once(':') else {
+        return bad("must be <algorithm>:<hex>, e.g. sha256:<64 hex digits>".into());
+    };
+    let algorithm_ok = !algorithm.is_empty()
+        && algorithm.split(['-', '_', '+', '.']).all(|c| {
+            let mut chars = c.chars();
+            chars.next().is_some_and(|f| f.is_ascii_alphabetic())
+                && chars.all(|ch| ch.is_ascii_alphanumeric())
+        });
+    if !algorithm_ok {
+        return bad(format!(
+            "has an invalid algorithm {algorithm:?} (letters and digits, starting with a letter)"
         ));
     }
-    if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "{image:?} is not a valid image reference: it contains whitespace"
+    if hex.len() < 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return bad("must end in at least 32 hexadecimal digits".into());
+    }
+    let want = match algorithm {
+        "sha256" => 64,
+        "sha384" => 96,
+        "sha512" => 128,
+        other => {
+            return bad(format!(
+                "uses the unsupported algorithm {other:?} (supported: sha256, sha384, sha512)"
+            ));
+        }
+    };
+    if hex.len() != want {
+        return bad(format!(
+            "must have {want} hexadecimal digits for {algorithm} (has {})",
+            hex.len()
         ));
     }
-    if image.contains("://") {
-        return Err(format!(
-            "{image:?} is not a valid image reference: drop the URL scheme"
-        ));
+    if hex.bytes().any(|b| b.is_ascii_uppercase()) {
+        return bad("must be in lowercase hexadecimal".into());
+    }
+    Ok(())
+}
+
+fn parse_tag(tag: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("is not a valid image reference: tag {tag:?} {why}"));
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let bytes = tag.as_bytes();
+    match bytes.first() {
+        None => bad("is empty (drop the ':' or name a tag)"),
+        Some(&first) if !word(first) => bad("must start with a letter, digit or '_'"),
+        Some(_) if bytes.len() > MAX_TAG_LENGTH => bad(&format!(
+            "must be no more than {MAX_TAG_LENGTH} characters (is {})",
+            bytes.len()
+        )),
+        Some(_) if !bytes.iter().all(|&b| word(b) || b == b'.' || b == b'-') => {
+            bad("may contain only letters, digits, '_', '.' and '-'")
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn parse_domain(domain: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "is not a valid image reference: registry {domain:?} {why}"
+        ))
+    };
+    let port = if let Some(rest) = domain.strip_prefix('[') {
+        let Some((ip, after)) = rest.split_once(']') else {
+            return bad("has an unclosed '[' around an IPv6 address");
+        };
+        if ip.is_empty() || !ip.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
+            return bad("has an invalid IPv6 address");
+        }
+        match after {
+            "" => None,
+            _ => match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return bad("has characters after the IPv6 address"),
+            },
+        }
+    } else {
+        let (host, port) = match domain.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (domain, None),
+        };
+        let component_ok = |c: &str| {
+            let b = c.as_bytes();
+            !b.is_empty()
+                && b.iter().all(|&x| x.is_ascii_alphanumeric() || x == b'-')
+                && b.first().is_some_and(u8::is_ascii_alphanumeric)
+                && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        };
+        if !host.split('.').all(component_ok) {
+            return bad(
+                "must be a host name (letters, digits and '-' in dot-separated parts) or [IPv6 address], with an optional :port",
+            );
+        }
+        port
+    };
+    if let Some(port) = port
+        && (port.is_empty()
+            || !port.bytes().all(|b| b.is_ascii_digit())
+            || port
+                .parse::<u32>()
+                .map_or(true, |p| !(1..=65535).contains(&p)))
+    {
+        return bad("has a port that is not a number between 1 and 65535");
+    }
+    Ok(())
+}
+
+fn parse_path_component(component: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "is not a valid image reference: repository path component {component:?} {why}"
+        ))
+    };
+    if component.is_empty() {
+        return bad("is empty (no leading, trailing or doubled '/')");
+    }
+    if component.bytes().any(|b| b.is_ascii_uppercase()) {
+        return bad("must be lowercase");
+    }
+    let bytes = component.as_bytes();
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    if !bytes
+        .iter()
+        .all(|&b| alnum(b) || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return bad(
+            "may contain only lowercase letters, digits and the separators '.', '_', '__' and '-'",
+        );
+    }
+    if !bytes.first().is_some_and(|&b| alnum(b)) || !bytes.last().is_some_and(|&b| alnum(b)) {
+        return bad("must start and end with a lowercase letter or digit");
+    }
+    // Separators between alphanumeric runs: one '.', one '_', "__", or any number of '-'.
+    let mut i = 0;
+    while i < bytes.len() {
+        if alnum(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && !alnum(bytes[i]) {
+            i += 1;
+        }
+        let sep = &component[start..i];
+        let ok = sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|b| b == b'-');
+        if !ok {
+            return bad(&format!(
+                "has the separator {sep:?}; allowed are '.', '_', '__' or a run of '-'"
+            ));
+        }
     }
     Ok(())
 }
@@ -157,6 +651,8 @@ mod tests {
             },
         )
     }
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
     #[test]
     fn names_that_make_valid_children_pass() {
@@ -188,9 +684,29 @@ mod tests {
     }
 
     #[test]
-    fn spec_bounds_are_checked() {
+    fn generate_name_leaves_room_for_the_suffix() {
+        assert!(validate_generate_name("cache-").is_ok());
+        assert!(validate_generate_name(&"a".repeat(49)).is_ok());
+        assert!(validate_generate_name(&"a".repeat(50)).is_err());
+        assert!(validate_generate_name("Cache-").is_err());
+        assert!(validate_generate_name("-cache").is_err());
+        let mut m = mc("", 1);
+        m.metadata.name = None;
+        m.metadata.generate_name = Some("cache-".into());
+        assert_eq!(validate(&m), Ok(()));
+        m.metadata.generate_name = None;
+        let errors = validate(&m).expect_err("no name");
+        assert_eq!(errors.0[0].reason(), "FieldValueRequired");
+    }
+
+    #[test]
+    fn spec_bounds_are_checked_in_kubernetes_words() {
         let errors = validate(&mc("x", -1)).expect_err("negative size");
         assert_eq!(errors.0[0].field, "spec.size");
+        assert_eq!(
+            errors.to_string(),
+            "spec.size: Invalid value: -1: must be between 0 and 100"
+        );
         let errors = validate(&mc("x", MAX_SIZE + 1)).expect_err("huge size");
         assert!(errors.to_string().contains("spec.size"));
         let mut bad_port = mc("x", 1);
@@ -203,11 +719,184 @@ mod tests {
     }
 
     #[test]
+    fn the_exporter_port_is_reserved() {
+        let mut m = mc("x", 1);
+        m.spec.container_port = EXPORTER_PORT;
+        let errors = validate(&m).expect_err("clash");
+        assert_eq!(errors.0[0].field, "spec.containerPort");
+        assert!(errors.to_string().contains("reserved"), "{errors}");
+        assert!(errors.to_string().contains("9150"), "{errors}");
+    }
+
+    #[test]
     fn images_with_whitespace_or_scheme_are_rejected() {
         assert!(validate_image("memcached:1.6").is_ok());
-        assert!(validate_image("registry.example.com:5000/team/memcached@sha256:abc").is_ok());
+        assert!(
+            validate_image(&format!(
+                "registry.example.com:5000/team/memcached@sha256:{SHA}"
+            ))
+            .is_ok()
+        );
         assert!(validate_image("memcached 1.6").is_err());
         assert!(validate_image("https://memcached").is_err());
         assert!(validate_image("").is_err());
+        // Stricter than before: a digest must be a real one.
+        assert!(validate_image("registry.example.com:5000/team/memcached@sha256:abc").is_err());
+    }
+
+    #[test]
+    fn image_references_parse_into_their_parts() {
+        let r = ImageReference::parse(&format!(
+            "registry.example.com:5000/team/memcached:1.6@sha256:{SHA}"
+        ))
+        .expect("parses");
+        assert_eq!(r.domain.as_deref(), Some("registry.example.com:5000"));
+        assert_eq!(r.path, "team/memcached");
+        assert_eq!(r.tag.as_deref(), Some("1.6"));
+        assert_eq!(r.digest, Some(format!("sha256:{SHA}")));
+        let r = ImageReference::parse("memcached").expect("parses");
+        assert_eq!((r.domain, r.tag, r.digest), (None, None, None));
+        let r = ImageReference::parse("localhost:5000").expect("docker reads this as a tag");
+        assert_eq!(
+            (r.path.as_str(), r.tag.as_deref()),
+            ("localhost", Some("5000"))
+        );
+        let r = ImageReference::parse("localhost/memcached").expect("parses");
+        assert_eq!(r.domain.as_deref(), Some("localhost"));
+        let r = ImageReference::parse("[fd00::1]:5000/memcached:1").expect("parses");
+        assert_eq!(r.domain.as_deref(), Some("[fd00::1]:5000"));
+        let r =
+            ImageReference::parse("Registry/memcached").expect("uppercase first part is a host");
+        assert_eq!(r.domain.as_deref(), Some("Registry"));
+        for good in [
+            "a",
+            "a_b__c-d---e/f.g",
+            "library/memcached:latest",
+            "memcached:_x",
+            &format!("memcached:{}", "t".repeat(128)),
+            &format!("memcached@sha512:{}", "a".repeat(128)),
+            &format!("memcached@sha384:{}", "a".repeat(96)),
+        ] {
+            let parsed = ImageReference::parse(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert_eq!(parsed.to_string(), good, "round trip");
+        }
+    }
+
+    #[test]
+    fn bad_image_references_say_what_is_wrong() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("memcached 1.6", "whitespace"),
+            ("memcached\t", "whitespace"),
+            ("mem\u{7}cached", "control"),
+            ("https://memcached", "scheme"),
+            ("Memcached", "lowercase"),
+            ("team/Memcached:1", "lowercase"),
+            ("memcached:", "tag"),
+            ("memcached:-x", "tag"),
+            ("memcached:a+b", "tag"),
+            (&format!("memcached:{}", "t".repeat(129)), "128"),
+            ("memcached@sha256:abc", "digest"),
+            ("memcached@sha256", "digest"),
+            (
+                "memcached@md5:0123456789abcdef0123456789abcdef",
+                "unsupported",
+            ),
+            (
+                &format!("memcached@sha256:{}", SHA.to_uppercase()),
+                "lowercase",
+            ),
+            (&format!("memcached@sha256:{SHA}0"), "64"),
+            ("my..cache", "separator"),
+            ("my_-cache", "separator"),
+            ("my___cache", "separator"),
+            ("/memcached", "empty"),
+            ("memcached/", "empty"),
+            ("a//b", "empty"),
+            ("-cache", "start"),
+            ("registry.example.com:99999/memcached", "port"),
+            ("registry.example.com:/memcached", "port"),
+            ("bad_host.com/memcached", "host"),
+            ("[zz::1]/memcached", "IPv6"),
+            (SHA, "hexadecimal"),
+            ("mémcached", "ASCII"),
+            (&format!("{}/x", "a.".repeat(130)), "255"),
+            (&"a".repeat(513), "512"),
+            (":1.6", "missing"),
+        ] {
+            let err = ImageReference::parse(bad).expect_err(bad);
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn warnings_cover_risky_choices() {
+        assert!(warnings(&mc("x", 3), crate::DEFAULT_IMAGE).is_empty());
+        assert!(warnings(&mc("x", 1), crate::DEFAULT_IMAGE)[0].contains("no redundancy"));
+        assert!(warnings(&mc("x", 0), crate::DEFAULT_IMAGE)[0].contains("no memcached pods"));
+        let mut m = mc("x", 3);
+        m.spec.image = Some("memcached".into());
+        assert!(warnings(&m, crate::DEFAULT_IMAGE)[0].contains("no tag"));
+        m.spec.image = Some("memcached:latest".into());
+        assert!(warnings(&m, crate::DEFAULT_IMAGE)[0].contains("latest"));
+        m.spec.image = Some(format!("memcached:latest@sha256:{SHA}"));
+        assert!(
+            warnings(&m, crate::DEFAULT_IMAGE).is_empty(),
+            "a digest pins it"
+        );
+        m.spec.image = None;
+        assert!(warnings(&m, "memcached")[0].contains("operator's default"));
+        m.spec.container_port = 80;
+        assert!(warnings(&m, crate::DEFAULT_IMAGE)[0].contains("privileged"));
+        let old = mc("x", 3);
+        assert!(
+            update_warnings(&old, &m, crate::DEFAULT_IMAGE)
+                .iter()
+                .any(|w| w.contains("moves the Service port"))
+        );
+        assert_eq!(validate_update(&old, &m), Ok(()));
+    }
+
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn config() -> ProptestConfig {
+            ProptestConfig {
+                cases: 2000,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Anything: no panic; what parses prints back as itself and matches the
+            /// schema pattern (the schema never rejects what the parser accepts).
+            #[test]
+            fn any_string(s in "\\PC{0,80}") {
+                check(&s);
+            }
+
+            /// Reference-shaped strings, so the accepting paths are exercised too.
+            #[test]
+            fn reference_like(
+                s in "([a-zA-Z0-9.:\\[\\]-]{1,12}/)?[a-zA-Z0-9._-]{1,12}(/[a-z0-9._-]{1,8})?(:[a-zA-Z0-9._+-]{0,10})?(@(sha256|sha512|md5|x)?:?[0-9a-fA-F]{0,70})?"
+            ) {
+                check(&s);
+            }
+        }
+
+        fn check(s: &str) {
+            let pattern = regex::Regex::new(crate::IMAGE_PATTERN).expect("pattern compiles");
+            if let Ok(r) = ImageReference::parse(s) {
+                assert_eq!(r.to_string(), s);
+                assert!(
+                    pattern.is_match(s),
+                    "parser accepts but schema rejects {s:?}"
+                );
+            }
+        }
     }
 }
