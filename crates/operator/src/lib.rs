@@ -7,4 +7,6 @@ pub mod controller;
 pub mod crd;
 pub mod demo;
 pub mod drift;
+pub mod manifests;
+pub mod rbac;
 pub mod status;

@@ -27,6 +27,12 @@ enum Command {
     Run(RunArgs),
     /// Print the Memcached CustomResourceDefinition as YAML.
     Crd,
+    /// Write the Kubebuilder-style config/ tree (CRD, RBAC, manager, webhook, ...) from code.
+    Manifests {
+        /// Directory to write into.
+        #[arg(long, default_value = "config")]
+        dir: std::path::PathBuf,
+    },
     /// Run the operator against the in-memory API server: apply the seed sample, scale it,
     /// repair drift and delete it, printing what happens.
     Demo {
@@ -131,6 +137,21 @@ async fn shutdown_signal() {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Manifests { dir } => match memcached_operator::manifests::write(&dir) {
+            Ok(written) => {
+                for path in &written {
+                    println!("wrote {}", dir.join(path).display());
+                }
+                if written.is_empty() {
+                    println!("{} is up to date", dir.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Crd => match crd::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");

@@ -1,0 +1,314 @@
+//! The operator's RBAC, declared once, next to the code that needs it.
+//!
+//! `config/rbac` is generated from these tables (`memcached-operator manifests`), and
+//! `tests/rbac.rs` runs the controller against the in-memory API server, records every
+//! request it makes and checks each against the generated roles — so a rule that is
+//! missing fails a test, and the roles carry no wildcard. Every rule says which code path
+//! needs it; when the code stops making a call, delete the rule.
+
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// One RBAC rule: these verbs on these resources of these API groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub api_groups: &'static [&'static str],
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+/// A rule on non-resource URLs (`/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NonResourceRule {
+    pub urls: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+/// What the controller (`controller::run`, `crd::check_installed`) does, cluster-wide
+/// (it watches all namespaces unless `--namespace` narrows it): the `manager-role`
+/// ClusterRole.
+pub const MANAGER_RULES: &[Rule] = &[
+    // controller::run: the Memcached watcher/reflector (list + watch);
+    // crd::check_installed: `list(limit=1)` before the controller starts.
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds"],
+        verbs: &["list", "watch"],
+    },
+    // controller::write_status_if_changed: merge patch of the status subresource.
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds/status"],
+        verbs: &["patch"],
+    },
+    // builders: the Deployment and Service carry an ownerReference to the Memcached with
+    // blockOwnerDeletion=true; with the OwnerReferencesPermissionEnforcement admission
+    // plugin (OpenShift and hardened clusters) that needs `update` on the owner's
+    // finalizers subresource. No request goes there, the admission plugin checks it.
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds/finalizers"],
+        verbs: &["update"],
+    },
+    // controller::run: Deployment watcher (list + watch, label managed-by);
+    // controller::apply_if_changed: server-side apply (patch), which creates the object
+    // when it is missing — the API server then also checks `create`.
+    Rule {
+        api_groups: &["apps"],
+        resources: &["deployments"],
+        verbs: &["create", "list", "patch", "watch"],
+    },
+    // controller::run: Service watcher; controller::apply_if_changed: server-side apply
+    // (patch, and create when missing), as for Deployments.
+    Rule {
+        api_groups: &[""],
+        resources: &["services"],
+        verbs: &["create", "list", "patch", "watch"],
+    },
+    // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness.
+    Rule {
+        api_groups: &[""],
+        resources: &["pods"],
+        verbs: &["list", "watch"],
+    },
+    // controller::Context::publish (kube-runtime Recorder): creates events.k8s.io/v1
+    // Events in the Memcached's namespace, and patches them to count repeats.
+    Rule {
+        api_groups: &["events.k8s.io"],
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+];
+
+/// Leader election (`memcached_manager::leader`), in the manager's own namespace only:
+/// the `leader-election-role` Role (as Kubebuilder scaffolds it).
+pub const LEADER_ELECTION_RULES: &[Rule] = &[
+    // manager::leader: get the Lease, create it when missing, update (PUT with the read
+    // resourceVersion) to take and renew it. list/watch/patch as controller-runtime's
+    // resource lock may use them (Kubebuilder's scaffold grants the same).
+    Rule {
+        api_groups: &["coordination.k8s.io"],
+        resources: &["leases"],
+        verbs: &["create", "get", "list", "patch", "update", "watch"],
+    },
+    // Leader-election events (LeaderElection "became leader"), recorded in the manager's
+    // namespace as core/v1 Events, as controller-runtime does.
+    Rule {
+        api_groups: &[""],
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+];
+
+/// The secured metrics endpoint (`memcached_manager::metrics_server`) authenticates the
+/// scraper's bearer token and authorizes it for `get /metrics`: the `metrics-auth-role`
+/// ClusterRole.
+pub const METRICS_AUTH_RULES: &[Rule] = &[
+    // metrics_server: TokenReview of the scraper's bearer token.
+    Rule {
+        api_groups: &["authentication.k8s.io"],
+        resources: &["tokenreviews"],
+        verbs: &["create"],
+    },
+    // metrics_server: SubjectAccessReview "may this user get /metrics".
+    Rule {
+        api_groups: &["authorization.k8s.io"],
+        resources: &["subjectaccessreviews"],
+        verbs: &["create"],
+    },
+];
+
+/// Bound to whoever scrapes the metrics (Prometheus): the `metrics-reader` ClusterRole.
+pub const METRICS_READER_RULES: &[NonResourceRule] = &[NonResourceRule {
+    urls: &["/metrics"],
+    verbs: &["get"],
+}];
+
+/// Kubebuilder's `memcached-editor-role`: for users who manage Memcacheds.
+pub const EDITOR_RULES: &[Rule] = &[
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds"],
+        verbs: &[
+            "create", "delete", "get", "list", "patch", "update", "watch",
+        ],
+    },
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds/status"],
+        verbs: &["get"],
+    },
+];
+
+/// Kubebuilder's `memcached-viewer-role`: read-only access to Memcacheds.
+pub const VIEWER_RULES: &[Rule] = &[
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds"],
+        verbs: &["get", "list", "watch"],
+    },
+    Rule {
+        api_groups: &[memcached_api::GROUP],
+        resources: &["memcacheds/status"],
+        verbs: &["get"],
+    },
+];
+
+/// Name of the operator's ServiceAccount (before kustomize's namePrefix).
+pub const SERVICE_ACCOUNT: &str = "controller-manager";
+/// Namespace placeholder of the kustomize bases (set by config/default's `namespace`).
+pub const BASE_NAMESPACE: &str = "system";
+
+fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| x.to_string()).collect()
+}
+
+/// The rules as k8s-openapi `PolicyRule`s.
+pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
+    rules
+        .iter()
+        .map(|r| PolicyRule {
+            api_groups: Some(strings(r.api_groups)),
+            resources: Some(strings(r.resources)),
+            verbs: strings(r.verbs),
+            ..PolicyRule::default()
+        })
+        .collect()
+}
+
+/// Labels Kubebuilder puts on everything in config/.
+pub fn kustomize_labels() -> std::collections::BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "memcached-operator"),
+        ("app.kubernetes.io/managed-by", "kustomize"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(kustomize_labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// A ClusterRole named `name` with `rules`.
+pub fn cluster_role(name: &str, rules: &[Rule]) -> ClusterRole {
+    ClusterRole {
+        metadata: meta(name, None),
+        rules: Some(policy_rules(rules)),
+        ..ClusterRole::default()
+    }
+}
+
+/// The controller's ClusterRole (`manager-role`).
+pub fn manager_role() -> ClusterRole {
+    cluster_role("manager-role", MANAGER_RULES)
+}
+
+/// The leader-election Role (`leader-election-role`) in the manager's namespace.
+pub fn leader_election_role() -> Role {
+    Role {
+        metadata: meta("leader-election-role", Some(BASE_NAMESPACE)),
+        rules: Some(policy_rules(LEADER_ELECTION_RULES)),
+    }
+}
+
+/// The `metrics-auth-role` ClusterRole.
+pub fn metrics_auth_role() -> ClusterRole {
+    cluster_role("metrics-auth-role", METRICS_AUTH_RULES)
+}
+
+/// The `metrics-reader` ClusterRole.
+pub fn metrics_reader_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta("metrics-reader", None),
+        rules: Some(
+            METRICS_READER_RULES
+                .iter()
+                .map(|r| PolicyRule {
+                    non_resource_urls: Some(strings(r.urls)),
+                    verbs: strings(r.verbs),
+                    ..PolicyRule::default()
+                })
+                .collect(),
+        ),
+        ..ClusterRole::default()
+    }
+}
+
+/// The ServiceAccount as a binding subject.
+fn service_account_subject() -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: SERVICE_ACCOUNT.into(),
+        namespace: Some(BASE_NAMESPACE.into()),
+        ..Subject::default()
+    }]
+}
+
+/// A ClusterRoleBinding of the ClusterRole `role` to the operator's ServiceAccount.
+pub fn cluster_role_binding(name: &str, role: &str) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: meta(name, None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: role.into(),
+        },
+        subjects: Some(service_account_subject()),
+    }
+}
+
+/// The RoleBinding of `leader-election-role` to the operator's ServiceAccount.
+pub fn leader_election_role_binding() -> RoleBinding {
+    RoleBinding {
+        metadata: meta("leader-election-rolebinding", Some(BASE_NAMESPACE)),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "leader-election-role".into(),
+        },
+        subjects: Some(service_account_subject()),
+    }
+}
+
+/// Whether `rules` allow `verb` on `resource` (`plural` or `plural/subresource`) of
+/// `group`, with the API server's matching (a `*` would match anything; the generated
+/// roles have none, see the tests).
+pub fn allows(rules: &[PolicyRule], verb: &str, group: &str, resource: &str) -> bool {
+    let has = |list: &Option<Vec<String>>, want: &str| {
+        list.iter().flatten().any(|x| x == want || x == "*")
+    };
+    rules.iter().any(|r| {
+        r.verbs.iter().any(|v| v == verb || v == "*")
+            && has(&r.api_groups, group)
+            && has(&r.resources, resource)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allows_matches_group_resource_and_verb_exactly() {
+        let rules = policy_rules(MANAGER_RULES);
+        assert!(allows(&rules, "patch", "apps", "deployments"));
+        assert!(!allows(&rules, "delete", "apps", "deployments"));
+        assert!(!allows(&rules, "patch", "", "deployments"));
+        assert!(allows(
+            &rules,
+            "patch",
+            memcached_api::GROUP,
+            "memcacheds/status"
+        ));
+        assert!(!allows(&rules, "patch", memcached_api::GROUP, "memcacheds"));
+    }
+}
