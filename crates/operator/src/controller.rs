@@ -15,8 +15,11 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
+use manager::ControllerMetrics;
+use manager::ReconcileResult;
+use prometheus_client::metrics::gauge::Gauge;
 use kube::{Api, Client, Resource, ResourceExt};
 use memcached_api::{Memcached, MemcachedStatus, validation};
 use serde::Serialize;
@@ -28,6 +31,7 @@ use crate::builders::{
     LABEL_MANAGED_BY, MANAGED_BY,
 };
 use crate::drift;
+use crate::informer::Informer;
 use crate::status::{self, Observed, Problem};
 
 /// Name under which the controller reports events and metrics.
@@ -75,6 +79,8 @@ pub struct ControllerConfig {
     pub instance: Option<String>,
     /// Counts of reconciles, shared with whoever wants to read them (tests, metrics).
     pub counters: Arc<ReconcileCounters>,
+    /// Prometheus metrics, when the manager serves them.
+    pub telemetry: Option<Telemetry>,
 }
 
 /// How many reconciles ran and how they ended.
@@ -103,7 +109,57 @@ impl Default for ControllerConfig {
             backoff: Backoff::default(),
             instance: None,
             counters: Arc::default(),
+            telemetry: None,
         }
+    }
+}
+
+/// Prometheus metrics of the controller: controller-runtime's families (through
+/// [`ControllerMetrics`]) and the operator's own.
+#[derive(Clone, Debug)]
+pub struct Telemetry {
+    pub controller: ControllerMetrics,
+    /// `memcached_operator_managed_instances`: Memcacheds in the cache, all scopes together.
+    pub managed_instances: Gauge,
+    /// Keys waiting for a reconcile (the work queue's content, for `workqueue_depth`).
+    pending: Arc<Mutex<std::collections::HashSet<ObjectRef<Memcached>>>>,
+    instances_by_scope: Arc<Mutex<HashMap<String, i64>>>,
+}
+
+impl Telemetry {
+    /// Registers the operator's metrics in `metrics` and returns the handles.
+    pub fn register(metrics: &manager::Metrics) -> Self {
+        let managed_instances = Gauge::default();
+        metrics.register(
+            "memcached_operator_managed_instances",
+            "Memcached objects in the operator's cache",
+            managed_instances.clone(),
+        );
+        Self {
+            controller: metrics.controller(CONTROLLER_NAME),
+            managed_instances,
+            pending: Arc::default(),
+            instances_by_scope: Arc::default(),
+        }
+    }
+
+    fn queued(&self, key: ObjectRef<Memcached>) {
+        self.controller.queue_add();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.insert(key);
+        self.controller.set_queue_depth(pending.len() as i64);
+    }
+
+    fn started(&self, key: &ObjectRef<Memcached>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.remove(key);
+        self.controller.set_queue_depth(pending.len() as i64);
+    }
+
+    fn set_instances(&self, scope: &str, count: usize) {
+        let mut by_scope = self.instances_by_scope.lock().unwrap_or_else(|e| e.into_inner());
+        by_scope.insert(scope.to_string(), count as i64);
+        self.managed_instances.set(by_scope.values().sum());
     }
 }
 
@@ -132,6 +188,7 @@ pub enum Error {
 pub struct Context {
     pub client: Client,
     pub config: ControllerConfig,
+    pub memcacheds: Store<Memcached>,
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
     pub pods: Store<Pod>,
@@ -277,8 +334,16 @@ async fn write_status_if_changed(
 /// Reconciles one Memcached: idempotent, level-triggered, reads from the caches.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = ObjectRef::from_obj(mc.as_ref());
+    let telemetry = ctx.config.telemetry.as_ref();
+    let timer = telemetry.map(|t| {
+        t.started(&key);
+        let scope = ctx.config.namespace.as_deref().unwrap_or("");
+        t.set_instances(scope, ctx.memcacheds.state().len());
+        t.controller.reconcile_started()
+    });
     let span = tracing::info_span!("reconcile", object = %object_key(&mc));
     let result = reconcile_inner(&mc, &ctx).instrument(span).await;
+    drop(timer);
     let counters = &ctx.config.counters;
     counters
         .reconciles
@@ -287,6 +352,13 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         counters
             .failures
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(t) = telemetry {
+        t.controller.record_result(match &result {
+            Err(_) => ReconcileResult::Error,
+            Ok(action) if *action == Action::await_change() => ReconcileResult::Success,
+            Ok(_) => ReconcileResult::RequeueAfter,
+        });
     }
     match &result {
         Ok(_) => ctx.reset_failures(&key),
@@ -455,6 +527,9 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
 /// Retry a failed object with per-object exponential backoff.
 pub fn error_policy(mc: Arc<Memcached>, err: &Error, ctx: Arc<Context>) -> Action {
     let failures = ctx.record_failure(ObjectRef::from_obj(mc.as_ref()));
+    if let Some(t) = &ctx.config.telemetry {
+        t.controller.queue_retry();
+    }
     let delay = ctx.config.backoff.delay(failures);
     warn!(object = %object_key(&mc), error = %err, failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
@@ -471,9 +546,21 @@ where
 }
 
 /// Maps one of our pods to the Memcached that owns it (by its instance label).
-fn pod_owner(pod: Pod) -> Option<ObjectRef<Memcached>> {
+fn pod_owner(pod: &Pod) -> Option<ObjectRef<Memcached>> {
     let instance = pod.labels().get(LABEL_INSTANCE)?;
     Some(ObjectRef::new(instance).within(pod.metadata.namespace.as_deref()?))
+}
+
+/// Maps an owned child to the Memcached named in its controller ownerReference.
+fn controller_owner<K: Resource>(child: &K) -> Option<ObjectRef<Memcached>> {
+    let owner = child
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Memcached")?;
+    if owner.api_version != Memcached::api_version(&()) {
+        return None;
+    }
+    Some(ObjectRef::new(&owner.name).within(child.namespace().as_deref()?))
 }
 
 /// Drops what the reconciler never reads, to keep the caches small.
@@ -481,48 +568,77 @@ fn slim<K: Resource>(obj: &mut K) {
     obj.managed_fields_mut().clear();
 }
 
-/// Runs the controller until `shutdown` resolves, then lets in-flight reconciles finish.
-pub async fn run(
+fn slim_pod(pod: &mut Pod) {
+    slim(pod);
+    // The reconciler reads names, labels and deletion state only.
+    pod.spec = None;
+}
+
+/// The informers the controller reads from, for one scope (a namespace or the cluster).
+/// They run whether or not this process leads, so a standby takes over with a warm cache.
+pub struct Caches {
+    pub memcacheds: Informer<Memcached>,
+    pub deployments: Informer<Deployment>,
+    pub services: Informer<Service>,
+    pub pods: Informer<Pod>,
+}
+
+impl Caches {
+    /// Starts watching `namespace` (`None`: all namespaces). Owned kinds are label-selected
+    /// (`app.kubernetes.io/managed-by=memcached-operator`), so the cache holds only ours.
+    pub fn start(client: &Client, namespace: Option<&str>) -> Self {
+        let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+        Self {
+            memcacheds: Informer::start(scoped(client, namespace), watcher::Config::default(), slim),
+            deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            services: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            pods: Informer::start(scoped(client, namespace), owned, slim_pod),
+        }
+    }
+
+    /// Waits until every informer has cached its first full list.
+    pub async fn wait_synced(&self) {
+        futures::join!(
+            self.memcacheds.wait_synced(),
+            self.deployments.wait_synced(),
+            self.services.wait_synced(),
+            self.pods.wait_synced()
+        );
+    }
+}
+
+/// Runs the controller on already started `caches` until `shutdown` resolves, then lets
+/// in-flight reconciles finish.
+pub async fn run_controller(
     client: Client,
+    caches: &Caches,
     config: ControllerConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let ns = config.namespace.as_deref();
-    let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-
-    let (mc_reader, mc_writer) = reflector::store::<Memcached>();
-    let memcacheds = watcher(scoped::<Memcached>(&client, ns), watcher::Config::default())
-        .default_backoff()
-        .modify(slim)
-        .reflect(mc_writer)
-        .applied_objects()
+    let telemetry = config.telemetry.clone();
+    if let Some(t) = &telemetry {
+        t.controller.set_max_concurrent(i64::from(config.concurrency));
+    }
+    let queued = move |key: Option<ObjectRef<Memcached>>| {
+        if let (Some(t), Some(key)) = (&telemetry, key.clone()) {
+            t.queued(key);
+        }
+        key
+    };
+    let q1 = queued.clone();
+    let memcacheds = caches
+        .memcacheds
+        .subscribe()
         // Status writes (ours included) and metadata-only edits do not change the outcome.
-        .predicate_filter(predicates::generation, Default::default());
-
-    let (dep_reader, dep_writer) = reflector::store::<Deployment>();
-    let deployments = watcher(scoped::<Deployment>(&client, ns), owned.clone())
-        .default_backoff()
-        .modify(slim)
-        .reflect(dep_writer)
-        .touched_objects();
-
-    let (svc_reader, svc_writer) = reflector::store::<Service>();
-    let services = watcher(scoped::<Service>(&client, ns), owned.clone())
-        .default_backoff()
-        .modify(slim)
-        .reflect(svc_writer)
-        .touched_objects();
-
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let pods = watcher(scoped::<Pod>(&client, ns), owned)
-        .default_backoff()
-        .modify(|p: &mut Pod| {
-            slim(p);
-            // The reconciler reads names, labels and deletion state only.
-            p.spec = None;
-        })
-        .reflect(pod_writer)
-        .touched_objects();
+        .predicate_filter(predicates::generation, Default::default())
+        .inspect(move |mc| {
+            if let Ok(mc) = mc {
+                q1(Some(ObjectRef::from_obj(mc)));
+            }
+        });
+    let q2 = queued.clone();
+    let q3 = queued.clone();
+    let q4 = queued;
 
     let reporter = Reporter {
         controller: MANAGED_BY.to_string(),
@@ -531,17 +647,18 @@ pub async fn run(
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
-        deployments: dep_reader,
-        services: svc_reader,
-        pods: pod_reader,
+        memcacheds: caches.memcacheds.store(),
+        deployments: caches.deployments.store(),
+        services: caches.services.store(),
+        pods: caches.pods.store(),
         failures: Mutex::new(HashMap::new()),
         config: config.clone(),
     });
 
-    Controller::for_stream(memcacheds, mc_reader)
-        .owns_stream(deployments)
-        .owns_stream(services)
-        .watches_stream(pods, pod_owner)
+    Controller::for_stream(memcacheds, caches.memcacheds.store())
+        .watches_stream(caches.deployments.subscribe(), move |d: Deployment| q2(controller_owner(&d)))
+        .watches_stream(caches.services.subscribe(), move |s: Service| q3(controller_owner(&s)))
+        .watches_stream(caches.pods.subscribe(), move |p: Pod| q4(pod_owner(&p)))
         .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -552,6 +669,18 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Starts the caches for `config.namespace`, waits for them, and runs the controller until
+/// `shutdown` resolves. For callers without leader election (tests, the demo).
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let caches = Caches::start(&client, config.namespace.as_deref());
+    caches.wait_synced().await;
+    run_controller(client, &caches, config, shutdown).await;
 }
 
 #[cfg(test)]

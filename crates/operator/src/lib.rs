@@ -3,10 +3,12 @@
 //! against the in-memory API server.
 
 pub mod builders;
+pub mod cmd;
 pub mod controller;
 pub mod crd;
 pub mod demo;
 pub mod drift;
+pub mod informer;
 pub mod manifests;
 pub mod rbac;
 pub mod status;

@@ -1,0 +1,289 @@
+//! `memcached-operator run`: the controller manager. Wires the Memcached controller into the
+//! runtime pieces of `crates/manager` the way controller-runtime's `main.go` does: logging,
+//! signals, health probes, secured metrics, informers started before leader election (so a
+//! standby's cache is warm), controllers only while leading, bounded graceful shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ArgAction;
+use kube::Client;
+use manager::leader::{self, LeaderElectionConfig};
+use manager::metrics_server::{MetricsServer, MetricsServerConfig, parse_bind_address};
+use manager::{Health, LogFormat, Metrics};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::builders::BuildSettings;
+use crate::controller::{self, Caches, ControllerConfig, Telemetry};
+use crate::crd;
+
+/// Flags of `memcached-operator run`; names and defaults follow controller-runtime's
+/// scaffolded `main.go` where it has one.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Namespace to watch (repeatable, or comma-separated); all namespaces when absent.
+    #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Image for Memcacheds that do not name one.
+    #[arg(long, env = "MEMCACHED_IMAGE", default_value = memcached_api::DEFAULT_IMAGE)]
+    pub memcached_image: String,
+    /// Reconciles running at once (never two for the same object).
+    #[arg(long, default_value_t = 4)]
+    pub max_concurrent_reconciles: u16,
+    /// How often converged objects are checked again (they cost no writes).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub resync_period: Duration,
+
+    /// Run active/standby: only the holder of the Lease reconciles.
+    #[arg(long, default_value_t = false)]
+    pub leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, default_value = "memcached-operator.cache.example.com")]
+    pub leader_election_id: String,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// How long a Lease is valid after its last renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// The leader stops reconciling if it could not renew for this long.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// Interval between attempts to acquire or renew the Lease.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// Address of the metrics endpoint (`:8443`), or `0` to disable it.
+    #[arg(long, default_value = ":8443")]
+    pub metrics_bind_address: String,
+    /// Serve metrics over TLS to authenticated, authorized callers only
+    /// (`--metrics-secure=false` for plain HTTP).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_secure: bool,
+    /// Directory with the metrics server's `tls.crt` and `tls.key` (reloaded on change);
+    /// a self-signed certificate is generated when absent.
+    #[arg(long)]
+    pub metrics_cert_dir: Option<PathBuf>,
+    /// Address of `/healthz` and `/readyz`, or `0` to disable them.
+    #[arg(long, default_value = ":8081")]
+    pub health_probe_bind_address: String,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Longest wait for in-flight reconciles after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub graceful_shutdown_timeout: Duration,
+}
+
+/// Why `run` stopped with an error; each is one line a person can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot load a kubeconfig or in-cluster config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Startup(#[from] crd::StartupError),
+    #[error("invalid --{flag}: {message}")]
+    Flag { flag: &'static str, message: String },
+    #[error("metrics server: {0}")]
+    Metrics(#[from] manager::metrics_server::Error),
+    #[error("health probes: {0}")]
+    Probes(String),
+    #[error("leader election: {0}")]
+    Leader(#[from] leader::Error),
+    #[error("graceful shutdown did not finish within {0:?}")]
+    ShutdownTimeout(Duration),
+}
+
+/// Parses `500ms`, `2s`, `1.5s`, `5m`, `1h` (controller-runtime flags use Go durations).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => return Err(format!("{s:?} has no unit (use ms, s, m or h)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 500ms, 2s, 5m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown unit {other:?} in {s:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn lease_namespace(flag: Option<&str>) -> String {
+    if let Some(ns) = flag.filter(|ns| !ns.is_empty()) {
+        return ns.to_string();
+    }
+    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".to_string())
+}
+
+fn bind_address(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, RunError> {
+    parse_bind_address(value).map_err(|e| RunError::Flag {
+        flag,
+        message: e.to_string(),
+    })
+}
+
+/// Runs the operator until SIGTERM/SIGINT (or, with leader election, until leadership is
+/// lost, which is an error: the process should restart as a fresh candidate).
+pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    manager::logging::init(args.log_format, "info");
+    let shutdown = manager::signal_token();
+    run_until(args, shutdown).await
+}
+
+/// [`run`] with an explicit shutdown token (for embedding and tests).
+pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(), RunError> {
+    let probe_addr = bind_address("health-probe-bind-address", &args.health_probe_bind_address)?;
+    let metrics_config = MetricsServerConfig {
+        bind: bind_address("metrics-bind-address", &args.metrics_bind_address)?,
+        secure: args.metrics_secure,
+        cert_dir: args.metrics_cert_dir.clone(),
+    };
+    let leader_config = if args.leader_elect {
+        let config = LeaderElectionConfig {
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+            ..LeaderElectionConfig::new(
+                args.leader_election_id.clone(),
+                lease_namespace(args.leader_election_namespace.as_deref()),
+            )
+        };
+        config.validate()?;
+        Some(config)
+    } else {
+        None
+    };
+
+    let client = Client::try_default()
+        .await
+        .map_err(|e| RunError::Config(e.to_string()))?;
+    let scopes: Vec<Option<String>> = if args.namespaces.is_empty() {
+        vec![None]
+    } else {
+        args.namespaces.iter().cloned().map(Some).collect()
+    };
+    for scope in &scopes {
+        crd::check_installed(&client, scope.as_deref()).await?;
+    }
+
+    let metrics = Metrics::new();
+    let telemetry = Telemetry::register(&metrics);
+    let health = Health::new();
+    health.set_healthy("ping", true);
+    health.set_ready("informers-synced", false);
+    let mut servers = Vec::new();
+    if let Some(addr) = probe_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| RunError::Probes(format!("cannot listen on {addr}: {e}")))?;
+        let (health, shutdown) = (health.clone(), shutdown.clone());
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = manager::health::serve_probes_on(listener, health, shutdown).await {
+                error!(error = %e, "health probe server stopped");
+            }
+        }));
+    }
+    if let Some(server) = MetricsServer::bind(&metrics_config, Some(client.clone()), &shutdown).await? {
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        if let Ok(addr) = server.local_addr() {
+            info!(%addr, secure = metrics_config.secure, "serving metrics");
+        }
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = server.run(metrics, shutdown).await {
+                error!(error = %e, "metrics server stopped");
+            }
+        }));
+    }
+
+    // Informers start before the election, so a standby takes over with a warm cache.
+    let caches: Vec<(Option<String>, Caches)> = scopes
+        .into_iter()
+        .map(|scope| {
+            let caches = Caches::start(&client, scope.as_deref());
+            (scope, caches)
+        })
+        .collect();
+    tokio::select! {
+        _ = futures::future::join_all(caches.iter().map(|(_, c)| c.wait_synced())) => {}
+        _ = shutdown.cancelled() => return Ok(()),
+    }
+    info!(scopes = caches.len(), "caches synced");
+    health.set_ready("informers-synced", true);
+
+    let config = ControllerConfig {
+        build: BuildSettings {
+            default_image: args.memcached_image.clone(),
+        },
+        concurrency: args.max_concurrent_reconciles,
+        resync: args.resync_period,
+        instance: std::env::var("POD_NAME").ok(),
+        telemetry: Some(telemetry),
+        ..ControllerConfig::default()
+    };
+    let controllers = |leader_token: CancellationToken| {
+        let health = health.clone();
+        let runs = caches.iter().map(|(scope, c)| {
+            let config = ControllerConfig {
+                namespace: scope.clone(),
+                ..config.clone()
+            };
+            info!(namespace = scope.as_deref().unwrap_or("<all>"), "starting controller");
+            controller::run_controller(client.clone(), c, config, leader_token.clone().cancelled_owned())
+        });
+        let all = futures::future::join_all(runs);
+        async move {
+            health.set_ready("controllers-started", true);
+            all.await;
+            Ok::<(), Infallible>(())
+        }
+    };
+    if leader_config.is_some() {
+        // A leader is ready only once its controllers run; a standby once its caches sync.
+        health.set_ready("controllers-started", true);
+    }
+    let elected = leader::run_as_leader(client.clone(), leader_config, &metrics, shutdown.clone(), controllers);
+    let grace = args.graceful_shutdown_timeout;
+    let result = tokio::select! {
+        r = elected => r.map_err(RunError::from),
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+            warn!(timeout = ?grace, "in-flight reconciles did not finish in time");
+            Err(RunError::ShutdownTimeout(grace))
+        }
+    };
+    shutdown.cancel();
+    for server in servers {
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    }
+    info!("stopped");
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_style_durations_parse() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("15").is_err());
+        assert!(parse_duration("15 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}
