@@ -1,0 +1,480 @@
+//! The committed `config/` tree is exactly what `memcached-operator manifests` writes, and
+//! what `kubectl kustomize` builds from it is accepted by the (in-memory) API server.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Api, Client};
+use memcached_operator::manifests;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+fn config_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config")
+}
+
+/// Every file under `dir`, by path relative to `dir`.
+fn read_tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path.strip_prefix(root).expect("under root").to_path_buf();
+                out.insert(rel, std::fs::read(&path).expect("readable"));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "memcached-operator-{tag}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn committed_config_is_what_manifests_writes() {
+    let tmp = TempDir::new("manifests");
+    manifests::write(&tmp.0).expect("manifests writes");
+    let generated = read_tree(&tmp.0);
+    let committed = read_tree(&config_dir());
+    let mut problems = vec![];
+    for (path, content) in &generated {
+        match committed.get(path) {
+            None => problems.push(format!("config/{} is missing", path.display())),
+            Some(c) if c != content => {
+                problems.push(format!("config/{} differs from the code", path.display()))
+            }
+            Some(_) => {}
+        }
+    }
+    for path in committed.keys() {
+        if !generated.contains_key(path) {
+            problems.push(format!(
+                "config/{} is not generated (delete it, or generate it in manifests.rs)",
+                path.display()
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "config/ is out of date with the code; run `make manifests` and commit the result:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn writing_twice_changes_nothing() {
+    let tmp = TempDir::new("manifests-twice");
+    assert!(!manifests::write(&tmp.0).expect("writes").is_empty());
+    assert!(manifests::write(&tmp.0).expect("writes").is_empty());
+}
+
+/// `kubectl kustomize <dir>` as JSON objects, or `None` when kubectl is not installed.
+fn kustomize(dir: &str) -> Option<Vec<Value>> {
+    let path = config_dir().join(dir);
+    let out = match Command::new("kubectl").arg("kustomize").arg(&path).output() {
+        Ok(out) => out,
+        Err(e) => {
+            println!("skipped: kubectl is not on PATH ({e}); cannot build config/{dir}");
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "kubectl kustomize config/{dir} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).expect("utf-8");
+    let mut objects = vec![];
+    for doc in serde_yaml::Deserializer::from_str(&yaml) {
+        let v: Value = serde::Deserialize::deserialize(doc).expect("kustomize output is YAML");
+        if !v.is_null() {
+            objects.push(v);
+        }
+    }
+    Some(objects)
+}
+
+/// Deserializes into the k8s-openapi type and back: a field the type does not know (a typo
+/// in the generator, or in a patch) would be lost and fail the comparison.
+fn round_trips<T: DeserializeOwned + Serialize>(obj: &Value) {
+    let typed: T = serde_json::from_value(obj.clone())
+        .unwrap_or_else(|e| panic!("{} does not parse: {e}", describe(obj)));
+    let back = serde_json::to_value(&typed).expect("serializes");
+    if let Some(path) = first_difference(obj, &back, String::new()) {
+        panic!(
+            "{}: `{path}` does not survive the k8s-openapi round trip (unknown field?)",
+            describe(obj)
+        );
+    }
+}
+
+/// Where `a` and `b` first differ (numbers compared by value: YAML's `1` is JSON's `1.0`).
+fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => (x.as_f64() != y.as_f64()).then_some(path),
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            first_difference(
+                x.get(k).unwrap_or(&Value::Null),
+                y.get(k).unwrap_or(&Value::Null),
+                format!("{path}.{k}"),
+            )
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(x, y, format!("{path}[{i}]"))),
+        _ => (a != b).then_some(path),
+    }
+}
+
+fn check_schema(obj: &Value) {
+    match obj["kind"].as_str().unwrap_or("") {
+        "Namespace" => round_trips::<Namespace>(obj),
+        "CustomResourceDefinition" => round_trips::<CustomResourceDefinition>(obj),
+        "ServiceAccount" => round_trips::<ServiceAccount>(obj),
+        "Role" => round_trips::<Role>(obj),
+        "ClusterRole" => round_trips::<ClusterRole>(obj),
+        "RoleBinding" => round_trips::<RoleBinding>(obj),
+        "ClusterRoleBinding" => round_trips::<ClusterRoleBinding>(obj),
+        "Service" => round_trips::<Service>(obj),
+        "Deployment" => round_trips::<Deployment>(obj),
+        "NetworkPolicy" => round_trips::<NetworkPolicy>(obj),
+        "MutatingWebhookConfiguration" => round_trips::<MutatingWebhookConfiguration>(obj),
+        "ValidatingWebhookConfiguration" => round_trips::<ValidatingWebhookConfiguration>(obj),
+        _ => {}
+    }
+}
+
+fn describe(obj: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        obj["kind"].as_str().unwrap_or("?"),
+        obj["metadata"]["namespace"].as_str().unwrap_or(""),
+        obj["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// A minimal CRD for a kind apisim does not serve, requiring what the real API requires of
+/// the fields the manifests set and preserving the rest.
+fn minimal_crd(group: &str, plural: &str, kind: &str, spec_required: &[&str]) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{plural}.{group}"),
+            // Needed by a real API server for *.k8s.io groups; harmless here.
+            "annotations": {"api-approved.kubernetes.io": "unapproved, test only"},
+        },
+        "spec": {
+            "group": group,
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind, "listKind": format!("{kind}List")},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": spec_required,
+                            "x-kubernetes-preserve-unknown-fields": true,
+                        },
+                    },
+                }},
+            }],
+        },
+    })
+}
+
+/// Kinds in the manifests that apisim does not serve, as minimal CRDs: cert-manager's
+/// Issuer and Certificate, the Prometheus Operator's ServiceMonitor, and NetworkPolicy
+/// (a built-in kind of real clusters that apisim does not implement).
+fn extra_crds() -> Vec<Value> {
+    vec![
+        minimal_crd("cert-manager.io", "issuers", "Issuer", &[]),
+        minimal_crd(
+            "cert-manager.io",
+            "certificates",
+            "Certificate",
+            &["secretName", "issuerRef", "dnsNames"],
+        ),
+        minimal_crd(
+            "monitoring.coreos.com",
+            "servicemonitors",
+            "ServiceMonitor",
+            &["endpoints", "selector"],
+        ),
+        minimal_crd(
+            "networking.k8s.io",
+            "networkpolicies",
+            "NetworkPolicy",
+            &["podSelector"],
+        ),
+    ]
+}
+
+async fn resource(client: &Client, obj: &Value) -> (ApiResource, bool) {
+    let (group, version) = match obj["apiVersion"]
+        .as_str()
+        .expect("apiVersion")
+        .split_once('/')
+    {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (
+            String::new(),
+            obj["apiVersion"].as_str().unwrap_or("").to_string(),
+        ),
+    };
+    let gvk = GroupVersionKind::gvk(&group, &version, obj["kind"].as_str().expect("kind"));
+    let (ar, caps) = pinned_kind(client, &gvk)
+        .await
+        .unwrap_or_else(|e| panic!("the API server does not serve {gvk:?}: {e}"));
+    (ar, caps.scope == Scope::Namespaced)
+}
+
+/// Creates `obj` (server-side dry run first, then for real) and reads it back.
+async fn create(client: &Client, obj: &Value) {
+    let (ar, namespaced) = resource(client, obj).await;
+    let api: Api<DynamicObject> = if namespaced {
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{} has no namespace", describe(obj)));
+        Api::namespaced_with(client.clone(), ns, &ar)
+    } else {
+        assert!(
+            obj["metadata"]["namespace"].is_null(),
+            "{} is cluster-scoped but has a namespace",
+            describe(obj)
+        );
+        Api::all_with(client.clone(), &ar)
+    };
+    let dynamic: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    api.create(&dry_run, &dynamic)
+        .await
+        .unwrap_or_else(|e| panic!("dry run of {} rejected: {e}", describe(obj)));
+    api.create(&PostParams::default(), &dynamic)
+        .await
+        .unwrap_or_else(|e| panic!("{} rejected: {e}", describe(obj)));
+    let name = obj["metadata"]["name"].as_str().expect("name");
+    api.get(name)
+        .await
+        .unwrap_or_else(|e| panic!("{} not readable after create: {e}", describe(obj)));
+}
+
+/// Creates the objects in the order `kubectl apply` needs: Namespaces and CRDs first.
+async fn create_all(client: &Client, objects: &[Value]) {
+    let rank = |o: &Value| match o["kind"].as_str() {
+        Some("Namespace") => 0,
+        Some("CustomResourceDefinition") => 1,
+        _ => 2,
+    };
+    let mut sorted: Vec<&Value> = objects.iter().collect();
+    sorted.sort_by_key(|o| rank(o));
+    for obj in sorted {
+        check_schema(obj);
+        create(client, obj).await;
+    }
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("kustomize output has no {kind} {name}"))
+}
+
+#[tokio::test]
+async fn config_default_builds_and_the_api_server_accepts_every_object() {
+    let Some(default) = kustomize("default") else {
+        return;
+    };
+    let (Some(prometheus), Some(network_policy), Some(samples)) = (
+        kustomize("prometheus"),
+        kustomize("network-policy"),
+        kustomize("samples"),
+    ) else {
+        return;
+    };
+
+    // What a fresh Kubebuilder project's `make deploy` yields, by kind.
+    let mut kinds: Vec<&str> = default.iter().filter_map(|o| o["kind"].as_str()).collect();
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        [
+            "Certificate",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Issuer",
+            "MutatingWebhookConfiguration",
+            "Namespace",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "ValidatingWebhookConfiguration",
+        ]
+    );
+    for obj in &default {
+        let name = obj["metadata"]["name"].as_str().unwrap_or("");
+        match obj["kind"].as_str() {
+            Some("Namespace") => assert_eq!(name, manifests::NAMESPACE),
+            Some("CustomResourceDefinition") => {}
+            _ => assert!(name.starts_with("memcached-operator-"), "{}", describe(obj)),
+        }
+        if !obj["metadata"]["namespace"].is_null() {
+            assert_eq!(obj["metadata"]["namespace"], manifests::NAMESPACE);
+        }
+    }
+    let deployment = find(
+        &default,
+        "Deployment",
+        "memcached-operator-controller-manager",
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], "controller:latest");
+    assert_eq!(
+        pod["serviceAccountName"],
+        "memcached-operator-controller-manager"
+    );
+    assert_eq!(
+        container["volumeMounts"][0]["mountPath"],
+        "/tmp/k8s-webhook-server/serving-certs"
+    );
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        "webhook-server-cert"
+    );
+    let certificate = find(&default, "Certificate", "memcached-operator-serving-cert");
+    assert_eq!(
+        certificate["spec"]["dnsNames"],
+        json!([
+            "memcached-operator-webhook-service.memcached-operator-system.svc",
+            "memcached-operator-webhook-service.memcached-operator-system.svc.cluster.local",
+        ])
+    );
+    assert_eq!(
+        certificate["spec"]["issuerRef"]["name"],
+        "memcached-operator-selfsigned-issuer"
+    );
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let prefix = if kind.starts_with('M') {
+            "mutating"
+        } else {
+            "validating"
+        };
+        let config = find(
+            &default,
+            kind,
+            &format!("memcached-operator-{prefix}-webhook-configuration"),
+        );
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "memcached-operator-system/memcached-operator-serving-cert"
+        );
+        assert_eq!(
+            config["webhooks"][0]["clientConfig"]["service"],
+            json!({
+                "name": "memcached-operator-webhook-service",
+                "namespace": "memcached-operator-system",
+                "path": config["webhooks"][0]["clientConfig"]["service"]["path"],
+            })
+        );
+    }
+    let binding = find(
+        &default,
+        "ClusterRoleBinding",
+        "memcached-operator-manager-rolebinding",
+    );
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "memcached-operator-manager-role"
+    );
+    assert_eq!(
+        binding["subjects"][0],
+        json!({"kind": "ServiceAccount", "name": "memcached-operator-controller-manager", "namespace": "memcached-operator-system"})
+    );
+
+    let server = apisim::ApiServer::new();
+    let client = server.client();
+    create_all(&client, &extra_crds()).await;
+    create_all(&client, &default).await;
+    // The optional overlays, as config/default would yield them with the same namespace.
+    let in_namespace = |objects: Vec<Value>| {
+        objects
+            .into_iter()
+            .map(|mut o| {
+                o["metadata"]["namespace"] = json!(manifests::NAMESPACE);
+                o
+            })
+            .collect::<Vec<_>>()
+    };
+    create_all(&client, &in_namespace(prometheus)).await;
+    create_all(&client, &in_namespace(network_policy)).await;
+    create_all(&client, &in_namespace(samples)).await;
+    let sample = server
+        .get_object(
+            "memcached.cache.example.com/v1",
+            "memcacheds",
+            Some(manifests::NAMESPACE),
+            "memcached-sample",
+        )
+        .expect("the sample is stored");
+    assert_eq!(sample["spec"]["size"], 3);
+    // The CRD's default applied by the API server.
+    assert_eq!(sample["spec"]["containerPort"], 11211);
+}
