@@ -20,6 +20,9 @@ pub struct Event {
     pub etype: &'static str,
     pub obj: Arc<Value>,
     pub prev: Option<Arc<Value>>,
+    /// The serialized watch line `{"type": etype, "object": obj}`, built once and shared by
+    /// every watcher that sees this event unchanged.
+    pub line: std::sync::OnceLock<bytes::Bytes>,
 }
 
 pub type ObjKey = (String, String);
@@ -143,6 +146,7 @@ impl State {
             etype,
             obj,
             prev,
+            line: std::sync::OnceLock::new(),
         });
         self.history.push_back(ev.clone());
         while self.history.len() > self.history_cap {

@@ -45,8 +45,28 @@ impl Filter {
     fn matches(&self, o: &Value) -> bool {
         self.ls.matches(o) && self.fs.matches(o)
     }
+    /// The serialized event this watcher sees for a store event, if any.
+    fn line_for(&self, ev: &Event) -> Option<Bytes> {
+        let (t, same) = self.kind_for(ev)?;
+        if same && ev.obj["apiVersion"].as_str() == Some(self.rt.api_version(&self.version).as_str()) {
+            return Some(ev.line.get_or_init(|| line(t, &ev.obj)).clone());
+        }
+        Some(line(t, &present(&ev.obj, &self.rt, &self.version)))
+    }
+
+    /// The event type this watcher sees, and whether it is the store event's own type.
+    fn kind_for(&self, ev: &Event) -> Option<(&'static str, bool)> {
+        let (t, _) = self.apply_inner(ev)?;
+        Some((t, t == ev.etype))
+    }
+
     /// The event this watcher sees for a store event, if any.
     fn apply(&self, ev: &Event) -> Option<(&'static str, Value)> {
+        let (t, _) = self.apply_inner(ev)?;
+        Some((t, present(&ev.obj, &self.rt, &self.version)))
+    }
+
+    fn apply_inner(&self, ev: &Event) -> Option<(&'static str, ())> {
         if ev.key != self.rt.key() {
             return None;
         }
@@ -67,7 +87,7 @@ impl Filter {
                 (false, false) => None,
             },
         }?;
-        Some((t, present(&ev.obj, &self.rt, &self.version)))
+        Some((t, ()))
     }
 }
 
@@ -200,8 +220,8 @@ async fn run(
                         continue;
                     }
                     last_rv = last_rv.max(ev.rv);
-                    if let Some((t, o)) = filter.apply(&ev) {
-                        if tx.send(line(t, &o)).await.is_err() {
+                    if let Some(b) = filter.line_for(&ev) {
+                        if tx.send(b).await.is_err() {
                             return;
                         }
                     }
