@@ -12,3 +12,4 @@ pub mod informer;
 pub mod manifests;
 pub mod rbac;
 pub mod status;
+pub mod webhook;

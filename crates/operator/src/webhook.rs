@@ -1,0 +1,1108 @@
+//! Admission webhooks for Memcached, as a Kubebuilder project serves them: a mutating
+//! (defaulting) webhook and a validating one, speaking `admission.k8s.io/v1`
+//! AdmissionReview over TLS, with the certificate read from a directory (`tls.crt`,
+//! `tls.key`, reloaded when they change).
+//!
+//! - **Defaulting** applies exactly the defaults the CRD schema declares (read from the
+//!   generated schema, so the two cannot drift: today `spec.containerPort: 11211`) and
+//!   returns them as a JSON patch; a complete object gets no patch. `spec.image` is *not*
+//!   defaulted: the schema does not default it and the reconciler resolves an unset image
+//!   to the operator's `--memcached-image` at each reconcile. Writing the default into the
+//!   object would make objects differ by the path that created them (webhook on or off)
+//!   and would freeze today's default into every pool, so upgrading the operator's default
+//!   image would no longer roll them.
+//! - **Validation** checks what the schema cannot (see [`memcached_api::validation`]):
+//!   names that would make invalid child names, a port reserved for the exporter sidecar,
+//!   image references that cannot be pulled; and, defensively (the API server normally
+//!   does this first), wrong types, unknown fields, a missing spec and a wrong
+//!   apiVersion/kind. No field is immutable. Risky but legal choices get warnings.
+//! - **Bad requests** (not JSON, not an `admission.k8s.io/v1` AdmissionReview, no request)
+//!   get HTTP 400, bodies over [`MAX_BODY_BYTES`] get 413, always with an AdmissionReview
+//!   body whose `response.status.message` says what is wrong. Nothing here panics on input.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::CustomResourceExt;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::response::{StatusCause, StatusDetails};
+use kube::core::{DynamicObject, Status};
+use manager::webhook_tls::{self, CertWatcher};
+use memcached_api::validation::{self, FieldError, ValidationErrors};
+use memcached_api::{GROUP, Memcached, MemcachedSpec, VERSION};
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Path of the mutating (defaulting) webhook, as Kubebuilder names it.
+pub const MUTATE_PATH: &str = "/mutate-memcached-cache-example-com-v1-memcached";
+/// Path of the validating webhook, as Kubebuilder names it.
+pub const VALIDATE_PATH: &str = "/validate-memcached-cache-example-com-v1-memcached";
+/// controller-runtime's default webhook port.
+pub const DEFAULT_PORT: u16 = 9443;
+/// controller-runtime's default certificate directory.
+pub const DEFAULT_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
+/// Largest request body accepted: Kubernetes' own limit on a request (3 MiB).
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// Name of the mutating webhook inside its configuration.
+pub const MUTATING_WEBHOOK_NAME: &str = "mmemcached-v1.kb.io";
+/// Name of the validating webhook inside its configuration.
+pub const VALIDATING_WEBHOOK_NAME: &str = "vmemcached-v1.kb.io";
+/// Name of the MutatingWebhookConfiguration.
+pub const MUTATING_CONFIGURATION_NAME: &str = "memcached-operator-mutating-webhook-configuration";
+/// Name of the ValidatingWebhookConfiguration.
+pub const VALIDATING_CONFIGURATION_NAME: &str =
+    "memcached-operator-validating-webhook-configuration";
+/// How long the API server waits for an answer.
+pub const TIMEOUT_SECONDS: i32 = 10;
+/// The cert-manager annotation that injects the CA bundle into webhook configurations.
+pub const CA_INJECTION_ANNOTATION: &str = "cert-manager.io/inject-ca-from";
+/// A TLS handshake must finish within this time.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest JSON value quoted back in a message.
+const MAX_QUOTED: usize = 120;
+
+/// Where and how the webhooks are served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Address to listen on (`0.0.0.0:9443` by default).
+    pub bind: SocketAddr,
+    /// Directory holding `tls.crt` and `tls.key` (a cert-manager Secret mounted there).
+    pub cert_dir: PathBuf,
+    /// The operator's `--memcached-image`, used for warnings about objects that do not
+    /// name an image (it is not written into objects; see the module documentation).
+    pub default_image: String,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), DEFAULT_PORT),
+            cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
+            default_image: memcached_api::DEFAULT_IMAGE.to_string(),
+        }
+    }
+}
+
+/// Why the webhook server cannot start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// No usable certificate in the directory.
+    #[error(
+        "the admission webhooks are enabled but there is no usable serving certificate in {}: {source}. \
+         In a cluster, install cert-manager and deploy with its Certificate (config/certmanager), whose \
+         Secret is mounted at that directory as tls.crt and tls.key; or point --webhook-cert-dir at a \
+         directory that has them. To run outside a cluster (make run), disable the webhooks with \
+         ENABLE_WEBHOOKS=false (or --enable-webhooks=false)",
+        dir.display()
+    )]
+    Certificate {
+        dir: PathBuf,
+        #[source]
+        source: webhook_tls::Error,
+    },
+    /// The TLS server configuration could not be built.
+    #[error("setting up webhook TLS: {0}")]
+    Tls(#[source] webhook_tls::Error),
+    /// The operator's default image is not a valid reference.
+    #[error("the default memcached image {image:?} (--memcached-image) is not valid: {reason}")]
+    DefaultImage { image: String, reason: String },
+    /// Binding the port failed.
+    #[error("binding the webhook server to {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("serving admission webhooks: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Checks that `cert_dir` holds a usable key pair (`tls.crt`, `tls.key`). The operator
+/// calls this at start when webhooks are enabled and refuses to start without one; the
+/// error says why and how to fix it.
+pub fn check_certificate(cert_dir: impl AsRef<Path>) -> Result<(), WebhookError> {
+    load_certificate(cert_dir.as_ref()).map(|_| ())
+}
+
+fn load_certificate(dir: &Path) -> Result<Arc<CertWatcher>, WebhookError> {
+    CertWatcher::new(dir).map_err(|source| WebhookError::Certificate {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Serves both webhooks until `shutdown`: [`WebhookServer::bind`] then
+/// [`WebhookServer::run`].
+pub async fn serve(config: WebhookConfig, shutdown: CancellationToken) -> Result<(), WebhookError> {
+    WebhookServer::bind(config).await?.run(shutdown).await
+}
+
+/// A bound, not yet running webhook server (lets callers learn the port first).
+pub struct WebhookServer {
+    listener: TcpListener,
+    certs: Arc<CertWatcher>,
+    default_image: String,
+    reload_interval: Duration,
+}
+
+impl WebhookServer {
+    /// Loads the certificate (failing as [`check_certificate`] does), checks the default
+    /// image, and binds `config.bind` (port 0 picks a free port).
+    pub async fn bind(config: WebhookConfig) -> Result<Self, WebhookError> {
+        let certs = load_certificate(&config.cert_dir)?;
+        validation::validate_image(&config.default_image).map_err(|reason| {
+            WebhookError::DefaultImage {
+                image: config.default_image.clone(),
+                reason,
+            }
+        })?;
+        let listener =
+            TcpListener::bind(config.bind)
+                .await
+                .map_err(|source| WebhookError::Bind {
+                    addr: config.bind,
+                    source,
+                })?;
+        Ok(Self {
+            listener,
+            certs,
+            default_image: config.default_image,
+            reload_interval: webhook_tls::DEFAULT_POLL_INTERVAL,
+        })
+    }
+
+    /// How often the certificate files are re-read (default 5 s).
+    pub fn with_reload_interval(mut self, interval: Duration) -> Self {
+        self.reload_interval = interval;
+        self
+    }
+
+    /// The bound address (the real port when bound to port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, WebhookError> {
+        self.listener.local_addr().map_err(WebhookError::Serve)
+    }
+
+    /// Serves until `shutdown`, reloading the certificate when its files change.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WebhookError> {
+        let tls = webhook_tls::server_config(self.certs.clone()).map_err(WebhookError::Tls)?;
+        let watch = tokio::spawn(
+            self.certs
+                .clone()
+                .watch(self.reload_interval, shutdown.clone()),
+        );
+        let addr = self.local_addr()?;
+        tracing::info!(%addr, mutate = MUTATE_PATH, validate = VALIDATE_PATH, "serving admission webhooks");
+        let listener = TlsListener::new(self.listener, tls, shutdown.clone());
+        let result = axum::serve(listener, router(self.default_image))
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+            .map_err(WebhookError::Serve);
+        watch.abort();
+        result
+    }
+}
+
+/// The two webhook routes, without TLS (tests call the handlers through it).
+pub fn router(default_image: impl Into<String>) -> Router {
+    let state = Arc::new(default_image.into());
+    Router::new()
+        .route(
+            MUTATE_PATH,
+            post(|State(s): State<Arc<String>>, headers: HeaderMap, body: axum::body::Body| async move {
+                http_handler(Endpoint::Mutate, &s, &headers, body).await
+            }),
+        )
+        .route(
+            VALIDATE_PATH,
+            post(|State(s): State<Arc<String>>, headers: HeaderMap, body: axum::body::Body| async move {
+                http_handler(Endpoint::Validate, &s, &headers, body).await
+            }),
+        )
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no webhook here: POST an AdmissionReview to {MUTATE_PATH} or {VALIDATE_PATH}\n"),
+            )
+        })
+        .with_state(state)
+}
+
+/// Which webhook a request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Defaulting.
+    Mutate,
+    /// Validation.
+    Validate,
+}
+
+/// A request that is not a usable AdmissionReview: answered with this HTTP status (400 or
+/// 413) and the message, inside an AdmissionReview body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadRequest {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request's uid, when it could be read.
+    pub uid: String,
+}
+
+impl BadRequest {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            uid: String::new(),
+        }
+    }
+
+    /// The AdmissionReview sent back (allowed: false, the status code and message).
+    pub fn to_review(&self) -> AdmissionReview<DynamicObject> {
+        let mut response = AdmissionResponse::invalid(&self.message);
+        response.uid = self.uid.clone();
+        let reason = if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            "RequestEntityTooLarge"
+        } else {
+            "BadRequest"
+        };
+        response.result = Status::failure(&self.message, reason).with_code(self.status.as_u16());
+        response.into_review()
+    }
+}
+
+async fn http_handler(
+    endpoint: Endpoint,
+    default_image: &str,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let result = match check_headers(headers) {
+        Err(bad) => Err(bad),
+        Ok(()) => match read_body(body).await {
+            Err(bad) => Err(bad),
+            Ok(bytes) => handle(endpoint, &bytes, default_image),
+        },
+    };
+    match result {
+        Ok(review) => json_response(StatusCode::OK, &review),
+        Err(bad) => {
+            tracing::info!(status = %bad.status, message = %bad.message, "rejected a malformed admission request");
+            json_response(bad.status, &bad.to_review())
+        }
+    }
+}
+
+fn json_response(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
+    match serde_json::to_vec(review) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the AdmissionReview response: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn check_headers(headers: &HeaderMap) -> Result<(), BadRequest> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if !media.eq_ignore_ascii_case("application/json") {
+        return Err(BadRequest::new(
+            StatusCode::BAD_REQUEST,
+            format!("contentType={content_type:?}, expected application/json"),
+        ));
+    }
+    if let Some(length) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        && length > MAX_BODY_BYTES as u64
+    {
+        return Err(too_large(length));
+    }
+    Ok(())
+}
+
+fn too_large(length: u64) -> BadRequest {
+    BadRequest::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "request body too large: {length} bytes or more, the limit is {MAX_BODY_BYTES} bytes (3 MiB, as the API server's)"
+        ),
+    )
+}
+
+async fn read_body(body: axum::body::Body) -> Result<Vec<u8>, BadRequest> {
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            BadRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {e}"),
+            )
+        })?;
+        if bytes.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large((bytes.len() + chunk.len()) as u64));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// A decoded AdmissionReview: the request (its `object` and `oldObject` left out) and the
+/// raw objects, which are checked field by field so a malformed object is answered with
+/// field errors rather than a decoding failure.
+#[derive(Clone, Debug)]
+pub struct DecodedReview {
+    pub request: AdmissionRequest<DynamicObject>,
+    pub object: Option<Value>,
+    pub old_object: Option<Value>,
+}
+
+/// Decodes an `admission.k8s.io/v1` AdmissionReview with a request.
+pub fn decode_review(body: &[u8]) -> Result<DecodedReview, BadRequest> {
+    let bad = |m: String| BadRequest::new(StatusCode::BAD_REQUEST, m);
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(bad(
+            "request body is empty: expected an admission.k8s.io/v1 AdmissionReview".into(),
+        ));
+    }
+    let mut value: Value = serde_json::from_slice(body).map_err(|e| {
+        bad(format!(
+            "request body is not valid JSON ({e}): expected an admission.k8s.io/v1 AdmissionReview"
+        ))
+    })?;
+    let Some(top) = value.as_object_mut() else {
+        return Err(bad(format!(
+            "request body is a JSON {}, not an admission.k8s.io/v1 AdmissionReview object",
+            type_name(&value)
+        )));
+    };
+    let api_version = top.get("apiVersion").and_then(Value::as_str);
+    let kind = top.get("kind").and_then(Value::as_str);
+    if api_version != Some("admission.k8s.io/v1") || kind != Some("AdmissionReview") {
+        return Err(bad(format!(
+            "expected apiVersion \"admission.k8s.io/v1\" and kind \"AdmissionReview\", got apiVersion {} and kind {} (this webhook speaks admission.k8s.io/v1 only)",
+            quote(top.get("apiVersion").unwrap_or(&Value::Null)),
+            quote(top.get("kind").unwrap_or(&Value::Null)),
+        )));
+    }
+    let uid = top
+        .get("request")
+        .and_then(|r| r.get("uid"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let bad_uid = |m: String| BadRequest {
+        uid: uid.clone(),
+        ..bad(m)
+    };
+    let Some(request) = top.get_mut("request").and_then(Value::as_object_mut) else {
+        return Err(bad(
+            "the AdmissionReview has no request object (it must carry request, not response)"
+                .into(),
+        ));
+    };
+    // The objects are checked separately, field by field.
+    let object = take_object(request, "object");
+    let old_object = take_object(request, "oldObject");
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(value)
+        .map_err(|e| bad_uid(format!("malformed AdmissionReview request: {e}")))?;
+    let request: AdmissionRequest<DynamicObject> = review
+        .try_into()
+        .map_err(|e| bad_uid(format!("malformed AdmissionReview: {e}")))?;
+    if request.uid.is_empty() {
+        return Err(bad_uid(
+            "the AdmissionReview request has an empty uid".into(),
+        ));
+    }
+    Ok(DecodedReview {
+        request,
+        object,
+        old_object,
+    })
+}
+
+fn take_object(request: &mut serde_json::Map<String, Value>, key: &str) -> Option<Value> {
+    match request.insert(key.to_string(), Value::Null) {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v),
+    }
+}
+
+/// Everything a webhook does with one request body: decode, then default or validate.
+/// `Err` is a request that is not a usable AdmissionReview (HTTP 400/413).
+pub fn handle(
+    endpoint: Endpoint,
+    body: &[u8],
+    default_image: &str,
+) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(too_large(body.len() as u64));
+    }
+    let review = decode_review(body)?;
+    let response = match endpoint {
+        Endpoint::Mutate => mutate(&review),
+        Endpoint::Validate => validate(&review, default_image),
+    };
+    tracing::debug!(
+        uid = %review.request.uid,
+        operation = ?review.request.operation,
+        namespace = review.request.namespace.as_deref().unwrap_or(""),
+        name = %review.request.name,
+        ?endpoint,
+        allowed = response.allowed,
+        "admission review"
+    );
+    Ok(response.into_review())
+}
+
+/// Whether the request is about what this webhook admits, else the denial.
+fn check_target(req: &AdmissionRequest<DynamicObject>) -> Result<bool, String> {
+    let kind = &req.kind;
+    if kind.group != GROUP || kind.version != VERSION || kind.kind != "Memcached" {
+        return Err(format!(
+            "this webhook admits {GROUP}/{VERSION} Memcached, not {}/{} {}: check the rules of the webhook configuration",
+            kind.group, kind.version, kind.kind
+        ));
+    }
+    if req.resource.resource != "memcacheds" {
+        return Err(format!(
+            "this webhook admits the resource memcacheds, not {:?}: check the rules of the webhook configuration",
+            req.resource.resource
+        ));
+    }
+    // Subresources (status, scale) are not registered; DELETE and CONNECT carry nothing
+    // to default or validate.
+    let relevant = req.sub_resource.as_deref().unwrap_or("").is_empty()
+        && matches!(req.operation, Operation::Create | Operation::Update);
+    Ok(relevant)
+}
+
+/// The defaulting webhook: the CRD schema's defaults as a JSON patch.
+pub fn mutate(review: &DecodedReview) -> AdmissionResponse {
+    let req = &review.request;
+    match check_target(req) {
+        Err(message) => return deny_request(req, message),
+        Ok(false) => return AdmissionResponse::from(req),
+        Ok(true) => {}
+    }
+    let Some(object) = review.object.as_ref() else {
+        return deny_request(
+            req,
+            format!("request.object is required for {:?}", req.operation),
+        );
+    };
+    // Only what can be understood is defaulted; structural problems are answered here
+    // (mutating webhooks run first) with the same field errors the validator gives.
+    if let Err(errors) = decode_memcached(object) {
+        return deny_invalid(req, &object_name(req, object), &errors);
+    }
+    let mut defaulted = object.clone();
+    apply_schema_defaults(&mut defaulted);
+    let patch = json_patch::diff(object, &defaulted);
+    if patch.0.is_empty() {
+        return AdmissionResponse::from(req);
+    }
+    match AdmissionResponse::from(req).with_patch(patch) {
+        Ok(response) => response,
+        Err(e) => deny_request(req, format!("cannot encode the defaulting patch: {e}")),
+    }
+}
+
+/// The validating webhook.
+pub fn validate(review: &DecodedReview, default_image: &str) -> AdmissionResponse {
+    let req = &review.request;
+    match check_target(req) {
+        Err(message) => return deny_request(req, message),
+        Ok(false) => return AdmissionResponse::from(req),
+        Ok(true) => {}
+    }
+    let Some(object) = review.object.as_ref() else {
+        return deny_request(
+            req,
+            format!("request.object is required for {:?}", req.operation),
+        );
+    };
+    let name = object_name(req, object);
+    let mut mc = match decode_memcached(object) {
+        Ok(mc) => mc,
+        Err(errors) => return deny_invalid(req, &name, &errors),
+    };
+    if mc.metadata.name.as_deref().unwrap_or_default().is_empty() && !req.name.is_empty() {
+        mc.metadata.name = Some(req.name.clone());
+    }
+    let (result, warnings) = match req.operation {
+        Operation::Update => {
+            if mc.metadata.deletion_timestamp.is_some() {
+                // Never block the last updates of an object being deleted (finalizers).
+                return AdmissionResponse::from(req);
+            }
+            match review.old_object.as_ref().map(decode_memcached) {
+                Some(Ok(old)) => (
+                    validation::validate_update(&old, &mc),
+                    validation::update_warnings(&old, &mc, default_image),
+                ),
+                _ => (
+                    validation::validate(&mc),
+                    validation::warnings(&mc, default_image),
+                ),
+            }
+        }
+        _ => (
+            validation::validate(&mc),
+            validation::warnings(&mc, default_image),
+        ),
+    };
+    if let Err(errors) = result {
+        return deny_invalid(req, &name, &errors);
+    }
+    let mut response = AdmissionResponse::from(req);
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    response
+}
+
+fn object_name(req: &AdmissionRequest<DynamicObject>, object: &Value) -> String {
+    object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .unwrap_or(&req.name)
+        .to_string()
+}
+
+fn deny_request(req: &AdmissionRequest<DynamicObject>, message: String) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(req);
+    response.allowed = false;
+    response.result = Status::failure(&message, "BadRequest").with_code(400);
+    response
+}
+
+/// A denial in the shape kube-apiserver gives an invalid object: code 422, reason
+/// Invalid, `Memcached.memcached.cache.example.com "<name>" is invalid: <field errors>`,
+/// and one cause per field.
+fn deny_invalid(
+    req: &AdmissionRequest<DynamicObject>,
+    name: &str,
+    errors: &ValidationErrors,
+) -> AdmissionResponse {
+    let list: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+    let joined = match list.as_slice() {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    };
+    let message = format!("Memcached.{GROUP} {name:?} is invalid: {joined}");
+    let causes = errors
+        .0
+        .iter()
+        .map(|e| StatusCause {
+            reason: e.reason().to_string(),
+            message: e.message.clone(),
+            field: e.field.clone(),
+        })
+        .collect();
+    let details = StatusDetails {
+        name: name.to_string(),
+        group: GROUP.to_string(),
+        kind: "Memcached".to_string(),
+        uid: String::new(),
+        causes,
+        retry_after_seconds: 0,
+    };
+    let mut response = AdmissionResponse::from(req);
+    response.allowed = false;
+    response.result = Status::failure(&message, "Invalid")
+        .with_code(422)
+        .with_details(details);
+    response
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// A JSON value as quoted in a message (strings in quotes), cut to a readable length.
+fn quote(v: &Value) -> String {
+    let mut s = v.to_string();
+    if s.len() > MAX_QUOTED {
+        let mut end = MAX_QUOTED;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
+}
+
+/// Shows a JSON value the way [`FieldError::invalid`] quotes values.
+struct Json<'a>(&'a Value);
+
+impl std::fmt::Debug for Json<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&quote(self.0))
+    }
+}
+
+const TOP_LEVEL_FIELDS: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
+const SPEC_FIELDS: [&str; 3] = ["size", "containerPort", "image"];
+
+/// An integer field: `Ok(None)` when absent or null.
+fn integer(
+    spec: &serde_json::Map<String, Value>,
+    key: &str,
+    rule: &str,
+) -> Result<Option<i64>, FieldError> {
+    let field = format!("spec.{key}");
+    match spec.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            let n = v.as_i64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                    .map(|f| f as i64)
+            });
+            match n {
+                Some(n) => Ok(Some(n)),
+                None if v.is_number() => Err(FieldError::invalid(field, Json(v), rule)),
+                None => Err(FieldError::invalid(
+                    field,
+                    Json(v),
+                    format!("must be an integer (is {})", type_name(v)),
+                )),
+            }
+        }
+    }
+}
+
+/// Turns a raw object into a Memcached, field by field, collecting every structural
+/// problem (wrong apiVersion or kind, unknown fields, wrong types, missing spec or size)
+/// as a field error. The semantic rules are [`validation::validate`]'s.
+pub fn decode_memcached(object: &Value) -> Result<Memcached, ValidationErrors> {
+    let mut errors = Vec::new();
+    let Some(top) = object.as_object() else {
+        return Err(ValidationErrors(vec![FieldError::invalid(
+            "object",
+            Json(object),
+            format!("must be a Memcached object (is {})", type_name(object)),
+        )]));
+    };
+    let api_version = format!("{GROUP}/{VERSION}");
+    match top.get("apiVersion") {
+        None | Some(Value::Null) => errors.push(FieldError::required("apiVersion", "")),
+        Some(Value::String(s)) if *s == api_version => {}
+        Some(v) => errors.push(FieldError::not_supported(
+            "apiVersion",
+            Json(v),
+            &[&api_version],
+        )),
+    }
+    match top.get("kind") {
+        None | Some(Value::Null) => errors.push(FieldError::required("kind", "")),
+        Some(Value::String(s)) if s == "Memcached" => {}
+        Some(v) => errors.push(FieldError::not_supported("kind", Json(v), &["Memcached"])),
+    }
+    for key in top
+        .keys()
+        .filter(|k| !TOP_LEVEL_FIELDS.contains(&k.as_str()))
+    {
+        errors.push(FieldError::forbidden(
+            key.clone(),
+            format!(
+                "unknown field {key:?}; a Memcached has apiVersion, kind, metadata, spec and status"
+            ),
+        ));
+    }
+    let metadata = match top.get("metadata") {
+        None | Some(Value::Null) => ObjectMeta::default(),
+        Some(v) => match serde_json::from_value::<ObjectMeta>(v.clone()) {
+            Ok(meta) => meta,
+            Err(e) => {
+                errors.push(FieldError::invalid(
+                    "metadata",
+                    Json(v),
+                    format!("is not valid object metadata: {e}"),
+                ));
+                ObjectMeta::default()
+            }
+        },
+    };
+    let spec = match top.get("spec") {
+        None => {
+            errors.push(FieldError::required(
+                "spec",
+                "a Memcached needs a spec with at least size",
+            ));
+            None
+        }
+        Some(Value::Null) => {
+            errors.push(FieldError::required(
+                "spec",
+                "must not be null; a Memcached needs a spec with at least size",
+            ));
+            None
+        }
+        Some(Value::Object(spec)) => decode_spec(spec, &mut errors),
+        Some(v) => {
+            errors.push(FieldError::invalid(
+                "spec",
+                Json(v),
+                format!("must be an object (is {})", type_name(v)),
+            ));
+            None
+        }
+    };
+    match spec {
+        Some(spec) if errors.is_empty() => Ok(Memcached {
+            metadata,
+            spec,
+            status: None,
+        }),
+        _ => Err(ValidationErrors(errors)),
+    }
+}
+
+fn decode_spec(
+    spec: &serde_json::Map<String, Value>,
+    errors: &mut Vec<FieldError>,
+) -> Option<MemcachedSpec> {
+    let before = errors.len();
+    for key in spec.keys().filter(|k| !SPEC_FIELDS.contains(&k.as_str())) {
+        errors.push(FieldError::forbidden(
+            format!("spec.{key}"),
+            format!("unknown field {key:?}; the fields of spec are size, containerPort and image"),
+        ));
+    }
+    let size_rule = format!("must be between 0 and {}", memcached_api::MAX_SIZE);
+    let size = match integer(spec, "size", &size_rule) {
+        Ok(Some(n)) => {
+            i32::try_from(n).map_err(|_| FieldError::invalid("spec.size", n, &size_rule))
+        }
+        Ok(None) => Err(FieldError::required(
+            "spec.size",
+            "the number of memcached pods, 0 to 100",
+        )),
+        Err(e) => Err(e),
+    };
+    let port_rule = "must be between 1 and 65535, inclusive";
+    let container_port = match integer(spec, "containerPort", port_rule) {
+        Ok(Some(n)) => {
+            i32::try_from(n).map_err(|_| FieldError::invalid("spec.containerPort", n, port_rule))
+        }
+        Ok(None) => Ok(memcached_api::DEFAULT_CONTAINER_PORT),
+        Err(e) => Err(e),
+    };
+    let image = match spec.get("image") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(FieldError::invalid(
+            "spec.image",
+            Json(v),
+            format!("must be a string (is {})", type_name(v)),
+        )),
+    };
+    let (size, container_port, image) = match (size, container_port, image) {
+        (Ok(size), Ok(port), Ok(image)) => (size, port, image),
+        (size, port, image) => {
+            errors.extend(size.err());
+            errors.extend(port.err());
+            errors.extend(image.err());
+            return None;
+        }
+    };
+    (errors.len() == before).then_some(MemcachedSpec {
+        size,
+        container_port,
+        image,
+    })
+}
+
+/// The defaults the generated CRD schema declares, as `(JSON pointer, value)` pairs below
+/// the root (today: `/spec/containerPort` = 11211).
+pub fn schema_defaults() -> &'static [(String, Value)] {
+    static DEFAULTS: OnceLock<Vec<(String, Value)>> = OnceLock::new();
+    DEFAULTS.get_or_init(|| {
+        let crd = Memcached::crd();
+        let mut out = Vec::new();
+        let schema = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.name == VERSION)
+            .and_then(|v| v.schema.as_ref())
+            .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok());
+        if let Some(schema) = schema {
+            collect_defaults(&schema, "", &mut out);
+        }
+        out
+    })
+}
+
+fn collect_defaults(schema: &Value, path: &str, out: &mut Vec<(String, Value)>) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (key, sub) in props {
+        if path.is_empty() && matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+        {
+            continue;
+        }
+        let pointer = format!("{path}/{key}");
+        if let Some(default) = sub.get("default") {
+            out.push((pointer.clone(), default.clone()));
+        }
+        collect_defaults(sub, &pointer, out);
+    }
+}
+
+/// Applies [`schema_defaults`] as the API server's structural defaulting does: a default
+/// fills a field that is absent or null, inside objects that exist.
+pub fn apply_schema_defaults(object: &mut Value) {
+    for (pointer, default) in schema_defaults() {
+        let Some((parent, key)) = pointer.rsplit_once('/') else {
+            continue;
+        };
+        let parent = if parent.is_empty() {
+            Some(&mut *object)
+        } else {
+            object.pointer_mut(parent)
+        };
+        if let Some(Value::Object(map)) = parent {
+            match map.get(key) {
+                None | Some(Value::Null) => {
+                    map.insert(key.to_string(), default.clone());
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration that send
+/// Memcached creates and updates to the webhook Service `service_namespace/service_name`
+/// (port 443), with the CA bundle injected by cert-manager from the Certificate
+/// `service_namespace/cert_manager_certificate`.
+pub fn webhook_configurations(
+    service_name: &str,
+    service_namespace: &str,
+    cert_manager_certificate: &str,
+) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
+    let metadata = |name: &str| ObjectMeta {
+        name: Some(name.to_string()),
+        labels: Some(BTreeMap::from([
+            (
+                "app.kubernetes.io/name".to_string(),
+                "memcached-operator".to_string(),
+            ),
+            (
+                "app.kubernetes.io/component".to_string(),
+                "webhook".to_string(),
+            ),
+        ])),
+        annotations: Some(BTreeMap::from([(
+            CA_INJECTION_ANNOTATION.to_string(),
+            format!("{service_namespace}/{cert_manager_certificate}"),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let client_config = |path: &str| WebhookClientConfig {
+        service: Some(ServiceReference {
+            name: service_name.to_string(),
+            namespace: service_namespace.to_string(),
+            path: Some(path.to_string()),
+            port: Some(443),
+        }),
+        ..WebhookClientConfig::default()
+    };
+    let rules = || {
+        Some(vec![RuleWithOperations {
+            api_groups: Some(vec![GROUP.to_string()]),
+            api_versions: Some(vec![VERSION.to_string()]),
+            operations: Some(vec!["CREATE".to_string(), "UPDATE".to_string()]),
+            resources: Some(vec!["memcacheds".to_string()]),
+            scope: Some("Namespaced".to_string()),
+        }])
+    };
+    let mutating = MutatingWebhookConfiguration {
+        metadata: metadata(MUTATING_CONFIGURATION_NAME),
+        webhooks: Some(vec![MutatingWebhook {
+            name: MUTATING_WEBHOOK_NAME.to_string(),
+            admission_review_versions: vec!["v1".to_string()],
+            client_config: client_config(MUTATE_PATH),
+            failure_policy: Some("Fail".to_string()),
+            match_policy: Some("Equivalent".to_string()),
+            side_effects: "None".to_string(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            reinvocation_policy: Some("Never".to_string()),
+            rules: rules(),
+            ..MutatingWebhook::default()
+        }]),
+    };
+    let validating = ValidatingWebhookConfiguration {
+        metadata: metadata(VALIDATING_CONFIGURATION_NAME),
+        webhooks: Some(vec![ValidatingWebhook {
+            name: VALIDATING_WEBHOOK_NAME.to_string(),
+            admission_review_versions: vec!["v1".to_string()],
+            client_config: client_config(VALIDATE_PATH),
+            failure_policy: Some("Fail".to_string()),
+            match_policy: Some("Equivalent".to_string()),
+            side_effects: "None".to_string(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            rules: rules(),
+            ..ValidatingWebhook::default()
+        }]),
+    };
+    (mutating, validating)
+}
+
+/// Accepts TCP connections and completes TLS handshakes in their own tasks (so one slow
+/// client cannot stall others), handing finished streams to axum. (The same as the
+/// metrics server's, which is private to the manager crate.)
+struct TlsListener {
+    rx: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    fn new(
+        listener: TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
+        let (tx, rx) = mpsc::channel(64);
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = listener.accept() => match r {
+                        Ok(x) => x,
+                        Err(err) => {
+                            tracing::debug!(%err, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = tx.send((stream, peer)).await;
+                        }
+                        Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Self { rx, local, task }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(conn) => conn,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_defaults_are_exactly_the_crds() {
+        assert_eq!(
+            schema_defaults(),
+            &[("/spec/containerPort".to_string(), Value::from(11211))]
+        );
+    }
+
+    #[test]
+    fn defaults_fill_absent_and_null_fields_only() {
+        let mut v = serde_json::json!({"spec": {"size": 1}});
+        apply_schema_defaults(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"spec": {"size": 1, "containerPort": 11211}})
+        );
+        let mut v = serde_json::json!({"spec": {"size": 1, "containerPort": null}});
+        apply_schema_defaults(&mut v);
+        assert_eq!(v["spec"]["containerPort"], 11211);
+        let mut v = serde_json::json!({"spec": {"containerPort": 1}});
+        apply_schema_defaults(&mut v);
+        assert_eq!(v["spec"]["containerPort"], 1);
+        let mut v = serde_json::json!({"spec": null});
+        apply_schema_defaults(&mut v);
+        assert_eq!(v, serde_json::json!({"spec": null}));
+    }
+
+    #[test]
+    fn structural_errors_name_the_field() {
+        let err = decode_memcached(&serde_json::json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": "x"}, "spec": {"size": "three", "replicas": 3}
+        }))
+        .expect_err("bad");
+        let text = err.to_string();
+        assert!(
+            text.contains("spec.size: Invalid value: \"three\": must be an integer"),
+            "{text}"
+        );
+        assert!(
+            text.contains("spec.replicas: Forbidden: unknown field"),
+            "{text}"
+        );
+    }
+}
