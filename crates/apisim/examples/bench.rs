@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 const N: usize = 10_000;
 fn watches() -> usize {
-    std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100)
+    std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(100)
 }
 
 #[tokio::main]
@@ -28,9 +31,11 @@ async fn main() {
     // deserializing them, so this measures the server, not kube-rs's JSON decoding)
     for _ in 0..WATCHES {
         let mut svc = server.service();
-        let req = http::Request::get("/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=0")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .expect("request");
+        let req = http::Request::get(
+            "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=0",
+        )
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
         let resp = tower::Service::call(&mut svc, req).await.expect("watch");
         let seen = seen.clone();
         watchers.push(tokio::spawn(async move {
@@ -56,7 +61,9 @@ async fn main() {
                     "data": {"k": "v"}
                 }))
                 .expect("cm");
-                api.create(&PostParams::default(), &cm).await.expect("create");
+                api.create(&PostParams::default(), &cm)
+                    .await
+                    .expect("create");
             }
         }));
     }
@@ -71,7 +78,10 @@ async fn main() {
     assert_eq!(list.items.len(), N);
 
     let t = Instant::now();
-    let sel = api.list(&ListParams::default().labels("w=3")).await.expect("list");
+    let sel = api
+        .list(&ListParams::default().labels("w=3"))
+        .await
+        .expect("list");
     let sel_time = t.elapsed();
     assert_eq!(sel.items.len(), N / 10);
 
@@ -80,10 +90,17 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let fanout = t.elapsed();
-    println!("{N} creates (10 concurrent clients, {WATCHES} open watches): {create:?} ({:.0}/s)", N as f64 / create.as_secs_f64());
+    println!(
+        "{N} creates (10 concurrent clients, {WATCHES} open watches): {create:?} ({:.0}/s)",
+        N as f64 / create.as_secs_f64()
+    );
     println!("full list of {N}: {list_time:?}");
     println!("label-selected list ({} of {N}): {sel_time:?}", N / 10);
-    println!("watch events delivered: {} of {} (drained {fanout:?} after the last create)", seen.load(Ordering::Relaxed), N * WATCHES);
+    println!(
+        "watch events delivered: {} of {} (drained {fanout:?} after the last create)",
+        seen.load(Ordering::Relaxed),
+        N * WATCHES
+    );
     for w in watchers {
         w.abort();
     }

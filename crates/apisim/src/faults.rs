@@ -170,7 +170,10 @@ impl RequestCounts {
         self.map
             .iter()
             .filter(|((v, _), _)| {
-                matches!(v.as_str(), "create" | "update" | "patch" | "delete" | "deletecollection")
+                matches!(
+                    v.as_str(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
             })
             .map(|(_, c)| c)
             .sum()
@@ -183,7 +186,9 @@ impl RequestCounts {
         m
     }
     pub fn iter(&self) -> impl Iterator<Item = ((&str, &str), u64)> {
-        self.map.iter().map(|((v, r), c)| ((v.as_str(), r.as_str()), *c))
+        self.map
+            .iter()
+            .map(|((v, r), c)| ((v.as_str(), r.as_str()), *c))
     }
 }
 

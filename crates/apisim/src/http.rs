@@ -128,7 +128,11 @@ fn verb_of(method: &Method, r: &ResRoute, q: &Query) -> &'static str {
     }
 }
 
-pub async fn handle(inner: Arc<Inner>, parts: http::request::Parts, body: Bytes) -> Response<ResponseBody> {
+pub async fn handle(
+    inner: Arc<Inner>,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response<ResponseBody> {
     inner.ensure_background();
     let path = parts.uri.path().to_string();
     let q = util::parse_query(parts.uri.query());
@@ -149,8 +153,16 @@ pub async fn handle(inner: Arc<Inner>, parts: http::request::Parts, body: Bytes)
             String::new(),
         ),
     };
-    let counted = if sub.is_empty() { resource.clone() } else { format!("{resource}/{sub}") };
-    *inner.counts.lock().entry((verb.clone(), counted)).or_insert(0) += 1;
+    let counted = if sub.is_empty() {
+        resource.clone()
+    } else {
+        format!("{resource}/{sub}")
+    };
+    *inner
+        .counts
+        .lock()
+        .entry((verb.clone(), counted))
+        .or_insert(0) += 1;
     let latency = *inner.latency.lock();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -178,14 +190,27 @@ pub async fn handle(inner: Arc<Inner>, parts: http::request::Parts, body: Bytes)
     }
 }
 
-fn discovery(inner: &Inner, method: &Method, _headers: &HeaderMap, route: Route) -> Result<Response<ResponseBody>, ApiError> {
+fn discovery(
+    inner: &Inner,
+    method: &Method,
+    _headers: &HeaderMap,
+    route: Route,
+) -> Result<Response<ResponseBody>, ApiError> {
     if *method != Method::GET && *method != Method::HEAD {
-        return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource")));
+        return Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        ));
     }
     let st = inner.state.lock();
     let v = match route {
         Route::Root => {
-            let mut paths = vec!["/api".to_string(), "/api/v1".into(), "/apis".into(), "/version".into(), "/healthz".into()];
+            let mut paths = vec![
+                "/api".to_string(),
+                "/api/v1".into(),
+                "/apis".into(),
+                "/version".into(),
+                "/healthz".into(),
+            ];
             for (g, vs) in st.reg.groups() {
                 if g.is_empty() {
                     continue;
@@ -197,7 +222,13 @@ fn discovery(inner: &Inner, method: &Method, _headers: &HeaderMap, route: Route)
             }
             json!({"paths": paths})
         }
-        Route::Health => return Ok(full(200, Bytes::from_static(b"ok"), "text/plain; charset=utf-8")),
+        Route::Health => {
+            return Ok(full(
+                200,
+                Bytes::from_static(b"ok"),
+                "text/plain; charset=utf-8",
+            ));
+        }
         Route::Version => json!({
             "major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "apisim",
             "gitTreeState": "clean", "buildDate": "2025-04-23T00:00:00Z", "goVersion": "go1.24.2",
@@ -210,13 +241,19 @@ fn discovery(inner: &Inner, method: &Method, _headers: &HeaderMap, route: Route)
         Route::Apis => st.reg.group_list(),
         Route::Group(g) => {
             let groups = st.reg.groups();
-            let vs = groups.get(&g).filter(|_| !g.is_empty()).ok_or_else(not_found_resource)?;
+            let vs = groups
+                .get(&g)
+                .filter(|_| !g.is_empty())
+                .ok_or_else(not_found_resource)?;
             let mut v = st.reg.group_json(&g, vs);
             v["kind"] = json!("APIGroup");
             v["apiVersion"] = json!("v1");
             v
         }
-        Route::Discovery(g, v) => st.reg.resource_list(&g, &v).ok_or_else(not_found_resource)?,
+        Route::Discovery(g, v) => st
+            .reg
+            .resource_list(&g, &v)
+            .ok_or_else(not_found_resource)?,
         Route::Resource(_) | Route::NotFound => return Err(not_found_resource()),
     };
     Ok(json_response(200, &v))
@@ -249,9 +286,9 @@ fn parse_body(h: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
                 .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
         }
     } else if ct.contains("protobuf") || ct.contains("cbor") {
-        return Err(ApiError::unsupported_media(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml"
-        )));
+        return Err(ApiError::unsupported_media(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+        ));
     } else {
         serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!(
@@ -260,13 +297,20 @@ fn parse_body(h: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
         })?
     };
     if !v.is_object() {
-        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+        return Err(ApiError::bad_request(
+            "the object provided is not a JSON object",
+        ));
     }
     Ok(v)
 }
 
 /// Check apiVersion/kind/metadata of a body against the URL; fill them in when absent.
-fn check_type(rt: &ResourceType, version: &str, obj: &mut Value, require: bool) -> Result<(), ApiError> {
+fn check_type(
+    rt: &ResourceType,
+    version: &str,
+    obj: &mut Value,
+    require: bool,
+) -> Result<(), ApiError> {
     let want_av = rt.api_version(version);
     match obj.get("apiVersion") {
         Some(Value::String(av)) if !av.is_empty() => {
@@ -279,7 +323,9 @@ fn check_type(rt: &ResourceType, version: &str, obj: &mut Value, require: bool) 
         }
         None | Some(Value::Null) if !require => {}
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(ApiError::bad_request("Object 'apiVersion' is missing in the request body"));
+            return Err(ApiError::bad_request(
+                "Object 'apiVersion' is missing in the request body",
+            ));
         }
         Some(_) => return Err(ApiError::bad_request("apiVersion must be a string")),
     }
@@ -294,7 +340,9 @@ fn check_type(rt: &ResourceType, version: &str, obj: &mut Value, require: bool) 
         }
         None | Some(Value::Null) if !require => {}
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(ApiError::bad_request("Object 'Kind' is missing in the request body"));
+            return Err(ApiError::bad_request(
+                "Object 'Kind' is missing in the request body",
+            ));
         }
         Some(_) => return Err(ApiError::bad_request("kind must be a string")),
     }
@@ -305,12 +353,20 @@ fn check_type(rt: &ResourceType, version: &str, obj: &mut Value, require: bool) 
             obj["metadata"] = json!({});
         }
         Value::Object(m) => {
-            for k in ["name", "namespace", "generateName", "resourceVersion", "uid"] {
+            for k in [
+                "name",
+                "namespace",
+                "generateName",
+                "resourceVersion",
+                "uid",
+            ] {
                 if let Some(v) = m.get(k)
                     && !v.is_string()
                     && !v.is_null()
                 {
-                    return Err(ApiError::bad_request(format!("metadata.{k} must be a string")));
+                    return Err(ApiError::bad_request(format!(
+                        "metadata.{k} must be a string"
+                    )));
                 }
             }
         }
@@ -321,10 +377,7 @@ fn check_type(rt: &ResourceType, version: &str, obj: &mut Value, require: bool) 
 
 fn check_ns(rt: &ResourceType, r: &ResRoute, obj: &Value) -> Result<(), ApiError> {
     let body_ns = meta_str(obj, "namespace");
-    if rt.namespaced
-        && !body_ns.is_empty()
-        && Some(body_ns) != r.ns.as_deref()
-    {
+    if rt.namespaced && !body_ns.is_empty() && Some(body_ns) != r.ns.as_deref() {
         return Err(ApiError::bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
@@ -335,7 +388,17 @@ fn check_ns(rt: &ResourceType, r: &ResRoute, obj: &Value) -> Result<(), ApiError
 fn manager(q: &Query, headers: &HeaderMap) -> Result<String, ApiError> {
     if let Some(m) = q.get("fieldManager") {
         if m.len() > 128 {
-            return Err(ApiError::invalid("PatchOptions.meta.k8s.io", "meta.k8s.io", "PatchOptions", "", vec![FieldError::invalid("fieldManager", &json!(m), "must be at most 128 characters")]));
+            return Err(ApiError::invalid(
+                "PatchOptions.meta.k8s.io",
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                vec![FieldError::invalid(
+                    "fieldManager",
+                    &json!(m),
+                    "must be at most 128 characters",
+                )],
+            ));
         }
         if !m.is_empty() {
             return Ok(m.clone());
@@ -365,7 +428,9 @@ fn wants_table(h: &HeaderMap) -> bool {
 }
 
 fn age(ts: &str) -> String {
-    let Ok(t) = ts.parse::<jiff::Timestamp>() else { return "<unknown>".into() };
+    let Ok(t) = ts.parse::<jiff::Timestamp>() else {
+        return "<unknown>".into();
+    };
     let secs = (jiff::Timestamp::now().as_second() - t.as_second()).max(0);
     match secs {
         s if s < 120 => format!("{s}s"),
@@ -427,7 +492,9 @@ fn resource_request(
         return Err(ApiError::not_found("", "namespaces", ns));
     }
     if rt.create_only && (*method != Method::POST || r.name.is_some()) {
-        return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+        return Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        ));
     }
     match r.sub.as_deref() {
         None => {}
@@ -490,7 +557,10 @@ fn resource_request(
             check_type(&rt, &version, &mut obj, false)?;
             check_ns(&rt, &r, &obj)?;
             let sub = r.sub.clone().unwrap_or_default();
-            let out = inner.state.lock().update(&rt, &ns, &name, &sub, obj, &ctx)?;
+            let out = inner
+                .state
+                .lock()
+                .update(&rt, &ns, &name, &sub, obj, &ctx)?;
             Ok(json_response(200, &present(&out, &rt, &version)))
         }
         (Method::PATCH, Some(name)) => patch_request(inner, headers, &rt, &r, &name, q, body),
@@ -501,8 +571,13 @@ fn resource_request(
         }
         (Method::DELETE, None) => {
             let opts = delete_opts(q, body)?;
-            let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-            let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.group, &rt.plural)?;
+            let ls =
+                LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+            let fs = FieldSelector::parse(
+                q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                &rt.group,
+                &rt.plural,
+            )?;
             let mut st = inner.state.lock();
             let targets: Vec<Arc<Value>> = st
                 .list(&rt.key(), r.ns.as_deref())
@@ -511,7 +586,9 @@ fn resource_request(
                 .collect();
             let mut items = vec![];
             for o in targets {
-                if let Ok(d) = st.delete(&rt, meta_str(&o, "namespace"), meta_str(&o, "name"), &opts) {
+                if let Ok(d) =
+                    st.delete(&rt, meta_str(&o, "namespace"), meta_str(&o, "name"), &opts)
+                {
                     items.push(present(&d, &rt, &version));
                 }
             }
@@ -521,7 +598,9 @@ fn resource_request(
             });
             Ok(json_response(200, &v))
         }
-        _ => Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
+        _ => Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )),
     }
 }
 
@@ -537,7 +616,9 @@ fn delete_opts(q: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
             o.propagation = Some("Orphan".into());
         }
         o.precondition_uid = v["preconditions"]["uid"].as_str().map(str::to_string);
-        o.precondition_rv = v["preconditions"]["resourceVersion"].as_str().map(str::to_string);
+        o.precondition_rv = v["preconditions"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string);
         if let Some(d) = v["dryRun"].as_array() {
             o.dry_run = d.iter().any(|x| x.as_str() == Some("All"));
         }
@@ -563,7 +644,11 @@ fn list(
     q: &Query,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.group, &rt.plural)?;
+    let fs = FieldSelector::parse(
+        q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+        &rt.group,
+        &rt.plural,
+    )?;
     let limit: usize = match q.get("limit").map(String::as_str) {
         None | Some("") | Some("0") => 0,
         Some(l) => l
@@ -573,7 +658,9 @@ fn list(
     let start: Option<(String, String)> = match q.get("continue").map(String::as_str) {
         None | Some("") => None,
         Some(c) => {
-            let d = util::hex_decode(c).ok_or_else(|| ApiError::bad_request("continue key is not valid: illegal base64 data"))?;
+            let d = util::hex_decode(c).ok_or_else(|| {
+                ApiError::bad_request("continue key is not valid: illegal base64 data")
+            })?;
             let mut it = d.splitn(3, '\0');
             match (it.next(), it.next(), it.next()) {
                 (Some(_rv), Some(n), Some(name)) => Some((n.to_string(), name.to_string())),
@@ -626,9 +713,15 @@ fn list(
 }
 
 fn scale_of(rt: &ResourceType, obj: &Value) -> Value {
-    let Some(sp) = &rt.scale else { return json!({}) };
-    let spec = util::get_path(obj, &util::json_path(&sp.spec_replicas)).as_i64().unwrap_or(0);
-    let status = util::get_path(obj, &util::json_path(&sp.status_replicas)).as_i64().unwrap_or(0);
+    let Some(sp) = &rt.scale else {
+        return json!({});
+    };
+    let spec = util::get_path(obj, &util::json_path(&sp.spec_replicas))
+        .as_i64()
+        .unwrap_or(0);
+    let status = util::get_path(obj, &util::json_path(&sp.status_replicas))
+        .as_i64()
+        .unwrap_or(0);
     let selector = match &sp.label_selector {
         Some(p) => match util::get_path(obj, &util::json_path(p)) {
             Value::String(s) => s.clone(),
@@ -652,17 +745,21 @@ fn scale_of(rt: &ResourceType, obj: &Value) -> Value {
     json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta, "spec": {"replicas": spec}, "status": st})
 }
 
+type PatchFn<'a> = dyn Fn(&mut Value) -> Result<(), ApiError> + 'a;
+
 /// PUT (body = Scale) or PATCH (patch applied to the Scale) on /scale.
 fn scale_write(
     st: &mut State,
     rt: &ResourceType,
     ns: &str,
     name: &str,
-    patch_fn: Option<&dyn Fn(&mut Value) -> Result<(), ApiError>>,
+    patch_fn: Option<&PatchFn<'_>>,
     body: Option<Value>,
     ctx: &WriteCtx,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let Some(sp) = rt.scale.clone() else { return Err(not_found_resource()) };
+    let Some(sp) = rt.scale.clone() else {
+        return Err(not_found_resource());
+    };
     let cur = st
         .get(&rt.key(), ns, name)
         .cloned()
@@ -681,9 +778,22 @@ fn scale_write(
     let replicas = &scale["spec"]["replicas"];
     let n = match replicas {
         Value::Null => 0,
-        v => v.as_i64().filter(|n| *n >= 0 && *n <= i32::MAX as i64).ok_or_else(|| {
-            ApiError::invalid("Scale.autoscaling", "autoscaling", "Scale", name, vec![FieldError::invalid("spec.replicas", v, "must be greater than or equal to 0")])
-        })?,
+        v => v
+            .as_i64()
+            .filter(|n| *n >= 0 && *n <= i32::MAX as i64)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "Scale.autoscaling",
+                    "autoscaling",
+                    "Scale",
+                    name,
+                    vec![FieldError::invalid(
+                        "spec.replicas",
+                        v,
+                        "must be greater than or equal to 0",
+                    )],
+                )
+            })?,
     };
     let mut new = (*cur).clone();
     util::set_path(&mut new, &util::json_path(&sp.spec_replicas), json!(n));
@@ -719,9 +829,21 @@ fn patch_request(
         ))
     };
     if ct == "application/apply-patch+yaml" {
-        let mgr = q.get("fieldManager").filter(|m| !m.is_empty()).ok_or_else(|| {
-            ApiError::invalid("PatchOptions.meta.k8s.io", "meta.k8s.io", "PatchOptions", "", vec![FieldError::required("fieldManager", "is required for apply patch")])
-        })?;
+        let mgr = q
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "PatchOptions.meta.k8s.io",
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    "",
+                    vec![FieldError::required(
+                        "fieldManager",
+                        "is required for apply patch",
+                    )],
+                )
+            })?;
         if sub == "scale" {
             return Err(unsupported());
         }
@@ -736,9 +858,15 @@ fn patch_request(
             )));
         }
         util::meta_mut(&mut applied).insert("name".into(), json!(name));
-        let ctx = WriteCtx { dry_run: dry, managed: Managed::Keep, version: version.to_string() };
+        let ctx = WriteCtx {
+            dry_run: dry,
+            managed: Managed::Keep,
+            version: version.to_string(),
+        };
         let mut st = inner.state.lock();
-        let live = st.get(&rt.key(), if rt.namespaced { &ns } else { "" }, name).cloned();
+        let live = st
+            .get(&rt.key(), if rt.namespaced { &ns } else { "" }, name)
+            .cloned();
         let av = rt.api_version(version);
         return match live {
             None => {
@@ -751,7 +879,15 @@ fn patch_request(
             }
             Some(live) => {
                 let live = present(&live, rt, version);
-                let obj = patch::server_side_apply(Some(&live), &applied, mgr, force, &av, &sub, rt.status)?;
+                let obj = patch::server_side_apply(
+                    Some(&live),
+                    &applied,
+                    mgr,
+                    force,
+                    &av,
+                    &sub,
+                    rt.status,
+                )?;
                 let out = st.update(rt, &ns, name, &sub, obj, &ctx)?;
                 Ok(json_response(200, &present(&out, rt, version)))
             }
@@ -778,7 +914,9 @@ fn patch_request(
                 let p: Value = serde_json::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
                 if !p.is_object() {
-                    return Err(ApiError::bad_request("strategic merge patch must be a JSON object"));
+                    return Err(ApiError::bad_request(
+                        "strategic merge patch must be a JSON object",
+                    ));
                 }
                 patch::strategic_merge(doc, &p);
                 Ok(())

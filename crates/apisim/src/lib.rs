@@ -281,7 +281,10 @@ impl ApiServer {
     pub fn allow_token(&self, token: &str, username: &str, groups: &[&str]) {
         self.inner.state.lock().tokens.insert(
             token.to_string(),
-            (username.to_string(), groups.iter().map(|g| g.to_string()).collect()),
+            (
+                username.to_string(),
+                groups.iter().map(|g| g.to_string()).collect(),
+            ),
         );
     }
 
@@ -291,20 +294,37 @@ impl ApiServer {
     }
 
     /// One stored object (`api_version` like "v1" or "apps/v1", `kind_plural` like "deployments").
-    pub fn get_object(&self, api_version: &str, kind_plural: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+    pub fn get_object(
+        &self,
+        api_version: &str,
+        kind_plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<Value> {
         let (group, version) = split_api_version(api_version);
         let st = self.inner.state.lock();
         let rt = st.reg.find(group, version, kind_plural)?;
-        let ns = if rt.namespaced { namespace.unwrap_or("default") } else { "" };
+        let ns = if rt.namespaced {
+            namespace.unwrap_or("default")
+        } else {
+            ""
+        };
         st.get(&rt.key(), ns, name)
             .map(|o| http::present(o, rt, version))
     }
 
     /// Stored objects of a kind (all namespaces when `namespace` is None), sorted by namespace/name.
-    pub fn list_objects(&self, api_version: &str, kind_plural: &str, namespace: Option<&str>) -> Vec<Value> {
+    pub fn list_objects(
+        &self,
+        api_version: &str,
+        kind_plural: &str,
+        namespace: Option<&str>,
+    ) -> Vec<Value> {
         let (group, version) = split_api_version(api_version);
         let st = self.inner.state.lock();
-        let Some(rt) = st.reg.find(group, version, kind_plural) else { return vec![] };
+        let Some(rt) = st.reg.find(group, version, kind_plural) else {
+            return vec![];
+        };
         let ns = if rt.namespaced { namespace } else { None };
         st.list(&rt.key(), ns)
             .iter()
@@ -371,7 +391,9 @@ pub struct ServeHandle {
 
 impl std::fmt::Debug for ServeHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServeHandle").field("port", &self.port).finish()
+        f.debug_struct("ServeHandle")
+            .field("port", &self.port)
+            .finish()
     }
 }
 

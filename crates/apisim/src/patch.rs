@@ -7,7 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The merge key of a list field (strategic merge patch / SSA list-map), by field name.
 pub fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
     let k = match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
         | "imagePullSecrets" => "name",
         "ports" => {
             if items.iter().any(|i| i.get("containerPort").is_some()) {
@@ -40,7 +44,10 @@ pub fn json_patch(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
     let p: json_patch::Patch = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     json_patch::patch(doc, &p.0).map_err(|e| {
-        ApiError::new(422, format!("the server rejected our request due to an error in our request: {e}"))
+        ApiError::new(
+            422,
+            format!("the server rejected our request due to an error in our request: {e}"),
+        )
     })
 }
 
@@ -163,7 +170,12 @@ pub fn field_set(obj: &Value, include_status: bool) -> FieldSet {
                     if let Value::Object(mm) = v {
                         for (mk, mv) in mm {
                             if !IGNORED_META.contains(&mk.as_str()) {
-                                walk(mv, vec!["f:metadata".into(), format!("f:{mk}")], mk, &mut out);
+                                walk(
+                                    mv,
+                                    vec!["f:metadata".into(), format!("f:{mk}")],
+                                    mk,
+                                    &mut out,
+                                );
                             }
                         }
                     }
@@ -244,15 +256,21 @@ pub fn get_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
 
 /// Remove the field at a path (no-op if absent).
 pub fn remove_at(v: &mut Value, path: &[String]) {
-    let Some((last, parent_path)) = path.split_last() else { return };
+    let Some((last, parent_path)) = path.split_last() else {
+        return;
+    };
     let mut cur = v;
     for seg in parent_path {
         let next = if let Some(f) = seg.strip_prefix("f:") {
             cur.as_object_mut().and_then(|m| m.get_mut(f))
         } else if let Some(k) = seg.strip_prefix("k:") {
-            let Ok(key) = serde_json::from_str::<Map<String, Value>>(k) else { return };
-            cur.as_array_mut()
-                .and_then(|a| a.iter_mut().find(|i| key.iter().all(|(kk, kv)| &i[kk] == kv)))
+            let Ok(key) = serde_json::from_str::<Map<String, Value>>(k) else {
+                return;
+            };
+            cur.as_array_mut().and_then(|a| {
+                a.iter_mut()
+                    .find(|i| key.iter().all(|(kk, kv)| &i[kk] == kv))
+            })
         } else {
             None
         };
@@ -266,7 +284,10 @@ pub fn remove_at(v: &mut Value, path: &[String]) {
             m.remove(f);
         }
     } else if let Some(k) = last.strip_prefix("k:") {
-        if let (Ok(key), Some(a)) = (serde_json::from_str::<Map<String, Value>>(k), cur.as_array_mut()) {
+        if let (Ok(key), Some(a)) = (
+            serde_json::from_str::<Map<String, Value>>(k),
+            cur.as_array_mut(),
+        ) {
             a.retain(|i| !key.iter().all(|(kk, kv)| &i[kk] == kv));
         }
     } else if let Some(k) = last.strip_prefix("v:")
@@ -385,7 +406,13 @@ pub fn write_managers(obj: &mut Value, ms: &[Manager]) {
 }
 
 /// Record an `Update` operation by `manager`: it takes ownership of every field it changed.
-pub fn track_update(old: Option<&Value>, new: &mut Value, manager: &str, api_version: &str, subresource: &str) {
+pub fn track_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    api_version: &str,
+    subresource: &str,
+) {
     let mut ms = match old {
         Some(o) => read_managers(o),
         None => vec![],
@@ -406,10 +433,9 @@ pub fn track_update(old: Option<&Value>, new: &mut Value, manager: &str, api_ver
     }
     if !changed.is_empty() {
         let now = crate::util::now_rfc3339();
-        match ms
-            .iter_mut()
-            .find(|m| m.manager == manager && m.operation == "Update" && m.subresource == subresource)
-        {
+        match ms.iter_mut().find(|m| {
+            m.manager == manager && m.operation == "Update" && m.subresource == subresource
+        }) {
             Some(m) => {
                 m.fields.extend(changed);
                 m.time = now;
@@ -523,7 +549,11 @@ pub fn server_side_apply(
                 .iter()
                 .map(|(m, av, f)| format!("- conflict with \"{m}\" using {av}: {f}"))
                 .collect();
-            format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
+            format!(
+                "Apply failed with {} conflicts: {}",
+                conflicts.len(),
+                lines.join("\n")
+            )
         };
         let causes: Vec<Value> = conflicts
             .iter()
@@ -534,7 +564,8 @@ pub fn server_side_apply(
     if force {
         for m in ms.iter_mut() {
             if !(m.manager == manager && m.operation == "Apply") {
-                m.fields.retain(|p| !(new_set.contains(p) && get_at(&obj, p) != get_at(&applied, p)));
+                m.fields
+                    .retain(|p| !(new_set.contains(p) && get_at(&obj, p) != get_at(&applied, p)));
             }
         }
     }
@@ -560,7 +591,9 @@ pub fn server_side_apply(
         // don't remove a keyed item if some other manager owns a field inside it
         let inside_owned = ms.iter().any(|m| {
             !(m.manager == manager && m.operation == "Apply")
-                && m.fields.iter().any(|q| q.len() > p.len() && q.starts_with(p))
+                && m.fields
+                    .iter()
+                    .any(|q| q.len() > p.len() && q.starts_with(p))
         });
         if !inside_owned {
             remove_at(&mut obj, p);
@@ -568,7 +601,9 @@ pub fn server_side_apply(
     }
     apply_merge(&mut obj, &applied, "");
     let now = crate::util::now_rfc3339();
-    ms.retain(|m| !(m.manager == manager && m.operation == "Apply" && m.subresource == subresource));
+    ms.retain(|m| {
+        !(m.manager == manager && m.operation == "Apply" && m.subresource == subresource)
+    });
     ms.push(Manager {
         manager: manager.into(),
         operation: "Apply".into(),

@@ -125,26 +125,125 @@ impl Registry {
         let mut add = |t: ResourceType| {
             r.types.insert(t.key(), t);
         };
-        let mut ns = builtin("", "namespaces", "Namespace", false, true, false, &["ns"], &[]);
+        let mut ns = builtin(
+            "",
+            "namespaces",
+            "Namespace",
+            false,
+            true,
+            false,
+            &["ns"],
+            &[],
+        );
         ns.label_name = true;
         ns.generation = false;
         add(ns);
         let mut pods = builtin("", "pods", "Pod", true, true, false, &["po"], &["all"]);
         pods.generation = false;
         add(pods);
-        let mut svc = builtin("", "services", "Service", true, true, false, &["svc"], &["all"]);
+        let mut svc = builtin(
+            "",
+            "services",
+            "Service",
+            true,
+            true,
+            false,
+            &["svc"],
+            &["all"],
+        );
         svc.label_name = true;
         svc.generation = false;
         add(svc);
-        add(builtin("", "configmaps", "ConfigMap", true, false, false, &["cm"], &[]));
-        add(builtin("", "secrets", "Secret", true, false, false, &[], &[]));
-        add(builtin("", "serviceaccounts", "ServiceAccount", true, false, false, &["sa"], &[]));
-        add(builtin("", "events", "Event", true, false, false, &["ev"], &[]));
-        add(builtin("events.k8s.io", "events", "Event", true, false, false, &["ev"], &[]));
-        add(builtin("apps", "deployments", "Deployment", true, true, true, &["deploy"], &["all"]));
-        add(builtin("apps", "replicasets", "ReplicaSet", true, true, true, &["rs"], &["all"]));
-        add(builtin("coordination.k8s.io", "leases", "Lease", true, false, false, &[], &[]));
-        add(builtin("policy", "poddisruptionbudgets", "PodDisruptionBudget", true, true, false, &["pdb"], &[]));
+        add(builtin(
+            "",
+            "configmaps",
+            "ConfigMap",
+            true,
+            false,
+            false,
+            &["cm"],
+            &[],
+        ));
+        add(builtin(
+            "",
+            "secrets",
+            "Secret",
+            true,
+            false,
+            false,
+            &[],
+            &[],
+        ));
+        add(builtin(
+            "",
+            "serviceaccounts",
+            "ServiceAccount",
+            true,
+            false,
+            false,
+            &["sa"],
+            &[],
+        ));
+        add(builtin(
+            "",
+            "events",
+            "Event",
+            true,
+            false,
+            false,
+            &["ev"],
+            &[],
+        ));
+        add(builtin(
+            "events.k8s.io",
+            "events",
+            "Event",
+            true,
+            false,
+            false,
+            &["ev"],
+            &[],
+        ));
+        add(builtin(
+            "apps",
+            "deployments",
+            "Deployment",
+            true,
+            true,
+            true,
+            &["deploy"],
+            &["all"],
+        ));
+        add(builtin(
+            "apps",
+            "replicasets",
+            "ReplicaSet",
+            true,
+            true,
+            true,
+            &["rs"],
+            &["all"],
+        ));
+        add(builtin(
+            "coordination.k8s.io",
+            "leases",
+            "Lease",
+            true,
+            false,
+            false,
+            &[],
+            &[],
+        ));
+        add(builtin(
+            "policy",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            true,
+            false,
+            &["pdb"],
+            &[],
+        ));
         add(builtin(
             "apiextensions.k8s.io",
             "customresourcedefinitions",
@@ -157,10 +256,46 @@ impl Registry {
         ));
         let rbac = "rbac.authorization.k8s.io";
         add(builtin(rbac, "roles", "Role", true, false, false, &[], &[]));
-        add(builtin(rbac, "rolebindings", "RoleBinding", true, false, false, &[], &[]));
-        add(builtin(rbac, "clusterroles", "ClusterRole", false, false, false, &[], &[]));
-        add(builtin(rbac, "clusterrolebindings", "ClusterRoleBinding", false, false, false, &[], &[]));
-        let mut tr = builtin("authentication.k8s.io", "tokenreviews", "TokenReview", false, false, false, &[], &[]);
+        add(builtin(
+            rbac,
+            "rolebindings",
+            "RoleBinding",
+            true,
+            false,
+            false,
+            &[],
+            &[],
+        ));
+        add(builtin(
+            rbac,
+            "clusterroles",
+            "ClusterRole",
+            false,
+            false,
+            false,
+            &[],
+            &[],
+        ));
+        add(builtin(
+            rbac,
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            false,
+            false,
+            &[],
+            &[],
+        ));
+        let mut tr = builtin(
+            "authentication.k8s.io",
+            "tokenreviews",
+            "TokenReview",
+            false,
+            false,
+            false,
+            &[],
+            &[],
+        );
         tr.create_only = true;
         add(tr);
         let mut sar = builtin(
@@ -176,8 +311,26 @@ impl Registry {
         sar.create_only = true;
         add(sar);
         let adm = "admissionregistration.k8s.io";
-        add(builtin(adm, "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", false, false, false, &[], &["api-extensions"]));
-        add(builtin(adm, "validatingwebhookconfigurations", "ValidatingWebhookConfiguration", false, false, false, &[], &["api-extensions"]));
+        add(builtin(
+            adm,
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+            false,
+            false,
+            false,
+            &[],
+            &["api-extensions"],
+        ));
+        add(builtin(
+            adm,
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            false,
+            false,
+            false,
+            &[],
+            &["api-extensions"],
+        ));
         r
     }
 
@@ -200,7 +353,7 @@ impl Registry {
             }
         }
         for vs in m.values_mut() {
-            vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            vs.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         }
         m
     }
@@ -343,7 +496,10 @@ pub fn from_crd(crd: &Value) -> Result<ResourceType, Vec<crate::error::FieldErro
     }
     let versions = spec["versions"].as_array().cloned().unwrap_or_default();
     if versions.is_empty() {
-        errs.push(FieldError::required("spec.versions", "must have exactly one version marked as storage version"));
+        errs.push(FieldError::required(
+            "spec.versions",
+            "must have exactly one version marked as storage version",
+        ));
     }
     let storage_count = versions
         .iter()
@@ -352,7 +508,12 @@ pub fn from_crd(crd: &Value) -> Result<ResourceType, Vec<crate::error::FieldErro
     if !versions.is_empty() && storage_count != 1 {
         errs.push(FieldError::invalid(
             "spec.versions",
-            &json!(versions.iter().map(|v| v["name"].clone()).collect::<Vec<_>>()),
+            &json!(
+                versions
+                    .iter()
+                    .map(|v| v["name"].clone())
+                    .collect::<Vec<_>>()
+            ),
             "must have exactly one version marked as storage version",
         ));
     }
@@ -407,14 +568,18 @@ pub fn from_crd(crd: &Value) -> Result<ResourceType, Vec<crate::error::FieldErro
     }
     // storage version first, then by priority
     let sv = storage["name"].as_str().unwrap_or("").to_string();
-    served.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+    served.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
     if let Some(pos) = served.iter().position(|v| *v == sv) {
         let s = served.remove(pos);
         served.insert(0, s);
     }
     let str_list = |v: &Value| -> Vec<String> {
         v.as_array()
-            .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     Ok(ResourceType {

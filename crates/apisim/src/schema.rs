@@ -108,7 +108,10 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
         errs.push(FieldError::other(
             "FieldValueTypeInvalid",
             path,
-            format!("Invalid value: \"null\": {path} in body must be of type {}: \"null\"", schema["type"].as_str().unwrap_or("object")),
+            format!(
+                "Invalid value: \"null\": {path} in body must be of type {}: \"null\"",
+                schema["type"].as_str().unwrap_or("object")
+            ),
         ));
         return;
     }
@@ -117,7 +120,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
             errs.push(FieldError::other(
                 "FieldValueTypeInvalid",
                 path,
-                format!("Invalid value: {}: {path} in body must be of type int-or-string: \"{}\"", show(v), type_name(v)),
+                format!(
+                    "Invalid value: {}: {path} in body must be of type int-or-string: \"{}\"",
+                    show(v),
+                    type_name(v)
+                ),
             ));
         }
         return;
@@ -136,7 +143,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
             errs.push(FieldError::other(
                 "FieldValueTypeInvalid",
                 path,
-                format!("Invalid value: {}: {path} in body must be of type {t}: \"{}\"", show(v), type_name(v)),
+                format!(
+                    "Invalid value: {}: {path} in body must be of type {t}: \"{}\"",
+                    show(v),
+                    type_name(v)
+                ),
             ));
             return;
         }
@@ -148,7 +159,14 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
             if let Some(f) = v.as_f64()
                 && (f < lo || f > hi)
             {
-                errs.push(FieldError::invalid(path, v, &format!("{path} in body should be within {} range", schema["format"].as_str().unwrap_or("int64"))));
+                errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be within {} range",
+                        schema["format"].as_str().unwrap_or("int64")
+                    ),
+                ));
             }
         }
     }
@@ -159,7 +177,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
         errs.push(FieldError::other(
             "FieldValueNotSupported",
             path,
-            format!("Unsupported value: {}: supported values: {}", show(v), sup.join(", ")),
+            format!(
+                "Unsupported value: {}: supported values: {}",
+                show(v),
+                sup.join(", ")
+            ),
         ));
     }
     if let Some(n) = v.as_f64() {
@@ -167,16 +189,41 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
         let excl_max = schema["exclusiveMaximum"].as_bool() == Some(true);
         if let Some(min) = schema["minimum"].as_f64() {
             if excl_min && n <= min {
-                errs.push(FieldError::invalid(path, v, &format!("{path} in body should be greater than {}", schema["minimum"])));
+                errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be greater than {}",
+                        schema["minimum"]
+                    ),
+                ));
             } else if !excl_min && n < min {
-                errs.push(FieldError::invalid(path, v, &format!("{path} in body should be greater than or equal to {}", schema["minimum"])));
+                errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be greater than or equal to {}",
+                        schema["minimum"]
+                    ),
+                ));
             }
         }
         if let Some(max) = schema["maximum"].as_f64() {
             if excl_max && n >= max {
-                errs.push(FieldError::invalid(path, v, &format!("{path} in body should be less than {}", schema["maximum"])));
+                errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!("{path} in body should be less than {}", schema["maximum"]),
+                ));
             } else if !excl_max && n > max {
-                errs.push(FieldError::invalid(path, v, &format!("{path} in body should be less than or equal to {}", schema["maximum"])));
+                errs.push(FieldError::invalid(
+                    path,
+                    v,
+                    &format!(
+                        "{path} in body should be less than or equal to {}",
+                        schema["maximum"]
+                    ),
+                ));
             }
         }
     }
@@ -185,30 +232,50 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
         if let Some(max) = schema["maxLength"].as_u64()
             && len > max
         {
-            errs.push(FieldError::other("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+            errs.push(FieldError::other(
+                "FieldValueTooLong",
+                path,
+                format!("Too long: may not be more than {max} bytes"),
+            ));
         }
         if let Some(min) = schema["minLength"].as_u64()
             && len < min
         {
-            errs.push(FieldError::invalid(path, v, &format!("{path} in body should be at least {min} chars long")));
+            errs.push(FieldError::invalid(
+                path,
+                v,
+                &format!("{path} in body should be at least {min} chars long"),
+            ));
         }
         if let Some(p) = schema["pattern"].as_str()
             && let Some(re) = regex_cached(p)
             && !re.is_match(s)
         {
-            errs.push(FieldError::invalid(path, v, &format!("{path} in body should match '{p}'")));
+            errs.push(FieldError::invalid(
+                path,
+                v,
+                &format!("{path} in body should match '{p}'"),
+            ));
         }
     }
     if let Some(a) = v.as_array() {
         if let Some(max) = schema["maxItems"].as_u64()
             && a.len() as u64 > max
         {
-            errs.push(FieldError::other("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", a.len())));
+            errs.push(FieldError::other(
+                "FieldValueTooMany",
+                path,
+                format!("Too many: {}: must have at most {max} items", a.len()),
+            ));
         }
         if let Some(min) = schema["minItems"].as_u64()
             && (a.len() as u64) < min
         {
-            errs.push(FieldError::invalid(path, v, &format!("{path} in body should have at least {min} items")));
+            errs.push(FieldError::invalid(
+                path,
+                v,
+                &format!("{path} in body should have at least {min} items"),
+            ));
         }
         if let Some(items) = schema.get("items") {
             for (i, it) in a.iter().enumerate() {
@@ -233,7 +300,13 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
                 Some(ps) => validate(ps, c, &join(path, k), false, errs),
                 None => {
                     if schema["additionalProperties"].is_object() {
-                        validate(&schema["additionalProperties"], c, &join(path, k), false, errs);
+                        validate(
+                            &schema["additionalProperties"],
+                            c,
+                            &join(path, k),
+                            false,
+                            errs,
+                        );
                     }
                 }
             }
@@ -241,7 +314,11 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
         if let Some(max) = schema["maxProperties"].as_u64()
             && m.len() as u64 > max
         {
-            errs.push(FieldError::other("FieldValueTooMany", path, format!("Too many: {}: must have at most {max} items", m.len())));
+            errs.push(FieldError::other(
+                "FieldValueTooMany",
+                path,
+                format!("Too many: {}: must have at most {max} items", m.len()),
+            ));
         }
     }
 }

@@ -17,7 +17,11 @@ use tokio::time::Instant;
 
 fn str_list(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -66,7 +70,11 @@ fn rbac_allows(st: &State, spec: &Value) -> (bool, String) {
                     "User" => name == user,
                     "Group" => groups.iter().any(|g| g == name),
                     "ServiceAccount" => {
-                        user == format!("system:serviceaccount:{}:{}", s["namespace"].as_str().unwrap_or(""), name)
+                        user == format!(
+                            "system:serviceaccount:{}:{}",
+                            s["namespace"].as_str().unwrap_or(""),
+                            name
+                        )
                     }
                     _ => false,
                 }
@@ -75,7 +83,11 @@ fn rbac_allows(st: &State, spec: &Value) -> (bool, String) {
     };
     let rbac = "rbac.authorization.k8s.io".to_string();
     let role_rules = |kind: &str, name: &str, bns: &str| -> Vec<Value> {
-        let (plural, rns) = if kind == "ClusterRole" { ("clusterroles", "") } else { ("roles", bns) };
+        let (plural, rns) = if kind == "ClusterRole" {
+            ("clusterroles", "")
+        } else {
+            ("roles", bns)
+        };
         st.get(&(rbac.clone(), plural.into()), rns, name)
             .and_then(|r| r["rules"].as_array().cloned())
             .unwrap_or_default()
@@ -87,7 +99,9 @@ fn rbac_allows(st: &State, spec: &Value) -> (bool, String) {
             let verb = nra["verb"].as_str().unwrap_or("");
             return has(&verbs, verb)
                 && str_list(&rule["nonResourceURLs"]).iter().any(|u| {
-                    u == "*" || u == path || u.strip_suffix('*').is_some_and(|p| path.starts_with(p))
+                    u == "*"
+                        || u == path
+                        || u.strip_suffix('*').is_some_and(|p| path.starts_with(p))
                 });
         }
         let verb = ra["verb"].as_str().unwrap_or("");
@@ -95,19 +109,34 @@ fn rbac_allows(st: &State, spec: &Value) -> (bool, String) {
         let resource = ra["resource"].as_str().unwrap_or("");
         let sub = ra["subresource"].as_str().unwrap_or("");
         let name = ra["name"].as_str().unwrap_or("");
-        let full = if sub.is_empty() { resource.to_string() } else { format!("{resource}/{sub}") };
+        let full = if sub.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}/{sub}")
+        };
         let resources = str_list(&rule["resources"]);
         let names = str_list(&rule["resourceNames"]);
         has(&verbs, verb)
             && has(&str_list(&rule["apiGroups"]), group)
-            && (resources.iter().any(|r| r == "*" || *r == full || (!sub.is_empty() && *r == format!("*/{sub}"))))
+            && (resources
+                .iter()
+                .any(|r| r == "*" || *r == full || (!sub.is_empty() && *r == format!("*/{sub}"))))
             && (names.is_empty() || names.iter().any(|n| n == name))
     };
     for b in st.list(&(rbac.clone(), "clusterrolebindings".into()), None) {
         if subject_matches(&b) {
             let rr = &b["roleRef"];
-            if role_rules("ClusterRole", rr["name"].as_str().unwrap_or(""), "").iter().any(rule_ok) {
-                return (true, format!("RBAC: allowed by ClusterRoleBinding \"{}\"", meta_str(&b, "name")));
+            if role_rules("ClusterRole", rr["name"].as_str().unwrap_or(""), "")
+                .iter()
+                .any(rule_ok)
+            {
+                return (
+                    true,
+                    format!(
+                        "RBAC: allowed by ClusterRoleBinding \"{}\"",
+                        meta_str(&b, "name")
+                    ),
+                );
             }
         }
     }
@@ -116,8 +145,18 @@ fn rbac_allows(st: &State, spec: &Value) -> (bool, String) {
             if subject_matches(&b) {
                 let rr = &b["roleRef"];
                 let kind = rr["kind"].as_str().unwrap_or("Role");
-                if role_rules(kind, rr["name"].as_str().unwrap_or(""), ns).iter().any(rule_ok) {
-                    return (true, format!("RBAC: allowed by RoleBinding \"{}/{}\"", ns, meta_str(&b, "name")));
+                if role_rules(kind, rr["name"].as_str().unwrap_or(""), ns)
+                    .iter()
+                    .any(rule_ok)
+                {
+                    return (
+                        true,
+                        format!(
+                            "RBAC: allowed by RoleBinding \"{}/{}\"",
+                            ns,
+                            meta_str(&b, "name")
+                        ),
+                    );
                 }
             }
         }
@@ -133,7 +172,11 @@ fn relevant(ev: &Event) -> bool {
 }
 
 pub async fn run(weak: Weak<Inner>, mut rx: broadcast::Receiver<Arc<Event>>, delay: Duration) {
-    let mut sim = Sim { ready_at: HashMap::new(), delay, ip: 0 };
+    let mut sim = Sim {
+        ready_at: HashMap::new(),
+        delay,
+        ip: 0,
+    };
     loop {
         let next = sim.ready_at.values().min().copied();
         let mut go = false;
@@ -181,9 +224,10 @@ fn controller_uid(o: &Value) -> Option<&str> {
 }
 
 fn pod_ready(p: &Value) -> bool {
-    p["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+    p["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
 }
 
 /// Resolve an int-or-percent against a total.
@@ -211,11 +255,17 @@ fn owner_ref(o: &Value, api_version: &str, kind: &str) -> Value {
 
 impl Sim {
     fn rts(st: &State) -> Option<(ResourceType, ResourceType, ResourceType)> {
-        Some((st.rt("apps", "deployments")?, st.rt("apps", "replicasets")?, st.rt("", "pods")?))
+        Some((
+            st.rt("apps", "deployments")?,
+            st.rt("apps", "replicasets")?,
+            st.rt("", "pods")?,
+        ))
     }
 
     fn reconcile(&mut self, st: &mut State) {
-        let Some((drt, rsrt, prt)) = Self::rts(st) else { return };
+        let Some((drt, rsrt, prt)) = Self::rts(st) else {
+            return;
+        };
         let ctx = WriteCtx::internal("v1");
         // deployments -> replica sets
         for d in st.list(&drt.key(), None) {
@@ -298,10 +348,24 @@ impl Sim {
             "startTime": now, "qosClass": "BestEffort",
             "containerStatuses": statuses,
         });
-        let _ = st.update(prt, meta_str(p, "namespace"), meta_str(p, "name"), "status", n, ctx);
+        let _ = st.update(
+            prt,
+            meta_str(p, "namespace"),
+            meta_str(p, "name"),
+            "status",
+            n,
+            ctx,
+        );
     }
 
-    fn replicaset(&mut self, st: &mut State, _rsrt: &ResourceType, prt: &ResourceType, rs: &Value, ctx: &WriteCtx) {
+    fn replicaset(
+        &mut self,
+        st: &mut State,
+        _rsrt: &ResourceType,
+        prt: &ResourceType,
+        rs: &Value,
+        ctx: &WriteCtx,
+    ) {
         let want = rs["spec"]["replicas"].as_i64().unwrap_or(1).max(0) as usize;
         let ns = meta_str(rs, "namespace").to_string();
         let mut pods = Self::owned_pods(st, prt, rs);
@@ -323,7 +387,8 @@ impl Sim {
                 if tpl["metadata"]["annotations"].is_object() {
                     meta["annotations"] = tpl["metadata"]["annotations"].clone();
                 }
-                let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec});
+                let pod =
+                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec});
                 let _ = st.create(prt, Some(&ns), pod, ctx);
             }
         } else if pods.len() > want {
@@ -331,9 +396,17 @@ impl Sim {
             pods.sort_by(|a, b| {
                 pod_ready(a)
                     .cmp(&pod_ready(b))
-                    .then_with(|| meta_str(b, "creationTimestamp").cmp(meta_str(a, "creationTimestamp")))
-                    .then_with(|| meta_str(b, "resourceVersion").len().cmp(&meta_str(a, "resourceVersion").len()))
-                    .then_with(|| meta_str(b, "resourceVersion").cmp(meta_str(a, "resourceVersion")))
+                    .then_with(|| {
+                        meta_str(b, "creationTimestamp").cmp(meta_str(a, "creationTimestamp"))
+                    })
+                    .then_with(|| {
+                        meta_str(b, "resourceVersion")
+                            .len()
+                            .cmp(&meta_str(a, "resourceVersion").len())
+                    })
+                    .then_with(|| {
+                        meta_str(b, "resourceVersion").cmp(meta_str(a, "resourceVersion"))
+                    })
             });
             for p in pods.iter().take(pods.len() - want) {
                 let _ = st.delete(prt, &ns, meta_str(p, "name"), &DeleteOpts::default());
@@ -341,7 +414,14 @@ impl Sim {
         }
     }
 
-    fn rs_status(&mut self, st: &mut State, rsrt: &ResourceType, prt: &ResourceType, rs: &Value, ctx: &WriteCtx) {
+    fn rs_status(
+        &mut self,
+        st: &mut State,
+        rsrt: &ResourceType,
+        prt: &ResourceType,
+        rs: &Value,
+        ctx: &WriteCtx,
+    ) {
         let pods = Self::owned_pods(st, prt, rs);
         let ready = pods.iter().filter(|p| pod_ready(p)).count();
         let mut n = rs.clone();
@@ -351,7 +431,14 @@ impl Sim {
             "observedGeneration": rs["metadata"]["generation"],
         });
         if n["status"] != rs["status"] {
-            let _ = st.update(rsrt, meta_str(rs, "namespace"), meta_str(rs, "name"), "status", n, ctx);
+            let _ = st.update(
+                rsrt,
+                meta_str(rs, "namespace"),
+                meta_str(rs, "name"),
+                "status",
+                n,
+                ctx,
+            );
         }
     }
 
@@ -360,14 +447,29 @@ impl Sim {
         crate::util::safe_encode(crate::util::fnv64(&s), 10)
     }
 
-    fn deployment(&mut self, st: &mut State, _drt: &ResourceType, rsrt: &ResourceType, prt: &ResourceType, d: &Value, ctx: &WriteCtx) {
+    fn deployment(
+        &mut self,
+        st: &mut State,
+        _drt: &ResourceType,
+        rsrt: &ResourceType,
+        prt: &ResourceType,
+        d: &Value,
+        ctx: &WriteCtx,
+    ) {
         let ns = meta_str(d, "namespace").to_string();
         let want = d["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
         let tpl = d["spec"]["template"].clone();
         let hash = Self::template_hash(&tpl);
         let rss = Self::owned_rs(st, rsrt, d);
-        let new_rs = rss.iter().find(|r| r["metadata"]["labels"]["pod-template-hash"] == hash.as_str()).cloned();
-        let olds: Vec<Arc<Value>> = rss.iter().filter(|r| r["metadata"]["labels"]["pod-template-hash"] != hash.as_str()).cloned().collect();
+        let new_rs = rss
+            .iter()
+            .find(|r| r["metadata"]["labels"]["pod-template-hash"] == hash.as_str())
+            .cloned();
+        let olds: Vec<Arc<Value>> = rss
+            .iter()
+            .filter(|r| r["metadata"]["labels"]["pod-template-hash"] != hash.as_str())
+            .cloned()
+            .collect();
         let spec_of = |r: &Value| r["spec"]["replicas"].as_i64().unwrap_or(0);
         let old_total: i64 = olds.iter().map(|r| spec_of(r)).sum();
         let recreate = d["spec"]["strategy"]["type"] == "Recreate";
@@ -396,10 +498,25 @@ impl Sim {
             if recreate {
                 scale_old = olds.iter().map(|r| (r.clone(), 0)).collect();
             } else {
-                let ready_all: i64 = rss.iter().map(|r| Self::owned_pods(st, prt, r).iter().filter(|p| pod_ready(p)).count() as i64).sum();
+                let ready_all: i64 = rss
+                    .iter()
+                    .map(|r| {
+                        Self::owned_pods(st, prt, r)
+                            .iter()
+                            .filter(|p| pod_ready(p))
+                            .count() as i64
+                    })
+                    .sum();
                 let old_unready: i64 = olds
                     .iter()
-                    .map(|r| (spec_of(r) - Self::owned_pods(st, prt, r).iter().filter(|p| pod_ready(p)).count() as i64).max(0))
+                    .map(|r| {
+                        (spec_of(r)
+                            - Self::owned_pods(st, prt, r)
+                                .iter()
+                                .filter(|p| pod_ready(p))
+                                .count() as i64)
+                            .max(0)
+                    })
                     .sum();
                 let mut budget = (ready_all - (want - unavail)).max(0) + old_unready;
                 // when the desired count went down, old replicas above the target can go as well
@@ -422,7 +539,11 @@ impl Sim {
         }
         let revision = rss
             .iter()
-            .filter_map(|r| r["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str().and_then(|s| s.parse::<i64>().ok()))
+            .filter_map(|r| {
+                r["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+                    .as_str()
+                    .and_then(|s| s.parse::<i64>().ok())
+            })
             .max()
             .unwrap_or(0);
         match new_rs {
@@ -468,7 +589,15 @@ impl Sim {
         }
     }
 
-    fn deploy_status(&mut self, st: &mut State, drt: &ResourceType, rsrt: &ResourceType, prt: &ResourceType, d: &Value, ctx: &WriteCtx) {
+    fn deploy_status(
+        &mut self,
+        st: &mut State,
+        drt: &ResourceType,
+        rsrt: &ResourceType,
+        prt: &ResourceType,
+        d: &Value,
+        ctx: &WriteCtx,
+    ) {
         let want = d["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
         let hash = Self::template_hash(&d["spec"]["template"]);
         let rss = Self::owned_rs(st, rsrt, d);
@@ -486,29 +615,59 @@ impl Sim {
             }
         }
         let ru = &d["spec"]["strategy"]["rollingUpdate"];
-        let unavail_allowed = if d["spec"]["strategy"]["type"] == "Recreate" { 0 } else { resolve(&ru["maxUnavailable"], want, false, 25) };
+        let unavail_allowed = if d["spec"]["strategy"]["type"] == "Recreate" {
+            0
+        } else {
+            resolve(&ru["maxUnavailable"], want, false, 25)
+        };
         let available = ready;
         let old_conds: BTreeMap<String, Value> = d["status"]["conditions"]
             .as_array()
-            .map(|cs| cs.iter().map(|c| (c["type"].as_str().unwrap_or("").to_string(), c.clone())).collect())
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| (c["type"].as_str().unwrap_or("").to_string(), c.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
         let now = crate::util::now_rfc3339();
         let cond = |t: &str, status: &str, reason: &str, msg: String| -> Value {
             match old_conds.get(t) {
                 Some(c) if c["status"] == status && c["reason"] == reason => c.clone(),
-                _ => json!({"type": t, "status": status, "reason": reason, "message": msg, "lastUpdateTime": now, "lastTransitionTime": now}),
+                _ => {
+                    json!({"type": t, "status": status, "reason": reason, "message": msg, "lastUpdateTime": now, "lastTransitionTime": now})
+                }
             }
         };
         let avail_c = if available >= want - unavail_allowed {
-            cond("Available", "True", "MinimumReplicasAvailable", "Deployment has minimum availability.".into())
+            cond(
+                "Available",
+                "True",
+                "MinimumReplicasAvailable",
+                "Deployment has minimum availability.".into(),
+            )
         } else {
-            cond("Available", "False", "MinimumReplicasUnavailable", "Deployment does not have minimum availability.".into())
+            cond(
+                "Available",
+                "False",
+                "MinimumReplicasUnavailable",
+                "Deployment does not have minimum availability.".into(),
+            )
         };
         let done = updated == want && total == want && available >= want;
         let prog_c = if done {
-            cond("Progressing", "True", "NewReplicaSetAvailable", format!("ReplicaSet \"{new_name}\" has successfully progressed."))
+            cond(
+                "Progressing",
+                "True",
+                "NewReplicaSetAvailable",
+                format!("ReplicaSet \"{new_name}\" has successfully progressed."),
+            )
         } else {
-            cond("Progressing", "True", "ReplicaSetUpdated", format!("ReplicaSet \"{new_name}\" is progressing."))
+            cond(
+                "Progressing",
+                "True",
+                "ReplicaSetUpdated",
+                format!("ReplicaSet \"{new_name}\" is progressing."),
+            )
         };
         let mut status = json!({
             "observedGeneration": d["metadata"]["generation"],
@@ -523,7 +682,14 @@ impl Sim {
         if d["status"] != status {
             let mut n = d.clone();
             n["status"] = status;
-            let _ = st.update(drt, meta_str(d, "namespace"), meta_str(d, "name"), "status", n, ctx);
+            let _ = st.update(
+                drt,
+                meta_str(d, "namespace"),
+                meta_str(d, "name"),
+                "status",
+                n,
+                ctx,
+            );
         }
     }
 }

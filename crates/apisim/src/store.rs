@@ -109,7 +109,12 @@ impl State {
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            if let Some(rt) = st.reg.types.get(&("".to_string(), "namespaces".to_string())).cloned() {
+            if let Some(rt) = st
+                .reg
+                .types
+                .get(&("".to_string(), "namespaces".to_string()))
+                .cloned()
+            {
                 let _ = st.create(&rt, None, obj, &WriteCtx::internal("v1"));
             }
         }
@@ -117,7 +122,10 @@ impl State {
     }
 
     pub fn rt(&self, group: &str, plural: &str) -> Option<ResourceType> {
-        self.reg.types.get(&(group.to_string(), plural.to_string())).cloned()
+        self.reg
+            .types
+            .get(&(group.to_string(), plural.to_string()))
+            .cloned()
     }
 
     pub fn get(&self, key: &ResKey, ns: &str, name: &str) -> Option<&Arc<Value>> {
@@ -127,7 +135,9 @@ impl State {
     }
 
     pub fn list(&self, key: &ResKey, ns: Option<&str>) -> Vec<Arc<Value>> {
-        let Some(m) = self.objects.get(key) else { return vec![] };
+        let Some(m) = self.objects.get(key) else {
+            return vec![];
+        };
         match ns {
             Some(ns) => m
                 .range((ns.to_string(), String::new())..)
@@ -138,7 +148,14 @@ impl State {
         }
     }
 
-    fn emit(&mut self, key: ResKey, ns: &str, etype: &'static str, obj: Arc<Value>, prev: Option<Arc<Value>>) {
+    fn emit(
+        &mut self,
+        key: ResKey,
+        ns: &str,
+        etype: &'static str,
+        obj: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
         let ev = Arc::new(Event {
             rv: self.rv,
             key,
@@ -157,7 +174,15 @@ impl State {
         let _ = self.tx.send(ev);
     }
 
-    fn store(&mut self, rt: &ResourceType, ns: &str, name: &str, mut obj: Value, etype: &'static str, prev: Option<Arc<Value>>) -> Arc<Value> {
+    fn store(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        mut obj: Value,
+        etype: &'static str,
+        prev: Option<Arc<Value>>,
+    ) -> Arc<Value> {
         self.rv += 1;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let arc = Arc::new(obj);
@@ -188,9 +213,14 @@ impl State {
 
     fn crd_removed(&mut self, crd: &Value) {
         let group = crd["spec"]["group"].as_str().unwrap_or("").to_string();
-        let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or("").to_string();
+        let plural = crd["spec"]["names"]["plural"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let key = (group, plural);
-        let Some(rt) = self.reg.types.get(&key).cloned() else { return };
+        let Some(rt) = self.reg.types.get(&key).cloned() else {
+            return;
+        };
         if !rt.crd {
             return;
         }
@@ -226,7 +256,11 @@ impl State {
                 "apiextensions.k8s.io",
                 "CustomResourceDefinition",
                 &name,
-                vec![FieldError::invalid("spec.names.plural", &json!(rt.plural), "conflicts with a built-in resource")],
+                vec![FieldError::invalid(
+                    "spec.names.plural",
+                    &json!(rt.plural),
+                    "conflicts with a built-in resource",
+                )],
             ));
         }
         let names = crd["spec"]["names"].clone();
@@ -255,12 +289,21 @@ impl State {
     }
 
     /// Checks common to create and update; schema defaulting/pruning for CRs.
-    fn validate_object(&self, rt: &ResourceType, obj: &mut Value, version: &str) -> Result<(), ApiError> {
+    fn validate_object(
+        &self,
+        rt: &ResourceType,
+        obj: &mut Value,
+        version: &str,
+    ) -> Result<(), ApiError> {
         let name = meta_str(obj, "name").to_string();
         let mut errs = util::name_errors(&name, rt.label_name, "metadata.name");
         errs.extend(util::meta_errors(obj));
         if rt.crd {
-            let schema = rt.schemas.get(version).cloned().unwrap_or_else(schema::permissive);
+            let schema = rt
+                .schemas
+                .get(version)
+                .cloned()
+                .unwrap_or_else(schema::permissive);
             errs.extend(schema::process(&schema, obj));
         }
         if !errs.is_empty() {
@@ -282,29 +325,28 @@ impl State {
                     labels["kubernetes.io/metadata.name"] = json!(name);
                 }
             }
-            ("", "pods") => {
-                if obj["status"]["phase"].is_null() {
-                    obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
-                }
+            ("", "pods") if obj["status"]["phase"].is_null() => {
+                obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
             }
             ("apps", "deployments") | ("apps", "replicasets") => {
                 if obj["spec"].is_object() && obj["spec"]["replicas"].is_null() {
                     obj["spec"]["replicas"] = json!(1);
                 }
-                if rt.plural == "deployments" && obj["spec"].is_object() && obj["spec"]["strategy"].is_null() {
+                if rt.plural == "deployments"
+                    && obj["spec"].is_object()
+                    && obj["spec"]["strategy"].is_null()
+                {
                     obj["spec"]["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}});
                 }
             }
-            ("", "services") => {
-                if obj["spec"].is_object() {
-                    if obj["spec"]["type"].is_null() {
-                        obj["spec"]["type"] = json!("ClusterIP");
-                    }
-                    if obj["spec"]["clusterIP"].is_null() {
-                        let ip = format!("10.96.{}.{}", fastrand::u8(0..=255), fastrand::u8(1..=254));
-                        obj["spec"]["clusterIP"] = json!(ip);
-                        obj["spec"]["clusterIPs"] = json!([ip]);
-                    }
+            ("", "services") if obj["spec"].is_object() => {
+                if obj["spec"]["type"].is_null() {
+                    obj["spec"]["type"] = json!("ClusterIP");
+                }
+                if obj["spec"]["clusterIP"].is_null() && obj["spec"]["type"] != "ExternalName" {
+                    let ip = format!("10.96.{}.{}", fastrand::u8(0..=255), fastrand::u8(1..=254));
+                    obj["spec"]["clusterIP"] = json!(ip);
+                    obj["spec"]["clusterIPs"] = json!([ip]);
                 }
             }
             _ => {}
@@ -329,8 +371,18 @@ impl State {
     }
 
     /// Create. `obj` has apiVersion/kind/namespace already checked by the caller.
-    pub fn create(&mut self, rt: &ResourceType, ns: Option<&str>, mut obj: Value, ctx: &WriteCtx) -> Result<Value, ApiError> {
-        let ns = if rt.namespaced { ns.unwrap_or("default") } else { "" };
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        mut obj: Value,
+        ctx: &WriteCtx,
+    ) -> Result<Value, ApiError> {
+        let ns = if rt.namespaced {
+            ns.unwrap_or("default")
+        } else {
+            ""
+        };
         {
             let m = meta_mut(&mut obj);
             if rt.namespaced {
@@ -338,17 +390,34 @@ impl State {
             } else {
                 m.remove("namespace");
             }
-            let name = m.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+            let name = m
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             if name.is_empty() {
-                let gen_name = m.get("generateName").and_then(Value::as_str).unwrap_or("").to_string();
+                let gen_name = m
+                    .get("generateName")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
                 if gen_name.is_empty() {
-                    let e = FieldError::required("metadata.name", "name or generateName is required");
+                    let e =
+                        FieldError::required("metadata.name", "name or generateName is required");
                     return Err(Self::invalid(rt, "", vec![e]));
                 }
                 let base: String = gen_name.chars().take(58).collect();
-                m.insert("name".into(), json!(format!("{base}{}", util::rand_suffix(5))));
+                m.insert(
+                    "name".into(),
+                    json!(format!("{base}{}", util::rand_suffix(5))),
+                );
             }
-            for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+            for k in [
+                "resourceVersion",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+            ] {
                 m.remove(k);
             }
             m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
@@ -389,7 +458,15 @@ impl State {
     }
 
     /// Update (PUT or the result of a patch). `sub` is "" or "status".
-    pub fn update(&mut self, rt: &ResourceType, ns: &str, name: &str, sub: &str, mut new: Value, ctx: &WriteCtx) -> Result<Value, ApiError> {
+    pub fn update(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        sub: &str,
+        mut new: Value,
+        ctx: &WriteCtx,
+    ) -> Result<Value, ApiError> {
         let ns = if rt.namespaced { ns } else { "" };
         let old_arc = self
             .get(&rt.key(), ns, name)
@@ -445,7 +522,14 @@ impl State {
             } else {
                 m.remove("namespace");
             }
-            for k in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "generateName"] {
+            for k in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "generateName",
+            ] {
                 match om.get(k) {
                     Some(v) => {
                         m.insert(k.into(), v.clone());
@@ -462,7 +546,10 @@ impl State {
                 };
             }
         }
-        if sub.is_empty() && (rt.plural == "deployments" || rt.plural == "replicasets") && rt.group == "apps" {
+        if sub.is_empty()
+            && (rt.plural == "deployments" || rt.plural == "replicasets")
+            && rt.group == "apps"
+        {
             Self::builtin_defaults(rt, &mut new);
         }
         self.validate_object(rt, &mut new, &ctx.version)?;
@@ -470,11 +557,23 @@ impl State {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
-        if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" && sub.is_empty() && !ctx.dry_run {
+        if rt.group == "apiextensions.k8s.io"
+            && rt.plural == "customresourcedefinitions"
+            && sub.is_empty()
+            && !ctx.dry_run
+        {
             let old_key = crate::registry::from_crd(old).ok().map(|t| t.key());
             let new_key = crate::registry::from_crd(&new).ok().map(|t| t.key());
             if old_key != new_key {
-                return Err(Self::invalid(rt, name, vec![FieldError::invalid("spec.names", &new["spec"]["names"], "field is immutable")]));
+                return Err(Self::invalid(
+                    rt,
+                    name,
+                    vec![FieldError::invalid(
+                        "spec.names",
+                        &new["spec"]["names"],
+                        "field is immutable",
+                    )],
+                ));
             }
             self.crd_apply(&mut new)?;
         }
@@ -505,7 +604,13 @@ impl State {
     }
 
     /// Delete: honours finalizers, preconditions and propagation policy.
-    pub fn delete(&mut self, rt: &ResourceType, ns: &str, name: &str, opts: &DeleteOpts) -> Result<Value, ApiError> {
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<Value, ApiError> {
         let ns = if rt.namespaced { ns } else { "" };
         let old_arc = self
             .get(&rt.key(), ns, name)
@@ -515,27 +620,41 @@ impl State {
         if let Some(uid) = &opts.precondition_uid
             && uid != meta_str(old, "uid")
         {
-            return Err(ApiError::new(409, format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta_str(old, "uid")
-            )));
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(old, "uid")
+                ),
+            ));
         }
         if let Some(rv) = &opts.precondition_rv
             && rv != meta_str(old, "resourceVersion")
         {
-            return Err(ApiError::new(409, format!(
-                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                meta_str(old, "resourceVersion")
-            )));
+            return Err(ApiError::new(
+                409,
+                format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta_str(old, "resourceVersion")
+                ),
+            ));
         }
         if let Some(p) = &opts.propagation
             && !["Background", "Foreground", "Orphan"].contains(&p.as_str())
         {
-            return Err(ApiError::invalid(&rt.kind_qualified(), &rt.group, &rt.kind, name, vec![FieldError::other(
-                "FieldValueNotSupported",
-                "propagationPolicy",
-                format!("Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""),
-            )]));
+            return Err(ApiError::invalid(
+                &rt.kind_qualified(),
+                &rt.group,
+                &rt.kind,
+                name,
+                vec![FieldError::other(
+                    "FieldValueNotSupported",
+                    "propagationPolicy",
+                    format!(
+                        "Unsupported value: \"{p}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+                    ),
+                )],
+            ));
         }
         if opts.dry_run {
             return Ok(old.clone());
@@ -543,7 +662,11 @@ impl State {
         let mut new = old.clone();
         let mut finalizers: Vec<String> = new["metadata"]["finalizers"]
             .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default();
         let already = !old["metadata"]["deletionTimestamp"].is_null();
         if rt.group.is_empty() && rt.plural == "namespaces" {
@@ -628,14 +751,20 @@ impl State {
             let uid = meta_str(o, "uid").to_string();
             let fins: Vec<String> = o["metadata"]["finalizers"]
                 .as_array()
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default();
             let dependents: Vec<(ResourceType, Arc<Value>)> = all
                 .iter()
                 .filter(|(_, d)| {
                     d["metadata"]["ownerReferences"]
                         .as_array()
-                        .is_some_and(|rs| rs.iter().any(|r| r["uid"].as_str() == Some(uid.as_str())))
+                        .is_some_and(|rs| {
+                            rs.iter().any(|r| r["uid"].as_str() == Some(uid.as_str()))
+                        })
                 })
                 .cloned()
                 .collect();
@@ -650,7 +779,14 @@ impl State {
                             m.remove("ownerReferences");
                         }
                     }
-                    let _ = self.update(drt, meta_str(d, "namespace"), meta_str(d, "name"), "", nd, &WriteCtx::internal(drt.preferred_version()));
+                    let _ = self.update(
+                        drt,
+                        meta_str(d, "namespace"),
+                        meta_str(d, "name"),
+                        "",
+                        nd,
+                        &WriteCtx::internal(drt.preferred_version()),
+                    );
                 }
                 self.drop_finalizer(rt, o, "orphan");
                 changed = true;
@@ -659,15 +795,26 @@ impl State {
             if fins.iter().any(|f| f == "foregroundDeletion") {
                 let mut blocking = 0;
                 for (drt, d) in &dependents {
-                    let blocks = d["metadata"]["ownerReferences"].as_array().is_some_and(|rs| {
-                        rs.iter().any(|r| r["uid"].as_str() == Some(uid.as_str()) && r["blockOwnerDeletion"].as_bool() == Some(true))
-                    });
+                    let blocks = d["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|rs| {
+                            rs.iter().any(|r| {
+                                r["uid"].as_str() == Some(uid.as_str())
+                                    && r["blockOwnerDeletion"].as_bool() == Some(true)
+                            })
+                        });
                     if blocks {
                         blocking += 1;
                     }
                     if d["metadata"]["deletionTimestamp"].is_null() {
-                        let fg = DeleteOpts { propagation: Some("Foreground".into()), ..Default::default() };
-                        if self.delete(drt, meta_str(d, "namespace"), meta_str(d, "name"), &fg).is_ok() {
+                        let fg = DeleteOpts {
+                            propagation: Some("Foreground".into()),
+                            ..Default::default()
+                        };
+                        if self
+                            .delete(drt, meta_str(d, "namespace"), meta_str(d, "name"), &fg)
+                            .is_ok()
+                        {
                             changed = true;
                         }
                     }
@@ -705,6 +852,13 @@ impl State {
         if let Some(a) = n["metadata"]["finalizers"].as_array_mut() {
             a.retain(|f| f.as_str() != Some(fin));
         }
-        let _ = self.update(rt, meta_str(o, "namespace"), meta_str(o, "name"), "", n, &WriteCtx::internal(rt.preferred_version()));
+        let _ = self.update(
+            rt,
+            meta_str(o, "namespace"),
+            meta_str(o, "name"),
+            "",
+            n,
+            &WriteCtx::internal(rt.preferred_version()),
+        );
     }
 }

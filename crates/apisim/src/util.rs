@@ -35,7 +35,11 @@ pub fn name_errors(name: &str, label: bool, field: &str) -> Vec<FieldError> {
     let mut errs = vec![];
     if label {
         if name.len() > 63 {
-            errs.push(FieldError::invalid(field, &v, "must be no more than 63 characters"));
+            errs.push(FieldError::invalid(
+                field,
+                &v,
+                "must be no more than 63 characters",
+            ));
         }
         static R: OnceLock<Regex> = OnceLock::new();
         if !re(&R, LABEL).is_match(name) {
@@ -43,7 +47,11 @@ pub fn name_errors(name: &str, label: bool, field: &str) -> Vec<FieldError> {
         }
     } else {
         if name.len() > 253 {
-            errs.push(FieldError::invalid(field, &v, "must be no more than 253 characters"));
+            errs.push(FieldError::invalid(
+                field,
+                &v,
+                "must be no more than 253 characters",
+            ));
         }
         static R: OnceLock<Regex> = OnceLock::new();
         if !re(&R, SUBDOMAIN).is_match(name) {
@@ -106,11 +114,19 @@ pub fn meta_errors(obj: &Value) -> Vec<FieldError> {
                             errs.push(FieldError::invalid("metadata.labels", &json!(s), &e));
                         }
                     }
-                    None => errs.push(FieldError::invalid("metadata.labels", v, "must be a string")),
+                    None => errs.push(FieldError::invalid(
+                        "metadata.labels",
+                        v,
+                        "must be a string",
+                    )),
                 }
             }
         }
-        other => errs.push(FieldError::invalid("metadata.labels", other, "must be an object")),
+        other => errs.push(FieldError::invalid(
+            "metadata.labels",
+            other,
+            "must be an object",
+        )),
     }
     match &meta["annotations"] {
         Value::Null => {}
@@ -120,17 +136,29 @@ pub fn meta_errors(obj: &Value) -> Vec<FieldError> {
                     errs.push(FieldError::invalid("metadata.annotations", &json!(k), &e));
                 }
                 if !v.is_string() {
-                    errs.push(FieldError::invalid("metadata.annotations", v, "must be a string"));
+                    errs.push(FieldError::invalid(
+                        "metadata.annotations",
+                        v,
+                        "must be a string",
+                    ));
                 }
             }
         }
-        other => errs.push(FieldError::invalid("metadata.annotations", other, "must be an object")),
+        other => errs.push(FieldError::invalid(
+            "metadata.annotations",
+            other,
+            "must be an object",
+        )),
     }
     if let Some(f) = meta.get("finalizers")
         && !f.is_null()
         && !f.as_array().is_some_and(|a| a.iter().all(Value::is_string))
     {
-        errs.push(FieldError::invalid("metadata.finalizers", f, "must be a list of strings"));
+        errs.push(FieldError::invalid(
+            "metadata.finalizers",
+            f,
+            "must be a list of strings",
+        ));
     }
     if let Some(f) = meta.get("ownerReferences")
         && !f.is_null()
@@ -140,12 +168,19 @@ pub fn meta_errors(obj: &Value) -> Vec<FieldError> {
                 for (i, o) in a.iter().enumerate() {
                     for k in ["apiVersion", "kind", "name", "uid"] {
                         if o[k].as_str().unwrap_or("").is_empty() {
-                            errs.push(FieldError::required(&format!("metadata.ownerReferences[{i}].{k}"), ""));
+                            errs.push(FieldError::required(
+                                &format!("metadata.ownerReferences[{i}].{k}"),
+                                "",
+                            ));
                         }
                     }
                 }
             }
-            None => errs.push(FieldError::invalid("metadata.ownerReferences", f, "must be a list")),
+            None => errs.push(FieldError::invalid(
+                "metadata.ownerReferences",
+                f,
+                "must be a list",
+            )),
         }
     }
     errs
@@ -160,7 +195,10 @@ pub fn rand_suffix(n: usize) -> String {
 }
 
 pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_else(|_| jiff::Timestamp::now().to_string())
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| jiff::Timestamp::now().to_string())
 }
 
 /// Percent-decode a query component.
@@ -172,7 +210,9 @@ pub fn url_decode(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                let h = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let h = std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match h {
                     Some(c) => {
                         out.push(c);
@@ -270,7 +310,7 @@ impl LabelSelector {
                 let key = check_key(&c[1])?;
                 let vals = c[3]
                     .split(',')
-                    .map(|v| check_val(v))
+                    .map(&check_val)
                     .collect::<Result<Vec<_>, _>>()?;
                 reqs.push(if &c[2] == "in" {
                     LabelReq::In(key, vals)
@@ -312,7 +352,10 @@ impl LabelSelector {
         let mut reqs = vec![];
         if let Some(m) = sel["matchLabels"].as_object() {
             for (k, v) in m {
-                reqs.push(LabelReq::Eq(k.clone(), v.as_str().unwrap_or("").to_string()));
+                reqs.push(LabelReq::Eq(
+                    k.clone(),
+                    v.as_str().unwrap_or("").to_string(),
+                ));
             }
         }
         if let Some(es) = sel["matchExpressions"].as_array() {
@@ -320,7 +363,11 @@ impl LabelSelector {
                 let k = e["key"].as_str().unwrap_or("").to_string();
                 let vals: Vec<String> = e["values"]
                     .as_array()
-                    .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 match e["operator"].as_str().unwrap_or("") {
                     "In" => reqs.push(LabelReq::In(k, vals)),
@@ -405,8 +452,13 @@ impl FieldSelector {
                 )));
             };
             let k = k.trim();
-            if k != "metadata.name" && k != "metadata.namespace" && !extra_fields(group, plural).contains(&k) {
-                return Err(ApiError::bad_request(format!("field label not supported: {k}")));
+            if k != "metadata.name"
+                && k != "metadata.namespace"
+                && !extra_fields(group, plural).contains(&k)
+            {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {k}"
+                )));
             }
             out.push((k.to_string(), eq, v.trim().to_string()));
         }
@@ -507,7 +559,7 @@ pub fn hex_encode(s: &str) -> String {
 }
 
 pub fn hex_decode(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..s.len())

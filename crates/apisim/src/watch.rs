@@ -24,7 +24,10 @@ struct ChannelBody(mpsc::Receiver<Bytes>);
 impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.0.poll_recv(cx) {
             Poll::Ready(Some(b)) => Poll::Ready(Some(Ok(Frame::data(b)))),
             Poll::Ready(None) => Poll::Ready(None),
@@ -48,7 +51,9 @@ impl Filter {
     /// The serialized event this watcher sees for a store event, if any.
     fn line_for(&self, ev: &Event) -> Option<Bytes> {
         let (t, same) = self.kind_for(ev)?;
-        if same && ev.obj["apiVersion"].as_str() == Some(self.rt.api_version(&self.version).as_str()) {
+        if same
+            && ev.obj["apiVersion"].as_str() == Some(self.rt.api_version(&self.version).as_str())
+        {
             return Some(ev.line.get_or_init(|| line(t, &ev.obj)).clone());
         }
         Some(line(t, &present(&ev.obj, &self.rt, &self.version)))
@@ -102,23 +107,53 @@ fn bookmark(rt: &ResourceType, version: &str, rv: u64, initial_end: bool) -> Byt
     if initial_end {
         meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    line("BOOKMARK", &json!({"kind": rt.kind, "apiVersion": rt.api_version(version), "metadata": meta}))
+    line(
+        "BOOKMARK",
+        &json!({"kind": rt.kind, "apiVersion": rt.api_version(version), "metadata": meta}),
+    )
 }
 
-pub fn start(inner: Arc<Inner>, rt: ResourceType, version: String, ns: Option<String>, q: &Query) -> Result<Response<ResponseBody>, ApiError> {
+pub fn start(
+    inner: Arc<Inner>,
+    rt: ResourceType,
+    version: String,
+    ns: Option<String>,
+    q: &Query,
+) -> Result<Response<ResponseBody>, ApiError> {
     let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.group, &rt.plural)?;
+    let fs = FieldSelector::parse(
+        q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+        &rt.group,
+        &rt.plural,
+    )?;
     let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
     let send_initial = q.get("sendInitialEvents").map(String::as_str) == Some("true");
     if send_initial && q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-        return Err(ApiError::invalid("ListOptions.meta.k8s.io", "meta.k8s.io", "ListOptions", "", vec![crate::error::FieldError::required("resourceVersionMatch", "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")]));
+        return Err(ApiError::invalid(
+            "ListOptions.meta.k8s.io",
+            "meta.k8s.io",
+            "ListOptions",
+            "",
+            vec![crate::error::FieldError::required(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            )],
+        ));
     }
     let timeout = match q.get("timeoutSeconds").map(String::as_str) {
         None | Some("") => None,
-        Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?)),
+        Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeoutSeconds: {t}"))
+        })?)),
     };
     let rv_param = q.get("resourceVersion").cloned().unwrap_or_default();
-    let filter = Filter { rt: rt.clone(), version: version.clone(), ns: ns.clone(), ls, fs };
+    let filter = Filter {
+        rt: rt.clone(),
+        version: version.clone(),
+        ns: ns.clone(),
+        ls,
+        fs,
+    };
 
     let mut initial: Vec<Bytes> = vec![];
     let mut expired = false;
@@ -133,12 +168,13 @@ pub fn start(inner: Arc<Inner>, rt: ResourceType, version: String, ns: Option<St
                 }
             }
         } else {
-            let rv: u64 = rv_param
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv_param}")))?;
+            let rv: u64 = rv_param.parse().map_err(|_| {
+                ApiError::bad_request(format!("invalid resource version: {rv_param}"))
+            })?;
             if rv < st.floor {
                 expired = true;
-                let e = ApiError::expired(format!("too old resource version: {rv} ({})", st.floor + 1));
+                let e =
+                    ApiError::expired(format!("too old resource version: {rv} ({})", st.floor + 1));
                 initial.push(line("ERROR", &e.to_status()));
             } else {
                 for ev in st.history.iter().filter(|e| e.rv > rv) {
@@ -154,10 +190,25 @@ pub fn start(inner: Arc<Inner>, rt: ResourceType, version: String, ns: Option<St
     let cut = inner.cut.subscribe();
     let interval = inner.cfg.bookmark_interval;
     drop(inner);
-    tokio::spawn(run(filter, rx, tx, cut, initial, expired, start_rv, bookmarks, send_initial, timeout, interval));
+    tokio::spawn(run(
+        filter,
+        rx,
+        tx,
+        cut,
+        initial,
+        expired,
+        start_rv,
+        bookmarks,
+        send_initial,
+        timeout,
+        interval,
+    ));
     let mut resp = Response::new(ChannelBody(body_rx).boxed_unsync());
     *resp.status_mut() = StatusCode::OK;
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
@@ -176,7 +227,8 @@ async fn run(
     interval: Duration,
 ) {
     cut.borrow_and_update();
-    let deadline = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    let deadline =
+        tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let send_all = async {
         for b in initial {
             if tx.send(b).await.is_err() {
@@ -196,10 +248,19 @@ async fn run(
     }
     let mut last_rv = start_rv;
     if send_initial {
-        if tx.send(bookmark(&filter.rt, &filter.version, last_rv, true)).await.is_err() {
+        if tx
+            .send(bookmark(&filter.rt, &filter.version, last_rv, true))
+            .await
+            .is_err()
+        {
             return;
         }
-    } else if bookmarks && tx.send(bookmark(&filter.rt, &filter.version, last_rv, false)).await.is_err() {
+    } else if bookmarks
+        && tx
+            .send(bookmark(&filter.rt, &filter.version, last_rv, false))
+            .await
+            .is_err()
+    {
         return;
     }
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
@@ -220,10 +281,10 @@ async fn run(
                         continue;
                     }
                     last_rv = last_rv.max(ev.rv);
-                    if let Some(b) = filter.line_for(&ev) {
-                        if tx.send(b).await.is_err() {
-                            return;
-                        }
+                    if let Some(b) = filter.line_for(&ev)
+                        && tx.send(b).await.is_err()
+                    {
+                        return;
                     }
                 }
                 Err(_) => return,

@@ -54,19 +54,35 @@ pub fn memcached_crd() -> Value {
 }
 
 fn ar() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cache.example.com", "v1", "Memcached"), "memcacheds")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cache.example.com", "v1", "Memcached"),
+        "memcacheds",
+    )
 }
 
 fn mc(name: &str, spec: Value) -> DynamicObject {
-    from_json(json!({"apiVersion": "cache.example.com/v1", "kind": "Memcached", "metadata": {"name": name}, "spec": spec}))
+    from_json(
+        json!({"apiVersion": "cache.example.com/v1", "kind": "Memcached", "metadata": {"name": name}, "spec": spec}),
+    )
 }
 
 async fn install(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crds.create(&PostParams::default(), &from_json(memcached_crd())).await.unwrap();
+    let crd = crds
+        .create(&PostParams::default(), &from_json(memcached_crd()))
+        .await
+        .unwrap();
     let conds = crd.status.unwrap().conditions.unwrap();
-    assert!(conds.iter().any(|c| c.type_ == "Established" && c.status == "True"));
-    assert!(conds.iter().any(|c| c.type_ == "NamesAccepted" && c.status == "True"));
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "NamesAccepted" && c.status == "True")
+    );
 }
 
 #[tokio::test]
@@ -81,45 +97,129 @@ async fn crd_install_discovery_validation() {
         .find(|(r, _)| r.kind == "Memcached")
         .expect("Memcached discovered");
     assert_eq!(found.plural, "memcacheds");
-    assert!(caps.subresources.iter().any(|(r, _)| r.plural == "memcacheds/status" || r.plural == "status"));
+    assert!(
+        caps.subresources
+            .iter()
+            .any(|(r, _)| r.plural == "memcacheds/status" || r.plural == "status")
+    );
 
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar());
     // valid: defaulting + pruning
-    let out = api.create(&PostParams::default(), &mc("a", json!({"size": 3, "unknown": 1, "extra": {"kept": true}}))).await.unwrap();
+    let out = api
+        .create(
+            &PostParams::default(),
+            &mc(
+                "a",
+                json!({"size": 3, "unknown": 1, "extra": {"kept": true}}),
+            ),
+        )
+        .await
+        .unwrap();
     assert_eq!(out.data["spec"]["containerPort"], 11211);
     assert!(out.data["spec"].get("unknown").is_none());
     assert_eq!(out.data["spec"]["extra"]["kept"], true);
     assert_eq!(out.metadata.generation, Some(1));
 
     let bad = [
-        (json!({"size": -1}), "spec.size", "Memcached.cache.example.com \"bad\" is invalid: spec.size: Invalid value: -1: spec.size in body should be greater than or equal to 0"),
-        (json!({"size": 101}), "spec.size", "spec.size in body should be less than or equal to 100"),
-        (json!({"size": "x"}), "spec.size", "spec.size in body must be of type integer"),
+        (
+            json!({"size": -1}),
+            "spec.size",
+            "Memcached.cache.example.com \"bad\" is invalid: spec.size: Invalid value: -1: spec.size in body should be greater than or equal to 0",
+        ),
+        (
+            json!({"size": 101}),
+            "spec.size",
+            "spec.size in body should be less than or equal to 100",
+        ),
+        (
+            json!({"size": "x"}),
+            "spec.size",
+            "spec.size in body must be of type integer",
+        ),
         (json!({}), "spec.size", "spec.size: Required value"),
-        (json!({"size": 1, "mode": "slow"}), "spec.mode", "Unsupported value: \"slow\""),
-        (json!({"size": 1, "tag": "A1"}), "spec.tag", "should match '^[a-z]+$'"),
-        (json!({"size": 1, "image": "x".repeat(21)}), "spec.image", "Too long"),
-        (json!({"size": 1, "image": ""}), "spec.image", "at least 1 chars long"),
-        (json!({"size": 1, "list": ["a", "b", "c"]}), "spec.list", "Too many"),
-        (json!({"size": 1, "labels": {"a": 1}}), "spec.labels.a", "must be of type string"),
-        (json!({"size": 1, "port": true}), "spec.port", "int-or-string"),
+        (
+            json!({"size": 1, "mode": "slow"}),
+            "spec.mode",
+            "Unsupported value: \"slow\"",
+        ),
+        (
+            json!({"size": 1, "tag": "A1"}),
+            "spec.tag",
+            "should match '^[a-z]+$'",
+        ),
+        (
+            json!({"size": 1, "image": "x".repeat(21)}),
+            "spec.image",
+            "Too long",
+        ),
+        (
+            json!({"size": 1, "image": ""}),
+            "spec.image",
+            "at least 1 chars long",
+        ),
+        (
+            json!({"size": 1, "list": ["a", "b", "c"]}),
+            "spec.list",
+            "Too many",
+        ),
+        (
+            json!({"size": 1, "labels": {"a": 1}}),
+            "spec.labels.a",
+            "must be of type string",
+        ),
+        (
+            json!({"size": 1, "port": true}),
+            "spec.port",
+            "int-or-string",
+        ),
         (json!({"size": 3000000000u64}), "spec.size", "int32"),
     ];
     for (spec, field, msg) in bad {
-        let e = status(api.create(&PostParams::default(), &mc("bad", spec.clone())).await.unwrap_err());
+        let e = status(
+            api.create(&PostParams::default(), &mc("bad", spec.clone()))
+                .await
+                .unwrap_err(),
+        );
         assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"), "{spec}");
         assert!(e.message.contains(msg), "{spec}: {}", e.message);
         let causes = e.details.unwrap().causes;
-        assert!(causes.iter().any(|c| c.field == field), "{spec}: {causes:?}");
+        assert!(
+            causes.iter().any(|c| c.field == field),
+            "{spec}: {causes:?}"
+        );
     }
     // ok variants
-    api.create(&PostParams::default(), &mc("ok1", json!({"size": 0, "image": null, "port": "http"}))).await.unwrap();
-    assert!(s.get_object("cache.example.com/v1", "memcacheds", Some("default"), "bad").is_none());
+    api.create(
+        &PostParams::default(),
+        &mc("ok1", json!({"size": 0, "image": null, "port": "http"})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        s.get_object("cache.example.com/v1", "memcacheds", Some("default"), "bad")
+            .is_none()
+    );
     // strategic merge is not supported for CRs
-    let e = status(api.patch("a", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"size": 4}}))).await.unwrap_err());
+    let e = status(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(e.code, 415);
     // update validates too
-    let e = status(api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": -5}}))).await.unwrap_err());
+    let e = status(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": -5}})),
+        )
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(e.code, 422);
 }
 
@@ -129,11 +229,29 @@ async fn crd_status_and_scale_subresources_and_deletion() {
     let client = s.client();
     install(&client).await;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar());
-    api.create(&PostParams::default(), &mc("m", json!({"size": 2}))).await.unwrap();
+    api.create(&PostParams::default(), &mc("m", json!({"size": 2})))
+        .await
+        .unwrap();
     // status via main resource is ignored; via /status it's kept; spec via /status ignored
-    let out = api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 9}}))).await.unwrap();
+    let out = api
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 9}})),
+        )
+        .await
+        .unwrap();
     assert!(out.data.get("status").is_none());
-    let out = api.patch_status("m", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 50}, "status": {"replicas": 2, "selector": "app=m"}}))).await.unwrap();
+    let out = api
+        .patch_status(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"size": 50}, "status": {"replicas": 2, "selector": "app=m"}}),
+            ),
+        )
+        .await
+        .unwrap();
     assert_eq!(out.data["status"]["replicas"], 2);
     assert_eq!(out.data["spec"]["size"], 2);
     assert_eq!(out.metadata.generation, Some(1));
@@ -142,17 +260,37 @@ async fn crd_status_and_scale_subresources_and_deletion() {
     assert_eq!(sc.spec.unwrap().replicas, Some(2));
     assert_eq!(sc.status.as_ref().unwrap().replicas, 2);
     assert_eq!(sc.status.unwrap().selector.as_deref(), Some("app=m"));
-    let sc = api.patch_scale("m", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}}))).await.unwrap();
+    let sc = api
+        .patch_scale(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(sc.spec.unwrap().replicas, Some(5));
     let cur = api.get("m").await.unwrap();
     assert_eq!(cur.data["spec"]["size"], 5);
     assert_eq!(cur.metadata.generation, Some(2));
-    let e = status(api.patch_scale("m", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 500}}))).await.unwrap_err());
+    let e = status(
+        api.patch_scale(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 500}})),
+        )
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(e.code, 422);
     // deleting the CRD deletes its objects and removes the kind
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.delete("memcacheds.cache.example.com", &Default::default()).await.unwrap();
-    assert!(s.list_objects("cache.example.com/v1", "memcacheds", None).is_empty());
+    crds.delete("memcacheds.cache.example.com", &Default::default())
+        .await
+        .unwrap();
+    assert!(
+        s.list_objects("cache.example.com/v1", "memcacheds", None)
+            .is_empty()
+    );
     let e = status(api.list(&ListParams::default()).await.unwrap_err());
     assert_eq!(e.code, 404);
     let d = Discovery::new(client.clone()).run().await.unwrap();
@@ -165,12 +303,20 @@ async fn crd_validation_errors() {
     let crds: Api<CustomResourceDefinition> = Api::all(s.client());
     let mut bad = memcached_crd();
     bad["metadata"]["name"] = json!("wrong.name");
-    let e = status(crds.create(&PostParams::default(), &from_json(bad)).await.unwrap_err());
+    let e = status(
+        crds.create(&PostParams::default(), &from_json(bad))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 422);
     let mut bad = memcached_crd();
     bad["spec"]["names"]["plural"] = json!("configmaps");
     bad["spec"]["group"] = json!("");
     bad["metadata"]["name"] = json!("configmaps.");
-    let e = status(crds.create(&PostParams::default(), &from_json(bad)).await.unwrap_err());
+    let e = status(
+        crds.create(&PostParams::default(), &from_json(bad))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 422);
 }

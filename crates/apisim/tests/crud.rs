@@ -39,15 +39,32 @@ async fn crud_roundtrip(client: kube::Client, server: &apisim::ApiServer) {
     // update
     let mut upd = got.clone();
     upd.data.as_mut().unwrap().insert("k".into(), "w".into());
-    let updated = api.replace("a", &PostParams::default(), &upd).await.unwrap();
-    let rv2: u64 = updated.metadata.resource_version.as_ref().unwrap().parse().unwrap();
+    let updated = api
+        .replace("a", &PostParams::default(), &upd)
+        .await
+        .unwrap();
+    let rv2: u64 = updated
+        .metadata
+        .resource_version
+        .as_ref()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(rv2 > rv1);
     // stale update -> 409 Conflict
-    let e = status(api.replace("a", &PostParams::default(), &upd).await.unwrap_err());
+    let e = status(
+        api.replace("a", &PostParams::default(), &upd)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 409);
     assert_eq!(e.reason, "Conflict");
     // AlreadyExists
-    let e = status(api.create(&PostParams::default(), &cm("a")).await.unwrap_err());
+    let e = status(
+        api.create(&PostParams::default(), &cm("a"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((e.code, e.reason.as_str()), (409, "AlreadyExists"));
     // list
     let l = api.list(&ListParams::default()).await.unwrap();
@@ -62,7 +79,11 @@ async fn crud_roundtrip(client: kube::Client, server: &apisim::ApiServer) {
     assert_eq!(e.message, "configmaps \"a\" not found");
     let det = e.details.unwrap();
     assert_eq!((det.name.as_str(), det.kind.as_str()), ("a", "configmaps"));
-    assert!(server.get_object("v1", "configmaps", Some("default"), "a").is_none());
+    assert!(
+        server
+            .get_object("v1", "configmaps", Some("default"), "a")
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -88,9 +109,20 @@ async fn generate_name_and_builtin_namespaces() {
     let out = api.create(&PostParams::default(), &c).await.unwrap();
     let name = out.metadata.name.unwrap();
     assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
-    assert!(name[4..].chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+    assert!(
+        name[4..]
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    );
     let nss: Api<Namespace> = Api::all(s.client());
-    let names: Vec<String> = nss.list(&ListParams::default()).await.unwrap().items.into_iter().map(|n| n.metadata.name.unwrap()).collect();
+    let names: Vec<String> = nss
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect();
     for n in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         assert!(names.contains(&n.to_string()));
     }
@@ -100,28 +132,54 @@ async fn generate_name_and_builtin_namespaces() {
 async fn generation_and_status_subresource() {
     let s = apisim::ApiServer::new();
     let api: Api<Deployment> = Api::namespaced(s.client(), "default");
-    let d = api.create(&PostParams::default(), &deploy("web", 1)).await.unwrap();
+    let d = api
+        .create(&PostParams::default(), &deploy("web", 1))
+        .await
+        .unwrap();
     assert_eq!(d.metadata.generation, Some(1));
     // metadata-only change: generation unchanged
     let p = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
     let d = api.patch("web", &PatchParams::default(), &p).await.unwrap();
     assert_eq!(d.metadata.generation, Some(1));
     // spec change: +1
-    let d = api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}}))).await.unwrap();
+    let d = api
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(d.metadata.generation, Some(2));
     // main-resource patch cannot change status
-    let d = api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 7}}))).await.unwrap();
+    let d = api
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 7}})),
+        )
+        .await
+        .unwrap();
     assert!(d.status.is_none());
     // status patch changes status only (and not generation)
     let p = Patch::Merge(json!({"spec": {"replicas": 9}, "status": {"replicas": 7}}));
-    let d = api.patch_status("web", &PatchParams::default(), &p).await.unwrap();
+    let d = api
+        .patch_status("web", &PatchParams::default(), &p)
+        .await
+        .unwrap();
     assert_eq!(d.status.unwrap().replicas, Some(7));
     assert_eq!(d.spec.unwrap().replicas, Some(2));
     assert_eq!(d.metadata.generation, Some(2));
     // no-op update keeps the resourceVersion
     let cur = api.get("web").await.unwrap();
-    let again = api.replace("web", &PostParams::default(), &cur).await.unwrap();
-    assert_eq!(cur.metadata.resource_version, again.metadata.resource_version);
+    let again = api
+        .replace("web", &PostParams::default(), &cur)
+        .await
+        .unwrap();
+    assert_eq!(
+        cur.metadata.resource_version,
+        again.metadata.resource_version
+    );
 }
 
 #[tokio::test]
@@ -130,21 +188,82 @@ async fn bad_input_gives_status_errors() {
     let h = s.serve().await.unwrap();
     let url = h.url();
     let cases: Vec<(&str, &str, u16, &str)> = vec![
-        ("/api/v1/namespaces/default/configmaps", "{not json", 400, "BadRequest"),
-        ("/api/v1/namespaces/default/configmaps", r#"{"apiVersion":"apps/v1","kind":"ConfigMap","metadata":{"name":"x"}}"#, 400, "BadRequest"),
-        ("/api/v1/namespaces/default/configmaps", r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x"}}"#, 400, "BadRequest"),
-        ("/api/v1/namespaces/default/configmaps", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}"#, 422, "Invalid"),
-        ("/api/v1/namespaces/default/configmaps", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#, 422, "Invalid"),
-        ("/api/v1/namespaces/default/configmaps", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","labels":{"a b":"c"}}}"#, 422, "Invalid"),
-        ("/api/v1/namespaces/default/configmaps", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#, 400, "BadRequest"),
-        ("/api/v1/namespaces/nope/configmaps", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#, 404, "NotFound"),
-        ("/api/v1/namespaces/default/widgets", r#"{"apiVersion":"v1","kind":"Widget","metadata":{"name":"x"}}"#, 404, "NotFound"),
-        ("/api/v1/namespaces", r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"a.b"}}"#, 422, "Invalid"),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            "{not json",
+            400,
+            "BadRequest",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"apps/v1","kind":"ConfigMap","metadata":{"name":"x"}}"#,
+            400,
+            "BadRequest",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x"}}"#,
+            400,
+            "BadRequest",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{}}"#,
+            422,
+            "Invalid",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#,
+            422,
+            "Invalid",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","labels":{"a b":"c"}}}"#,
+            422,
+            "Invalid",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#,
+            400,
+            "BadRequest",
+        ),
+        (
+            "/api/v1/namespaces/nope/configmaps",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#,
+            404,
+            "NotFound",
+        ),
+        (
+            "/api/v1/namespaces/default/widgets",
+            r#"{"apiVersion":"v1","kind":"Widget","metadata":{"name":"x"}}"#,
+            404,
+            "NotFound",
+        ),
+        (
+            "/api/v1/namespaces",
+            r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"a.b"}}"#,
+            422,
+            "Invalid",
+        ),
     ];
-    let long254 = format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{}"}}}}"#, "a".repeat(254));
-    let long64 = format!(r#"{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{}"}}}}"#, "a".repeat(64));
+    let long254 = format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{}"}}}}"#,
+        "a".repeat(254)
+    );
+    let long64 = format!(
+        r#"{{"apiVersion":"v1","kind":"Namespace","metadata":{{"name":"{}"}}}}"#,
+        "a".repeat(64)
+    );
     let mut all = cases.clone();
-    all.push(("/api/v1/namespaces/default/configmaps", &long254, 422, "Invalid"));
+    all.push((
+        "/api/v1/namespaces/default/configmaps",
+        &long254,
+        422,
+        "Invalid",
+    ));
     all.push(("/api/v1/namespaces", &long64, 422, "Invalid"));
     for (path, body, code, reason) in all {
         let (c, v) = raw(&url, "POST", path, "application/json", body).await;
@@ -156,10 +275,22 @@ async fn bad_input_gives_status_errors() {
         assert_eq!(v["code"], code);
         assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
-    assert!(s.list_objects("v1", "configmaps", Some("default")).is_empty());
+    assert!(
+        s.list_objects("v1", "configmaps", Some("default"))
+            .is_empty()
+    );
     assert!(s.get_object("v1", "namespaces", None, "a.b").is_none());
     // the 422 names the field
-    let (_, v) = raw(&url, "POST", "/api/v1/namespaces/default/configmaps", "application/json", r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#).await;
+    let (_, v) = raw(
+        &url,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#,
+    )
+    .await;
     assert_eq!(v["details"]["causes"][0]["field"], "metadata.name");
-    assert!(v["message"].as_str().unwrap().starts_with("ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\""));
+    assert!(v["message"].as_str().unwrap().starts_with(
+        "ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\""
+    ));
 }

@@ -4,7 +4,11 @@
 use std::process::Command;
 
 fn kubectl_available() -> bool {
-    Command::new("kubectl").arg("version").arg("--client").output().is_ok_and(|o| o.status.success())
+    Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn kubectl(kubeconfig: &str, args: &[&str], stdin_file: Option<&str>) -> (bool, String) {
@@ -14,7 +18,11 @@ fn kubectl(kubeconfig: &str, args: &[&str], stdin_file: Option<&str>) -> (bool, 
         c.arg("-f").arg(f);
     }
     let o = c.output().expect("run kubectl");
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     (o.status.success(), text)
 }
 
@@ -36,9 +44,17 @@ async fn kubectl_create_get_apply_delete() {
         std::fs::write(&p, body).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let cm = write("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kc\ndata:\n  a: \"1\"\n");
-    let cm2 = write("cm2.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kc\ndata:\n  a: \"2\"\n");
-    let crd = write("crd.yaml", r#"apiVersion: apiextensions.k8s.io/v1
+    let cm = write(
+        "cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kc\ndata:\n  a: \"1\"\n",
+    );
+    let cm2 = write(
+        "cm2.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kc\ndata:\n  a: \"2\"\n",
+    );
+    let crd = write(
+        "crd.yaml",
+        r#"apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata: {name: memcacheds.cache.example.com}
 spec:
@@ -60,9 +76,16 @@ spec:
             type: object
             properties:
               size: {type: integer, minimum: 0}
-"#);
-    let cr = write("cr.yaml", "apiVersion: cache.example.com/v1\nkind: Memcached\nmetadata: {name: m1}\nspec: {size: 2}\n");
-    let bad_cr = write("bad.yaml", "apiVersion: cache.example.com/v1\nkind: Memcached\nmetadata: {name: m2}\nspec: {size: -1}\n");
+"#,
+    );
+    let cr = write(
+        "cr.yaml",
+        "apiVersion: cache.example.com/v1\nkind: Memcached\nmetadata: {name: m1}\nspec: {size: 2}\n",
+    );
+    let bad_cr = write(
+        "bad.yaml",
+        "apiVersion: cache.example.com/v1\nkind: Memcached\nmetadata: {name: m2}\nspec: {size: -1}\n",
+    );
     let kc2 = kc.clone();
     let run = move |args: Vec<String>, f: Option<String>| {
         let kc = kc2.clone();
@@ -79,30 +102,64 @@ spec:
 
     let (ok, out) = run(v(&["create", "--validate=false"]), Some(cm.clone())).await;
     assert!(ok, "{out}");
-    let (ok, out) = run(v(&["get", "configmap", "kc", "-o", "jsonpath={.data.a}"]), None).await;
+    let (ok, out) = run(
+        v(&["get", "configmap", "kc", "-o", "jsonpath={.data.a}"]),
+        None,
+    )
+    .await;
     assert!(ok && out.trim() == "1", "{out}");
     let (ok, out) = run(v(&["get", "cm"]), None).await;
     assert!(ok && out.contains("kc"), "{out}");
     // SSA by kubectl conflicts with the creating manager; --force-conflicts resolves it
-    let (ok, out) = run(v(&["apply", "--server-side", "--validate=false"]), Some(cm2.clone())).await;
+    let (ok, out) = run(
+        v(&["apply", "--server-side", "--validate=false"]),
+        Some(cm2.clone()),
+    )
+    .await;
     assert!(!ok && out.contains("conflict"), "{out}");
-    let (ok, out) = run(v(&["apply", "--server-side", "--validate=false", "--force-conflicts"]), Some(cm2.clone())).await;
+    let (ok, out) = run(
+        v(&[
+            "apply",
+            "--server-side",
+            "--validate=false",
+            "--force-conflicts",
+        ]),
+        Some(cm2.clone()),
+    )
+    .await;
     assert!(ok, "{out}");
-    assert_eq!(server.get_object("v1", "configmaps", Some("default"), "kc").unwrap()["data"]["a"], "2");
+    assert_eq!(
+        server
+            .get_object("v1", "configmaps", Some("default"), "kc")
+            .unwrap()["data"]["a"],
+        "2"
+    );
     let (ok, out) = run(v(&["delete", "configmap", "kc"]), None).await;
     assert!(ok, "{out}");
-    assert!(server.get_object("v1", "configmaps", Some("default"), "kc").is_none());
+    assert!(
+        server
+            .get_object("v1", "configmaps", Some("default"), "kc")
+            .is_none()
+    );
 
     // a CRD and a custom resource
     let (ok, out) = run(v(&["create", "--validate=false"]), Some(crd.clone())).await;
     assert!(ok, "{out}");
-    let (ok, out) = run(v(&["apply", "--server-side", "--validate=false"]), Some(cr.clone())).await;
+    let (ok, out) = run(
+        v(&["apply", "--server-side", "--validate=false"]),
+        Some(cr.clone()),
+    )
+    .await;
     assert!(ok, "{out}");
     let (ok, out) = run(v(&["get", "mc"]), None).await;
     assert!(ok && out.contains("m1"), "{out}");
     let (ok, out) = run(v(&["scale", "memcached", "m1", "--replicas=4"]), None).await;
     assert!(ok, "{out}");
-    let (ok, out) = run(v(&["get", "memcached", "m1", "-o", "jsonpath={.spec.size}"]), None).await;
+    let (ok, out) = run(
+        v(&["get", "memcached", "m1", "-o", "jsonpath={.spec.size}"]),
+        None,
+    )
+    .await;
     assert!(ok && out.trim() == "4", "{out}");
     let (ok, out) = run(v(&["create", "--validate=false"]), Some(bad_cr.clone())).await;
     assert!(!ok && out.contains("spec.size"), "{out}");

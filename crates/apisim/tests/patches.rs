@@ -22,7 +22,9 @@ fn pod(name: &str) -> Pod {
 async fn merge_json_strategic() {
     let s = apisim::ApiServer::new();
     let pods: Api<Pod> = Api::namespaced(s.client(), "default");
-    pods.create(&PostParams::default(), &pod("p")).await.unwrap();
+    pods.create(&PostParams::default(), &pod("p"))
+        .await
+        .unwrap();
     // strategic: containers merged by name
     let p = Patch::Strategic(json!({"spec": {"containers": [{"name": "b", "image": "b:2"}]}}));
     let out = pods.patch("p", &PatchParams::default(), &p).await.unwrap();
@@ -35,26 +37,59 @@ async fn merge_json_strategic() {
     let out = pods.patch("p", &PatchParams::default(), &p).await.unwrap();
     assert_eq!(out.spec.unwrap().containers.len(), 1);
     // merge patch: lists replaced
-    let p = Patch::Merge(json!({"spec": {"containers": [{"name": "c", "image": "c:1"}]}, "metadata": {"labels": {"l": "1"}}}));
+    let p = Patch::Merge(
+        json!({"spec": {"containers": [{"name": "c", "image": "c:1"}]}, "metadata": {"labels": {"l": "1"}}}),
+    );
     let out = pods.patch("p", &PatchParams::default(), &p).await.unwrap();
     assert_eq!(out.spec.as_ref().unwrap().containers.len(), 1);
     assert_eq!(out.spec.unwrap().containers[0].name, "c");
     // merge patch null removes
-    let out = pods.patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"l": null}}}))).await.unwrap();
+    let out = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"l": null}}})),
+        )
+        .await
+        .unwrap();
     assert!(out.metadata.labels.unwrap_or_default().is_empty());
     // json patch
-    let jp: json_patch::Patch = serde_json::from_value(json!([{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}])).unwrap();
-    let out = pods.patch("p", &PatchParams::default(), &Patch::Json::<()>(jp)).await.unwrap();
+    let jp: json_patch::Patch = serde_json::from_value(
+        json!([{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]),
+    )
+    .unwrap();
+    let out = pods
+        .patch("p", &PatchParams::default(), &Patch::Json::<()>(jp))
+        .await
+        .unwrap();
     assert_eq!(out.metadata.annotations.unwrap()["a"], "b");
     // failing json patch test op -> error, nothing changed
-    let jp: json_patch::Patch = serde_json::from_value(json!([{"op": "test", "path": "/metadata/name", "value": "zzz"}])).unwrap();
-    let e = status(pods.patch("p", &PatchParams::default(), &Patch::Json::<()>(jp)).await.unwrap_err());
+    let jp: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "test", "path": "/metadata/name", "value": "zzz"}]))
+            .unwrap();
+    let e = status(
+        pods.patch("p", &PatchParams::default(), &Patch::Json::<()>(jp))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 422);
     // patch with stale resourceVersion -> 409
-    let e = status(pods.patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}}))).await.unwrap_err());
+    let e = status(
+        pods.patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": "1", "labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(e.code, 409);
     // not found
-    let e = status(pods.patch("nope", &PatchParams::default(), &Patch::Merge(json!({}))).await.unwrap_err());
+    let e = status(
+        pods.patch("nope", &PatchParams::default(), &Patch::Merge(json!({})))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 404);
 }
 
@@ -74,32 +109,64 @@ async fn server_side_apply_ownership_conflicts_force() {
     // manager b sets x to a different value -> conflict naming field and manager
     let b = PatchParams::apply("mgr-b");
     let objb = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"x": "2"}});
-    let e = status(cms.patch("ssa", &b, &Patch::Apply(&objb)).await.unwrap_err());
+    let e = status(
+        cms.patch("ssa", &b, &Patch::Apply(&objb))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
-    assert!(e.message.contains(".data.x") && e.message.contains("mgr-a"), "{}", e.message);
+    assert!(
+        e.message.contains(".data.x") && e.message.contains("mgr-a"),
+        "{}",
+        e.message
+    );
     // same value: shared ownership, no conflict
     let objb2 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"y": "1"}});
     cms.patch("ssa", &b, &Patch::Apply(&objb2)).await.unwrap();
     // force takes it over
-    let out = cms.patch("ssa", &b.clone().force(), &Patch::Apply(&objb)).await.unwrap();
+    let out = cms
+        .patch("ssa", &b.clone().force(), &Patch::Apply(&objb))
+        .await
+        .unwrap();
     assert_eq!(out.data.as_ref().unwrap()["x"], "2");
     // b's last apply did not include y, so only a owns y now.
     // a re-applies without x and y: x (now b's) stays, y (only a's) is removed
     let obja2 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"z": "3"}});
     let out = cms.patch("ssa", &a, &Patch::Apply(&obja2)).await.unwrap();
     let d = out.data.unwrap();
-    assert_eq!((d["x"].as_str(), d.get("y"), d["z"].as_str()), ("2", None, "3"));
+    assert_eq!(
+        (d["x"].as_str(), d.get("y"), d["z"].as_str()),
+        ("2", None, "3")
+    );
     // a drops z, which only it owned -> removed
-    let obja3 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {}});
+    let obja3 =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {}});
     let out = cms.patch("ssa", &a, &Patch::Apply(&obja3)).await.unwrap();
     assert!(!out.data.unwrap().contains_key("z"));
     // an Update manager (merge patch) owns what it changed; applying over it conflicts
-    cms.patch("ssa", &PatchParams { field_manager: Some("editor".into()), ..Default::default() }, &Patch::Merge(json!({"data": {"w": "9"}}))).await.unwrap();
+    cms.patch(
+        "ssa",
+        &PatchParams {
+            field_manager: Some("editor".into()),
+            ..Default::default()
+        },
+        &Patch::Merge(json!({"data": {"w": "9"}})),
+    )
+    .await
+    .unwrap();
     let obja4 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"w": "1"}});
-    let e = status(cms.patch("ssa", &a, &Patch::Apply(&obja4)).await.unwrap_err());
+    let e = status(
+        cms.patch("ssa", &a, &Patch::Apply(&obja4))
+            .await
+            .unwrap_err(),
+    );
     assert!(e.message.contains("editor"), "{}", e.message);
     // fieldManager is required for apply
-    let e = status(cms.patch("ssa", &PatchParams::default(), &Patch::Apply(&obja4)).await.unwrap_err());
+    let e = status(
+        cms.patch("ssa", &PatchParams::default(), &Patch::Apply(&obja4))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 422);
 }
 
@@ -110,17 +177,32 @@ async fn apply_status_and_dry_run() {
     let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {
         "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
     // dry run create stores nothing
-    let pp = PostParams { dry_run: true, ..Default::default() };
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
     api.create(&pp, &from_json(d.clone())).await.unwrap();
-    assert!(s.get_object("apps/v1", "deployments", Some("default"), "d").is_none());
-    let out = api.patch("d", &PatchParams::apply("op").force(), &Patch::Apply(&d)).await.unwrap();
+    assert!(
+        s.get_object("apps/v1", "deployments", Some("default"), "d")
+            .is_none()
+    );
+    let out = api
+        .patch("d", &PatchParams::apply("op").force(), &Patch::Apply(&d))
+        .await
+        .unwrap();
     assert_eq!(out.spec.unwrap().replicas, Some(1)); // defaulted
     let st = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "status": {"replicas": 3}});
-    let out = api.patch_status("d", &PatchParams::apply("op").force(), &Patch::Apply(&st)).await.unwrap();
+    let out = api
+        .patch_status("d", &PatchParams::apply("op").force(), &Patch::Apply(&st))
+        .await
+        .unwrap();
     assert_eq!(out.status.unwrap().replicas, Some(3));
     // dry-run patch doesn't store
     let pp = PatchParams::default().dry_run();
-    let out = api.patch("d", &pp, &Patch::Merge(json!({"spec": {"replicas": 5}}))).await.unwrap();
+    let out = api
+        .patch("d", &pp, &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .await
+        .unwrap();
     assert_eq!(out.spec.unwrap().replicas, Some(5));
     assert_eq!(api.get("d").await.unwrap().spec.unwrap().replicas, Some(1));
 }
@@ -135,12 +217,19 @@ async fn selectors_and_pagination() {
         if i < 3 {
             labels["low"] = json!("yes");
         }
-        let c: ConfigMap = from_json(json!({"metadata": {"name": format!("cm-{i:02}"), "labels": labels}}));
+        let c: ConfigMap =
+            from_json(json!({"metadata": {"name": format!("cm-{i:02}"), "labels": labels}}));
         cms.create(&PostParams::default(), &c).await.unwrap();
     }
     let n = |sel: &'static str| {
         let cms = cms.clone();
-        async move { cms.list(&ListParams::default().labels(sel)).await.unwrap().items.len() }
+        async move {
+            cms.list(&ListParams::default().labels(sel))
+                .await
+                .unwrap()
+                .items
+                .len()
+        }
     };
     assert_eq!(n("tier=even").await, 5);
     assert_eq!(n("tier==odd").await, 5);
@@ -150,13 +239,27 @@ async fn selectors_and_pagination() {
     assert_eq!(n("low").await, 3);
     assert_eq!(n("!low").await, 7);
     assert_eq!(n("low,tier=even").await, 2);
-    let l = cms.list(&ListParams::default().fields("metadata.name=cm-03")).await.unwrap();
+    let l = cms
+        .list(&ListParams::default().fields("metadata.name=cm-03"))
+        .await
+        .unwrap();
     assert_eq!(l.items.len(), 1);
-    let l = cms.list(&ListParams::default().fields("metadata.name!=cm-03,metadata.namespace=default")).await.unwrap();
+    let l = cms
+        .list(&ListParams::default().fields("metadata.name!=cm-03,metadata.namespace=default"))
+        .await
+        .unwrap();
     assert_eq!(l.items.len(), 9);
-    let e = status(cms.list(&ListParams::default().fields("spec.foo=bar")).await.unwrap_err());
+    let e = status(
+        cms.list(&ListParams::default().fields("spec.foo=bar"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 400);
-    let e = status(cms.list(&ListParams::default().labels("a b c")).await.unwrap_err());
+    let e = status(
+        cms.list(&ListParams::default().labels("a b c"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, 400);
     // pagination
     let mut names = vec![];

@@ -8,7 +8,8 @@ use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use std::time::{Duration, Instant};
 
 fn cm(name: String) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": "v"}}))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +22,9 @@ async fn ten_thousand_creates_and_a_full_list() {
         let api = api.clone();
         tasks.push(tokio::spawn(async move {
             for i in (w..10_000).step_by(8) {
-                api.create(&PostParams::default(), &cm(format!("cm-{i:05}"))).await.unwrap();
+                api.create(&PostParams::default(), &cm(format!("cm-{i:05}")))
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -35,7 +38,10 @@ async fn ten_thousand_creates_and_a_full_list() {
     assert_eq!(l.items.len(), 10_000);
     assert_eq!(l.items[0].metadata.name.as_deref(), Some("cm-00000"));
     eprintln!("10,000 creates: {created:?}; full list: {listed:?}");
-    assert!(created < Duration::from_secs(60), "creates took {created:?}");
+    assert!(
+        created < Duration::from_secs(60),
+        "creates took {created:?}"
+    );
     assert!(listed < Duration::from_secs(10), "list took {listed:?}");
 }
 
@@ -60,7 +66,9 @@ async fn hundred_concurrent_watches() {
         }));
     }
     for i in 0..500 {
-        api.create(&PostParams::default(), &cm(format!("w-{i:04}"))).await.unwrap();
+        api.create(&PostParams::default(), &cm(format!("w-{i:04}")))
+            .await
+            .unwrap();
     }
     for w in watchers {
         assert_eq!(w.await.unwrap(), 500);

@@ -1,8 +1,8 @@
 //! Discovery, fault injection, request counting, latency, TokenReview/SubjectAccessReview.
 
 mod common;
-use common::*;
 use apisim::Fault;
+use common::*;
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -18,18 +18,39 @@ async fn discovery_and_version() {
     let s = apisim::ApiServer::new();
     let (h, c) = http_client(&s).await;
     let v = c.apiserver_version().await.unwrap();
-    assert_eq!((v.major.as_str(), v.minor.as_str(), v.git_version.as_str()), ("1", "33", "v1.33.0"));
+    assert_eq!(
+        (v.major.as_str(), v.minor.as_str(), v.git_version.as_str()),
+        ("1", "33", "v1.33.0")
+    );
     let d = Discovery::new(c.clone()).run().await.unwrap();
-    let kinds: Vec<String> = d.groups().flat_map(|g| g.recommended_resources()).map(|(r, _)| format!("{}/{}", r.group, r.kind)).collect();
-    for k in ["/Pod", "/Namespace", "apps/Deployment", "apps/ReplicaSet", "coordination.k8s.io/Lease", "policy/PodDisruptionBudget",
-        "apiextensions.k8s.io/CustomResourceDefinition", "rbac.authorization.k8s.io/ClusterRole", "events.k8s.io/Event",
-        "admissionregistration.k8s.io/ValidatingWebhookConfiguration"] {
+    let kinds: Vec<String> = d
+        .groups()
+        .flat_map(|g| g.recommended_resources())
+        .map(|(r, _)| format!("{}/{}", r.group, r.kind))
+        .collect();
+    for k in [
+        "/Pod",
+        "/Namespace",
+        "apps/Deployment",
+        "apps/ReplicaSet",
+        "coordination.k8s.io/Lease",
+        "policy/PodDisruptionBudget",
+        "apiextensions.k8s.io/CustomResourceDefinition",
+        "rbac.authorization.k8s.io/ClusterRole",
+        "events.k8s.io/Event",
+        "admissionregistration.k8s.io/ValidatingWebhookConfiguration",
+    ] {
         assert!(kinds.contains(&k.to_string()), "{k} missing from {kinds:?}");
     }
     assert!(!kinds.iter().any(|k| k.contains("ServiceMonitor")));
     // scale subresource advertised
     let (_, body) = raw(&h.url(), "GET", "/apis/apps/v1", "application/json", "").await;
-    let names: Vec<&str> = body["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
     assert!(names.contains(&"deployments/scale") && names.contains(&"deployments/status"));
     let (code, body) = raw(&h.url(), "GET", "/openapi/v2", "application/json", "").await;
     assert_eq!((code, body["kind"].as_str()), (404, Some("Status")));
@@ -39,14 +60,39 @@ async fn discovery_and_version() {
 async fn faults_and_counts() {
     let s = apisim::ApiServer::new();
     let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
-    api.create(&PostParams::default(), &from_json(json!({"metadata": {"name": "a"}}))).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &from_json(json!({"metadata": {"name": "a"}})),
+    )
+    .await
+    .unwrap();
     s.reset_request_counts();
-    s.inject(Fault::new().verb("patch").resource("configmaps").status(409).times(2));
+    s.inject(
+        Fault::new()
+            .verb("patch")
+            .resource("configmaps")
+            .status(409)
+            .times(2),
+    );
     for _ in 0..2 {
-        let e = status(api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"x": "1"}}))).await.unwrap_err());
+        let e = status(
+            api.patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"x": "1"}})),
+            )
+            .await
+            .unwrap_err(),
+        );
         assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
     }
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"x": "1"}}))).await.unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"x": "1"}})),
+    )
+    .await
+    .unwrap();
     s.clear_faults();
     s.inject(Fault::new().verb("get").status(500).fraction(0.5));
     let mut fails = 0;
@@ -59,7 +105,12 @@ async fn faults_and_counts() {
     }
     assert_eq!(fails, 5);
     s.clear_faults();
-    s.inject(Fault::new().resource("configmaps").namespace("other").status(429));
+    s.inject(
+        Fault::new()
+            .resource("configmaps")
+            .namespace("other")
+            .status(429),
+    );
     api.get("a").await.unwrap();
     let other: Api<ConfigMap> = Api::namespaced(s.client(), "other");
     let e = status(other.list(&ListParams::default()).await.unwrap_err());
@@ -74,7 +125,9 @@ async fn faults_and_counts() {
     assert_eq!(c.total(), 15);
     assert_eq!(c.by_verb()["get"], 11);
     assert!(c.to_string().contains("configmaps"));
-    api.patch_status("a", &PatchParams::default(), &Patch::Merge(json!({}))).await.ok();
+    api.patch_status("a", &PatchParams::default(), &Patch::Merge(json!({})))
+        .await
+        .ok();
     // configmaps have no status subresource: counted anyway, 404
     assert_eq!(s.request_counts().get("patch", "configmaps/status"), 1);
     assert_eq!(s.request_counts().iter().count(), 4);
@@ -92,32 +145,84 @@ async fn token_and_subject_access_reviews() {
     s.allow_token("good", "alice", &["devs"]);
     let c = s.client();
     let trs: Api<TokenReview> = Api::all(c.clone());
-    let tr = trs.create(&PostParams::default(), &from_json(json!({"spec": {"token": "good"}}))).await.unwrap();
+    let tr = trs
+        .create(
+            &PostParams::default(),
+            &from_json(json!({"spec": {"token": "good"}})),
+        )
+        .await
+        .unwrap();
     let st = tr.status.unwrap();
     assert_eq!(st.authenticated, Some(true));
     assert_eq!(st.user.unwrap().username.as_deref(), Some("alice"));
-    let tr = trs.create(&PostParams::default(), &from_json(json!({"spec": {"token": "bad"}}))).await.unwrap();
+    let tr = trs
+        .create(
+            &PostParams::default(),
+            &from_json(json!({"spec": {"token": "bad"}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(tr.status.unwrap().authenticated, Some(false));
-    assert!(s.list_objects("authentication.k8s.io/v1", "tokenreviews", None).is_empty());
+    assert!(
+        s.list_objects("authentication.k8s.io/v1", "tokenreviews", None)
+            .is_empty()
+    );
     assert_eq!(status(trs.get("x").await.unwrap_err()).code, 405);
 
     let sars: Api<SubjectAccessReview> = Api::all(c.clone());
-    let ask = |path: &str, user: &str| from_json::<SubjectAccessReview>(json!({"spec": {"user": user, "groups": ["devs"], "nonResourceAttributes": {"path": path, "verb": "get"}}}));
-    let r = sars.create(&PostParams::default(), &ask("/metrics", "alice")).await.unwrap();
+    let ask = |path: &str, user: &str| {
+        from_json::<SubjectAccessReview>(
+            json!({"spec": {"user": user, "groups": ["devs"], "nonResourceAttributes": {"path": path, "verb": "get"}}}),
+        )
+    };
+    let r = sars
+        .create(&PostParams::default(), &ask("/metrics", "alice"))
+        .await
+        .unwrap();
     assert!(!r.status.unwrap().allowed);
     let crs: Api<ClusterRole> = Api::all(c.clone());
-    crs.create(&PostParams::default(), &from_json(json!({"metadata": {"name": "metrics"}, "rules": [
-        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
-        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list"]}
-    ]}))).await.unwrap();
+    crs.create(
+        &PostParams::default(),
+        &from_json(json!({"metadata": {"name": "metrics"}, "rules": [
+            {"nonResourceURLs": ["/metrics"], "verbs": ["get"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list"]}
+        ]})),
+    )
+    .await
+    .unwrap();
     let crbs: Api<ClusterRoleBinding> = Api::all(c.clone());
     crbs.create(&PostParams::default(), &from_json(json!({"metadata": {"name": "m"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "metrics"},
         "subjects": [{"kind": "Group", "name": "devs"}]}))).await.unwrap();
-    let r = sars.create(&PostParams::default(), &ask("/metrics", "alice")).await.unwrap();
+    let r = sars
+        .create(&PostParams::default(), &ask("/metrics", "alice"))
+        .await
+        .unwrap();
     assert!(r.status.unwrap().allowed);
-    let r = sars.create(&PostParams::default(), &ask("/other", "alice")).await.unwrap();
+    let r = sars
+        .create(&PostParams::default(), &ask("/other", "alice"))
+        .await
+        .unwrap();
     assert!(!r.status.unwrap().allowed);
-    let res = |verb: &str| from_json::<SubjectAccessReview>(json!({"spec": {"user": "bob", "groups": ["devs"], "resourceAttributes": {"namespace": "default", "verb": verb, "group": "apps", "resource": "deployments"}}}));
-    assert!(sars.create(&PostParams::default(), &res("list")).await.unwrap().status.unwrap().allowed);
-    assert!(!sars.create(&PostParams::default(), &res("delete")).await.unwrap().status.unwrap().allowed);
+    let res = |verb: &str| {
+        from_json::<SubjectAccessReview>(
+            json!({"spec": {"user": "bob", "groups": ["devs"], "resourceAttributes": {"namespace": "default", "verb": verb, "group": "apps", "resource": "deployments"}}}),
+        )
+    };
+    assert!(
+        sars.create(&PostParams::default(), &res("list"))
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !sars
+            .create(&PostParams::default(), &res("delete"))
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .allowed
+    );
 }

@@ -28,21 +28,36 @@ async fn ready_pods(pods: &Api<Pod>, sel: &str) -> Vec<Pod> {
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
-            p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
         .collect()
 }
 
-async fn converged(api: &Api<Deployment>, pods: &Api<Pod>, name: &str, n: i32, image: &str) -> Option<()> {
+async fn converged(
+    api: &Api<Deployment>,
+    pods: &Api<Pod>,
+    name: &str,
+    n: i32,
+    image: &str,
+) -> Option<()> {
     let d = api.get(name).await.ok()?;
     let st = d.status?;
-    let all = pods.list(&ListParams::default().labels(&format!("app={name}"))).await.ok()?.items;
+    let all = pods
+        .list(&ListParams::default().labels(&format!("app={name}")))
+        .await
+        .ok()?
+        .items;
     let ok = st.observed_generation == d.metadata.generation
         && st.replicas == Some(n)
         && st.updated_replicas == Some(n)
         && st.available_replicas.unwrap_or(0) == n
         && all.len() == n as usize
-        && all.iter().all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(image))
+        && all
+            .iter()
+            .all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some(image))
         && ready_pods(pods, &format!("app={name}")).await.len() == n as usize;
     ok.then_some(())
 }
@@ -57,8 +72,13 @@ async fn deployment_scale_and_rollout() {
     let api: Api<Deployment> = Api::namespaced(c.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
     let rss: Api<ReplicaSet> = Api::namespaced(c.clone(), "default");
-    api.create(&PostParams::default(), &deploy("web", 3, "img:1")).await.unwrap();
-    eventually(10, "3 ready pods", || converged(&api, &pods, "web", 3, "img:1")).await;
+    api.create(&PostParams::default(), &deploy("web", 3, "img:1"))
+        .await
+        .unwrap();
+    eventually(10, "3 ready pods", || {
+        converged(&api, &pods, "web", 3, "img:1")
+    })
+    .await;
     let p = &pods.list(&ListParams::default()).await.unwrap().items[0];
     let ip = p.status.as_ref().unwrap().pod_ip.clone().unwrap();
     assert!(ip.starts_with("10.244."));
@@ -67,37 +87,88 @@ async fn deployment_scale_and_rollout() {
     let rs_name = rs[0].metadata.name.clone().unwrap();
     let hash = rs[0].metadata.labels.as_ref().unwrap()["pod-template-hash"].clone();
     assert_eq!(rs_name, format!("web-{hash}"));
-    assert!(p.metadata.name.as_ref().unwrap().starts_with(&format!("{rs_name}-")));
+    assert!(
+        p.metadata
+            .name
+            .as_ref()
+            .unwrap()
+            .starts_with(&format!("{rs_name}-"))
+    );
     let d = api.get("web").await.unwrap();
     let conds = d.status.unwrap().conditions.unwrap();
-    assert!(conds.iter().any(|c| c.type_ == "Available" && c.status == "True"));
-    assert!(conds.iter().any(|c| c.type_ == "Progressing" && c.reason.as_deref() == Some("NewReplicaSetAvailable")));
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "Available" && c.status == "True")
+    );
+    assert!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "Progressing"
+                && c.reason.as_deref() == Some("NewReplicaSetAvailable"))
+    );
 
     // scale to 5 and to 0
-    api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}}))).await.unwrap();
-    eventually(10, "5 ready pods", || converged(&api, &pods, "web", 5, "img:1")).await;
-    api.patch_scale("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}}))).await.unwrap();
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 5}})),
+    )
+    .await
+    .unwrap();
+    eventually(10, "5 ready pods", || {
+        converged(&api, &pods, "web", 5, "img:1")
+    })
+    .await;
+    api.patch_scale(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 0}})),
+    )
+    .await
+    .unwrap();
     eventually(10, "0 pods", || converged(&api, &pods, "web", 0, "img:1")).await;
-    api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 3}}))).await.unwrap();
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
     eventually(10, "3 again", || converged(&api, &pods, "web", 3, "img:1")).await;
 
     // a pod deleted by hand is recreated
-    let victim = pods.list(&ListParams::default()).await.unwrap().items[0].metadata.name.clone().unwrap();
-    pods.delete(&victim, &DeleteParams::default()).await.unwrap();
+    let victim = pods.list(&ListParams::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    pods.delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
     eventually(10, "pod replaced", || async {
-        let names: Vec<String> = ready_pods(&pods, "app=web").await.into_iter().map(|p| p.metadata.name.unwrap()).collect();
+        let names: Vec<String> = ready_pods(&pods, "app=web")
+            .await
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap())
+            .collect();
         (names.len() == 3 && !names.contains(&victim)).then_some(())
     })
     .await;
 
     // template change rolls to a new ReplicaSet, never below 3 available (maxUnavailable 0 with 3 replicas)
-    let p = Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "img:2"}]}}}}));
+    let p = Patch::Strategic(
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "img:2"}]}}}}),
+    );
     api.patch("web", &PatchParams::default(), &p).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         assert!(tokio::time::Instant::now() < deadline, "rollout timed out");
         let ready = ready_pods(&pods, "app=web").await.len();
-        assert!(ready >= 3, "availability dropped to {ready} during the rollout");
+        assert!(
+            ready >= 3,
+            "availability dropped to {ready} during the rollout"
+        );
         if converged(&api, &pods, "web", 3, "img:2").await.is_some() {
             break;
         }
@@ -105,12 +176,16 @@ async fn deployment_scale_and_rollout() {
     }
     let rs = rss.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(rs.len(), 2);
-    assert!(rs.iter().any(|r| r.spec.as_ref().unwrap().replicas == Some(0)));
+    assert!(
+        rs.iter()
+            .any(|r| r.spec.as_ref().unwrap().replicas == Some(0))
+    );
 
     // deleting the deployment cascades
     api.delete("web", &DeleteParams::default()).await.unwrap();
     eventually(10, "cascade", || async {
-        let n = pods.list(&ListParams::default()).await.unwrap().items.len() + rss.list(&ListParams::default()).await.unwrap().items.len();
+        let n = pods.list(&ListParams::default()).await.unwrap().items.len()
+            + rss.list(&ListParams::default()).await.unwrap().items.len();
         (n == 0).then_some(())
     })
     .await;

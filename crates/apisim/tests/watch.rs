@@ -48,10 +48,21 @@ async fn watch_from_resource_version_over_http() {
     let s = apisim::ApiServer::new();
     let (_h, c) = http_client(&s).await;
     let api: Api<ConfigMap> = Api::namespaced(c, "default");
-    let a = api.create(&PostParams::default(), &cm("a", "x")).await.unwrap();
+    let a = api
+        .create(&PostParams::default(), &cm("a", "x"))
+        .await
+        .unwrap();
     let rv = a.metadata.resource_version.unwrap();
-    api.create(&PostParams::default(), &cm("b", "x")).await.unwrap();
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "v"}}))).await.unwrap();
+    api.create(&PostParams::default(), &cm("b", "x"))
+        .await
+        .unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "v"}})),
+    )
+    .await
+    .unwrap();
     api.delete("b", &DeleteParams::default()).await.unwrap();
     let evs = next_events(&api, &WatchParams::default(), &rv, 3).await;
     assert_eq!(evs, vec!["ADDED b", "MODIFIED a", "DELETED b"]);
@@ -60,9 +71,15 @@ async fn watch_from_resource_version_over_http() {
     let mut stream = Box::pin(stream);
     let first = stream.try_next().await.unwrap().unwrap();
     assert_eq!(kind(&first), "ADDED a");
-    api.create(&PostParams::default(), &cm("c", "x")).await.unwrap();
+    api.create(&PostParams::default(), &cm("c", "x"))
+        .await
+        .unwrap();
     loop {
-        let e = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap().unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         if kind(&e) == "BOOKMARK" {
             continue;
         }
@@ -76,7 +93,9 @@ async fn too_old_resource_version_gives_410_event() {
     let s = apisim::ApiServer::builder().watch_history(5).build();
     let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
     for i in 0..20 {
-        api.create(&PostParams::default(), &cm(&format!("c{i}"), "x")).await.unwrap();
+        api.create(&PostParams::default(), &cm(&format!("c{i}"), "x"))
+            .await
+            .unwrap();
     }
     let stream = api.watch(&WatchParams::default(), "3").await.unwrap();
     let mut stream = Box::pin(stream);
@@ -88,14 +107,21 @@ async fn too_old_resource_version_gives_410_event() {
         }
         other => panic!("expected 410 error, got {other:?}"),
     }
-    assert!(stream.try_next().await.unwrap().is_none(), "stream ends after the 410");
+    assert!(
+        stream.try_next().await.unwrap().is_none(),
+        "stream ends after the 410"
+    );
 }
 
 #[tokio::test]
 async fn bookmarks_selectors_and_timeout() {
-    let s = apisim::ApiServer::builder().bookmark_interval(Duration::from_millis(100)).build();
+    let s = apisim::ApiServer::builder()
+        .bookmark_interval(Duration::from_millis(100))
+        .build();
     let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
-    api.create(&PostParams::default(), &cm("a", "front")).await.unwrap();
+    api.create(&PostParams::default(), &cm("a", "front"))
+        .await
+        .unwrap();
     let rv = s.resource_version().to_string();
     let wp = WatchParams::default().labels("tier=front").timeout(2);
     let stream = api.watch(&wp, &rv).await.unwrap();
@@ -107,9 +133,23 @@ async fn bookmarks_selectors_and_timeout() {
         other => panic!("expected bookmark, got {other:?}"),
     }
     // a stops matching -> DELETED; matches again -> ADDED
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "back"}}}))).await.unwrap();
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}}))).await.unwrap();
-    api.create(&PostParams::default(), &cm("other", "back")).await.unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "back"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}})),
+    )
+    .await
+    .unwrap();
+    api.create(&PostParams::default(), &cm("other", "back"))
+        .await
+        .unwrap();
     let mut seen = vec![];
     let start = std::time::Instant::now();
     while let Some(e) = stream.try_next().await.unwrap() {
@@ -119,7 +159,10 @@ async fn bookmarks_selectors_and_timeout() {
     assert!(start.elapsed() < Duration::from_secs(4));
     let real: Vec<&String> = seen.iter().filter(|k| *k != "BOOKMARK").collect();
     assert_eq!(real, vec!["DELETED a", "ADDED a"]);
-    assert!(seen.iter().filter(|k| *k == "BOOKMARK").count() >= 3, "{seen:?}");
+    assert!(
+        seen.iter().filter(|k| *k == "BOOKMARK").count() >= 3,
+        "{seen:?}"
+    );
 }
 
 #[tokio::test]
@@ -137,7 +180,10 @@ async fn cut_watches_ends_streams() {
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     s.cut_watches();
-    tokio::time::timeout(Duration::from_secs(2), t).await.expect("stream ended").unwrap();
+    tokio::time::timeout(Duration::from_secs(2), t)
+        .await
+        .expect("stream ended")
+        .unwrap();
 }
 
 async fn reflector_stays_in_sync(streaming: bool) {
@@ -165,12 +211,16 @@ async fn reflector_stays_in_sync(streaming: bool) {
         async move { (reader.state().len() == n).then_some(()) }
     };
     for i in 0..5 {
-        api.create(&PostParams::default(), &cm(&format!("r{i}"), "x")).await.unwrap();
+        api.create(&PostParams::default(), &cm(&format!("r{i}"), "x"))
+            .await
+            .unwrap();
     }
     eventually(5, "5 objects", || want(5)).await;
     s.cut_watches();
     for i in 5..8 {
-        api.create(&PostParams::default(), &cm(&format!("r{i}"), "x")).await.unwrap();
+        api.create(&PostParams::default(), &cm(&format!("r{i}"), "x"))
+            .await
+            .unwrap();
     }
     eventually(5, "8 objects after cut", || want(8)).await;
     // force a 410: block re-watches, cut, make more changes than the history holds
@@ -184,15 +234,23 @@ async fn reflector_stays_in_sync(streaming: bool) {
     })
     .await;
     for i in 0..4 {
-        api.delete(&format!("r{i}"), &DeleteParams::default()).await.unwrap();
+        api.delete(&format!("r{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
     }
     for i in 8..12 {
-        api.create(&PostParams::default(), &cm(&format!("r{i}"), "x")).await.unwrap();
+        api.create(&PostParams::default(), &cm(&format!("r{i}"), "x"))
+            .await
+            .unwrap();
     }
     s.clear_faults();
     let expect = vec!["r10", "r11", "r4", "r5", "r6", "r7", "r8", "r9"];
     let names = || {
-        let mut n: Vec<String> = reader.state().iter().map(|c| c.metadata.name.clone().unwrap()).collect();
+        let mut n: Vec<String> = reader
+            .state()
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect();
         n.sort();
         n
     };
@@ -203,7 +261,10 @@ async fn reflector_stays_in_sync(streaming: bool) {
     .await;
     let counts = s.request_counts();
     if !streaming {
-        assert!(counts.get("list", "configmaps") >= 1, "re-listed after 410:\n{counts}");
+        assert!(
+            counts.get("list", "configmaps") >= 1,
+            "re-listed after 410:\n{counts}"
+        );
     }
     task.abort();
 }

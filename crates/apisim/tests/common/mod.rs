@@ -56,7 +56,11 @@ pub async fn raw(url: &str, method: &str, path: &str, ctype: &str, body: &str) -
     let mut buf = vec![];
     s.read_to_end(&mut buf).await.expect("read");
     let text = String::from_utf8_lossy(&buf).to_string();
-    let code: u16 = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let code: u16 = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
     // de-chunk if needed
     let json_start = body.find('{').unwrap_or(0);
