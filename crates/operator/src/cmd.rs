@@ -113,7 +113,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown unit {other:?} in {s:?} (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?} (use ms, s, m or h)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
 }
@@ -153,7 +157,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         cert_dir: args.metrics_cert_dir.clone(),
     };
     let leader_config = if args.leader_elect {
-        let config = LeaderElectionConfig {
+        let mut config = LeaderElectionConfig {
             lease_duration: args.leader_elect_lease_duration,
             renew_deadline: args.leader_elect_renew_deadline,
             retry_period: args.leader_elect_retry_period,
@@ -162,6 +166,13 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
                 lease_namespace(args.leader_election_namespace.as_deref()),
             )
         };
+        // In a cluster the pod name says which replica leads (`kubectl get lease`); the
+        // random suffix keeps a restarted pod from taking over its own old record.
+        if let Ok(pod) = std::env::var("POD_NAME")
+            && let Some((_, suffix)) = config.identity.rsplit_once('_')
+        {
+            config.identity = format!("{pod}_{suffix}");
+        }
         config.validate()?;
         Some(config)
     } else {
@@ -197,7 +208,9 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
             }
         }));
     }
-    if let Some(server) = MetricsServer::bind(&metrics_config, Some(client.clone()), &shutdown).await? {
+    if let Some(server) =
+        MetricsServer::bind(&metrics_config, Some(client.clone()), &shutdown).await?
+    {
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
         if let Ok(addr) = server.local_addr() {
             info!(%addr, secure = metrics_config.secure, "serving metrics");
@@ -241,8 +254,16 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
                 namespace: scope.clone(),
                 ..config.clone()
             };
-            info!(namespace = scope.as_deref().unwrap_or("<all>"), "starting controller");
-            controller::run_controller(client.clone(), c, config, leader_token.clone().cancelled_owned())
+            info!(
+                namespace = scope.as_deref().unwrap_or("<all>"),
+                "starting controller"
+            );
+            controller::run_controller(
+                client.clone(),
+                c,
+                config,
+                leader_token.clone().cancelled_owned(),
+            )
         });
         let all = futures::future::join_all(runs);
         async move {
@@ -255,7 +276,13 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         // A leader is ready only once its controllers run; a standby once its caches sync.
         health.set_ready("controllers-started", true);
     }
-    let elected = leader::run_as_leader(client.clone(), leader_config, &metrics, shutdown.clone(), controllers);
+    let elected = leader::run_as_leader(
+        client.clone(),
+        leader_config,
+        &metrics,
+        shutdown.clone(),
+        controllers,
+    );
     let grace = args.graceful_shutdown_timeout;
     let result = tokio::select! {
         r = elected => r.map_err(RunError::from),

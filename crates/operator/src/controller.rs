@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,11 +18,11 @@ use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Contr
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
 use manager::ControllerMetrics;
 use manager::ReconcileResult;
-use prometheus_client::metrics::gauge::Gauge;
-use kube::{Api, Client, Resource, ResourceExt};
 use memcached_api::{Memcached, MemcachedStatus, validation};
+use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{Instrument, debug, info, warn};
@@ -83,19 +84,50 @@ pub struct ControllerConfig {
     pub telemetry: Option<Telemetry>,
 }
 
-/// How many reconciles ran and how they ended.
+/// How many reconciles ran, how they ended, and how many ran at once.
 #[derive(Debug, Default)]
 pub struct ReconcileCounters {
-    pub reconciles: std::sync::atomic::AtomicU64,
-    pub failures: std::sync::atomic::AtomicU64,
+    pub reconciles: AtomicU64,
+    pub failures: AtomicU64,
+    in_flight: Mutex<std::collections::HashSet<ObjectRef<Memcached>>>,
+    max_in_flight: AtomicU64,
+    same_object_overlaps: AtomicU64,
 }
 
 impl ReconcileCounters {
     pub fn reconciles(&self) -> u64 {
-        self.reconciles.load(std::sync::atomic::Ordering::Relaxed)
+        self.reconciles.load(Ordering::Relaxed)
     }
     pub fn failures(&self) -> u64 {
-        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+        self.failures.load(Ordering::Relaxed)
+    }
+    /// Most reconciles seen running at the same moment.
+    pub fn max_in_flight(&self) -> u64 {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+    /// Times a reconcile started while another of the same object was running (must be 0).
+    pub fn same_object_overlaps(&self) -> u64 {
+        self.same_object_overlaps.load(Ordering::Relaxed)
+    }
+
+    fn start(&self, key: &ObjectRef<Memcached>) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if !in_flight.insert(key.clone()) {
+            self.same_object_overlaps.fetch_add(1, Ordering::Relaxed);
+        }
+        self.max_in_flight
+            .fetch_max(in_flight.len() as u64, Ordering::Relaxed);
+    }
+
+    fn finish(&self, key: &ObjectRef<Memcached>, failed: bool) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.reconciles.fetch_add(1, Ordering::Relaxed);
+        if failed {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -157,7 +189,10 @@ impl Telemetry {
     }
 
     fn set_instances(&self, scope: &str, count: usize) {
-        let mut by_scope = self.instances_by_scope.lock().unwrap_or_else(|e| e.into_inner());
+        let mut by_scope = self
+            .instances_by_scope
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         by_scope.insert(scope.to_string(), count as i64);
         self.managed_instances.set(by_scope.values().sum());
     }
@@ -341,18 +376,12 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         t.set_instances(scope, ctx.memcacheds.state().len());
         t.controller.reconcile_started()
     });
+    let counters = &ctx.config.counters;
+    counters.start(&key);
     let span = tracing::info_span!("reconcile", object = %object_key(&mc));
     let result = reconcile_inner(&mc, &ctx).instrument(span).await;
     drop(timer);
-    let counters = &ctx.config.counters;
-    counters
-        .reconciles
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if result.is_err() {
-        counters
-            .failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
+    counters.finish(&key, result.is_err());
     if let Some(t) = telemetry {
         t.controller.record_result(match &result {
             Err(_) => ReconcileResult::Error,
@@ -589,7 +618,11 @@ impl Caches {
     pub fn start(client: &Client, namespace: Option<&str>) -> Self {
         let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
         Self {
-            memcacheds: Informer::start(scoped(client, namespace), watcher::Config::default(), slim),
+            memcacheds: Informer::start(
+                scoped(client, namespace),
+                watcher::Config::default(),
+                slim,
+            ),
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pods: Informer::start(scoped(client, namespace), owned, slim_pod),
@@ -617,7 +650,8 @@ pub async fn run_controller(
 ) {
     let telemetry = config.telemetry.clone();
     if let Some(t) = &telemetry {
-        t.controller.set_max_concurrent(i64::from(config.concurrency));
+        t.controller
+            .set_max_concurrent(i64::from(config.concurrency));
     }
     let queued = move |key: Option<ObjectRef<Memcached>>| {
         if let (Some(t), Some(key)) = (&telemetry, key.clone()) {
@@ -656,8 +690,12 @@ pub async fn run_controller(
     });
 
     Controller::for_stream(memcacheds, caches.memcacheds.store())
-        .watches_stream(caches.deployments.subscribe(), move |d: Deployment| q2(controller_owner(&d)))
-        .watches_stream(caches.services.subscribe(), move |s: Service| q3(controller_owner(&s)))
+        .watches_stream(caches.deployments.subscribe(), move |d: Deployment| {
+            q2(controller_owner(&d))
+        })
+        .watches_stream(caches.services.subscribe(), move |s: Service| {
+            q3(controller_owner(&s))
+        })
         .watches_stream(caches.pods.subscribe(), move |p: Pod| q4(pod_owner(&p)))
         .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown)

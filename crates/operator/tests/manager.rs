@@ -1,0 +1,695 @@
+//! The controller manager as users run it: real `memcached-operator run` processes against the
+//! in-memory API server over HTTP. Leader election (one writer at a time, failover on SIGKILL,
+//! fast handover on SIGTERM, a cut-off leader stopping before its lease can expire), secured
+//! metrics, health probes and start-up errors.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apisim::{ApiServer, Fault, ServeHandle};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, CustomResourceExt};
+use memcached_api::{Memcached, condition};
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
+const LEASE: &str = "memcached-operator.cache.example.com";
+const LEASE_DURATION: Duration = Duration::from_secs(3);
+
+struct Cluster {
+    server: ApiServer,
+    _handle: ServeHandle,
+    kubeconfig: PathBuf,
+    _dir: TempDir,
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!("mc-op-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Cluster {
+    async fn start(with_crd: bool) -> Cluster {
+        let server = ApiServer::builder()
+            .workload_simulator(true)
+            .pod_ready_delay(Duration::from_millis(50))
+            .build();
+        let handle = server.serve().await.expect("serve over HTTP");
+        let dir = TempDir::new("kubeconfig");
+        let kubeconfig = dir.0.join("kubeconfig");
+        handle
+            .write_kubeconfig(&kubeconfig)
+            .expect("write kubeconfig");
+        if with_crd {
+            let crds: Api<CustomResourceDefinition> = Api::all(server.client());
+            crds.create(&PostParams::default(), &Memcached::crd())
+                .await
+                .expect("CRD installs");
+        }
+        Cluster {
+            server,
+            _handle: handle,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn memcacheds(&self) -> Api<Memcached> {
+        Api::default_namespaced(self.server.client())
+    }
+
+    async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::default_namespaced(self.server.client());
+        let lease = leases.get_opt(LEASE).await.ok().flatten()?;
+        let holder = lease.spec?.holder_identity?;
+        // Identities are `<POD_NAME>_<random>`.
+        holder
+            .split('_')
+            .next()
+            .map(str::to_string)
+            .filter(|h| !h.is_empty())
+    }
+
+    /// `reportingInstance`s of the events about `name` whose note contains `text`.
+    async fn reporters(&self, name: &str, text: &str) -> Vec<String> {
+        let events: Api<Event> = Api::default_namespaced(self.server.client());
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .expect("events list");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(text)))
+            .filter_map(|e| e.reporting_instance)
+            .collect()
+    }
+
+    async fn apply(&self, name: &str, size: i32) {
+        let mc: Memcached = serde_json::from_value(json!({
+            "apiVersion": "memcached.cache.example.com/v1",
+            "kind": "Memcached",
+            "metadata": {"name": name},
+            "spec": {"size": size}
+        }))
+        .expect("valid Memcached");
+        self.memcacheds()
+            .patch(
+                name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&mc),
+            )
+            .await
+            .expect("apply");
+    }
+
+    async fn converged(&self, name: &str, size: usize) {
+        let api = self.memcacheds();
+        wait_for(
+            &format!("{name} at {size} ready pods"),
+            Duration::from_secs(30),
+            || async {
+                let mc = api.get_opt(name).await.ok().flatten()?;
+                let status = mc.status.as_ref()?;
+                let available = mc.condition(condition::AVAILABLE)?.status == "True";
+                (available
+                    && status.nodes.len() == size
+                    && status.observed_generation == mc.metadata.generation)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+struct Operator {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn spawn(cluster: &Cluster, name: &str, args: &[&str]) -> Operator {
+        let log = cluster.kubeconfig.with_file_name(format!("{name}.log"));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(BIN)
+            .arg("run")
+            .args(args)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("POD_NAME", name)
+            .env("RUST_LOG", "info")
+            .env_remove("WATCH_NAMESPACE")
+            .env_remove("POD_NAMESPACE")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("operator binary starts");
+        Operator {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    fn spawn_candidate(cluster: &Cluster, name: &str) -> Operator {
+        Self::spawn(
+            cluster,
+            name,
+            &[
+                "--leader-elect",
+                "--leader-election-namespace=default",
+                "--leader-elect-lease-duration=3s",
+                "--leader-elect-renew-deadline=2s",
+                "--leader-elect-retry-period=250ms",
+                "--metrics-bind-address=0",
+                "--health-probe-bind-address=0",
+            ],
+        )
+    }
+
+    fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: sending a signal to our own child process.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal})");
+    }
+
+    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}:\n{}",
+                self.name,
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
+    let cluster = Cluster::start(true).await;
+    let first = Operator::spawn_candidate(&cluster, "op-1");
+    wait_for("op-1 leads", Duration::from_secs(20), || async {
+        (cluster.lease_holder().await.as_deref() == Some("op-1")).then_some(())
+    })
+    .await;
+    let mut standbys = vec![
+        Operator::spawn_candidate(&cluster, "op-2"),
+        Operator::spawn_candidate(&cluster, "op-3"),
+    ];
+
+    cluster.apply("ha", 2).await;
+    cluster.converged("ha", 2).await;
+    assert_eq!(
+        cluster.reporters("ha", "Created Deployment").await,
+        ["op-1"],
+        "only the leader writes"
+    );
+    // Standbys stay standbys while the leader renews.
+    tokio::time::sleep(LEASE_DURATION).await;
+    assert_eq!(cluster.lease_holder().await.as_deref(), Some("op-1"));
+
+    // SIGKILL: nothing is released; a standby takes over once the lease runs out.
+    let killed_at = Instant::now();
+    first.signal(libc::SIGKILL);
+    let second = wait_for(
+        "a standby leads after SIGKILL",
+        LEASE_DURATION * 3,
+        || async { cluster.lease_holder().await.filter(|h| h != "op-1") },
+    )
+    .await;
+    let failover = killed_at.elapsed();
+    println!("SIGKILL failover: {failover:?} (lease duration {LEASE_DURATION:?})");
+    assert!(
+        failover <= LEASE_DURATION + Duration::from_secs(1),
+        "failover after SIGKILL took {failover:?}"
+    );
+    cluster.apply("ha", 3).await;
+    cluster.converged("ha", 3).await;
+    assert_eq!(
+        cluster.reporters("ha", "from 2 to 3").await,
+        std::slice::from_ref(&second),
+        "the new leader, and only it, scaled"
+    );
+
+    // SIGTERM: the leader stops its controllers and releases the lease at once.
+    let idx = standbys
+        .iter()
+        .position(|o| o.name == second)
+        .expect("second leader is a standby");
+    let mut leader = standbys.remove(idx);
+    let remaining = standbys.pop().expect("one standby left");
+    let termed_at = Instant::now();
+    leader.signal(libc::SIGTERM);
+    wait_for(
+        "the last standby leads after SIGTERM",
+        Duration::from_secs(10),
+        || async {
+            (cluster.lease_holder().await.as_deref() == Some(remaining.name.as_str())).then_some(())
+        },
+    )
+    .await;
+    let handover = termed_at.elapsed();
+    println!("SIGTERM handover: {handover:?}");
+    assert!(
+        handover < Duration::from_secs(2),
+        "handover after SIGTERM took {handover:?}"
+    );
+    let status = leader.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        status.success(),
+        "SIGTERM is a clean exit: {status:?}\n{}",
+        leader.logs()
+    );
+    cluster.apply("ha", 1).await;
+    cluster.converged("ha", 1).await;
+    assert_eq!(
+        cluster.reporters("ha", "from 3 to 1").await,
+        std::slice::from_ref(&remaining.name)
+    );
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_stops_before_its_lease_can_expire() {
+    let cluster = Cluster::start(true).await;
+    let mut leader = Operator::spawn_candidate(&cluster, "op-cut");
+    wait_for("op-cut leads", Duration::from_secs(20), || async {
+        (cluster.lease_holder().await.as_deref() == Some("op-cut")).then_some(())
+    })
+    .await;
+    let leases: Api<Lease> = Api::default_namespaced(cluster.server.client());
+    // Every renewal fails from now on, as if the leader were partitioned from the API server.
+    cluster.server.inject(
+        Fault::new()
+            .verb("update")
+            .resource("leases")
+            .status(500)
+            .times(1_000_000),
+    );
+    let cut_at = Instant::now();
+    let last_renew = leases
+        .get(LEASE)
+        .await
+        .ok()
+        .and_then(|l| l.spec?.renew_time)
+        .map(|t| t.0)
+        .expect("renewTime");
+    let status = leader.wait_exit(LEASE_DURATION * 2).await;
+    let stopped_after = cut_at.elapsed();
+    println!("cut-off leader exited {stopped_after:?} after the cut (renew deadline 2s, lease 3s)");
+    assert!(
+        !status.success(),
+        "losing the lease is an error exit: {status:?}"
+    );
+    // It must be gone before any standby could have taken the lease: last renewal + lease duration.
+    let exited_at = jiff::Timestamp::now();
+    let lease_expiry =
+        last_renew + jiff::SignedDuration::try_from(LEASE_DURATION).expect("duration");
+    assert!(
+        exited_at < lease_expiry,
+        "exited at {exited_at}, lease valid until {lease_expiry}"
+    );
+    assert!(
+        leader.logs().contains("lost"),
+        "the log says why:\n{}",
+        leader.logs()
+    );
+}
+
+fn https_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(AcceptAnyCert))
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let server_name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let conn = rustls::ClientConnection::new(Arc::new(config), server_name).expect("tls client");
+    let sock = TcpStream::connect(addr).expect("connect");
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    http_exchange(&mut tls, path, token)
+}
+
+fn http_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut sock = TcpStream::connect(addr).expect("connect");
+    http_exchange(&mut sock, path, token)
+}
+
+fn http_exchange(
+    stream: &mut (impl Read + Write),
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .expect("write request");
+    let mut response = Vec::new();
+    // A TLS peer closing without close_notify shows up as an error after the data; keep what was read.
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[derive(Debug)]
+struct AcceptAnyCert;
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+async fn grant_metrics_reader(cluster: &Cluster, user: &str) {
+    let roles: Api<ClusterRole> = Api::all(cluster.server.client());
+    let role: ClusterRole = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "metrics-reader"},
+        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    }))
+    .expect("role");
+    roles
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    let bindings: Api<ClusterRoleBinding> = Api::all(cluster.server.client());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "prometheus-metrics-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "metrics-reader"},
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+    }))
+    .expect("binding");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create binding");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_an_authorized_token_unless_insecure() {
+    let cluster = Cluster::start(true).await;
+    cluster.server.allow_token(
+        "prometheus-token",
+        "system:serviceaccount:monitoring:prometheus",
+        &[],
+    );
+    cluster
+        .server
+        .allow_token("nosy-token", "system:serviceaccount:default:nosy", &[]);
+    grant_metrics_reader(&cluster, "system:serviceaccount:monitoring:prometheus").await;
+
+    let secure: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let plain: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let _secure_op = Operator::spawn(
+        &cluster,
+        "op-secure",
+        &[
+            &format!("--metrics-bind-address={secure}"),
+            "--health-probe-bind-address=0",
+        ],
+    );
+    let _plain_op = Operator::spawn(
+        &cluster,
+        "op-plain",
+        &[
+            &format!("--metrics-bind-address={plain}"),
+            "--metrics-secure=false",
+            "--health-probe-bind-address=0",
+        ],
+    );
+    cluster.apply("metered", 1).await;
+    cluster.converged("metered", 1).await;
+
+    let (code, body) = wait_for("secure metrics answer", Duration::from_secs(20), || async {
+        let r = tokio::task::spawn_blocking(move || {
+            TcpStream::connect(secure).ok()?;
+            Some(https_get(secure, "/metrics", Some("prometheus-token")))
+        })
+        .await
+        .ok()
+        .flatten()?;
+        (r.0 != 0).then_some(r)
+    })
+    .await;
+    assert_eq!(code, 200, "{body}");
+    for name in [
+        "controller_runtime_reconcile_total{",
+        "controller_runtime_reconcile_errors_total",
+        "controller_runtime_reconcile_time_seconds_bucket",
+        "controller_runtime_max_concurrent_reconciles",
+        "controller_runtime_active_workers",
+        "workqueue_depth",
+        "workqueue_adds_total",
+        "workqueue_retries_total",
+        "process_resident_memory_bytes",
+        "memcached_operator_managed_instances",
+    ] {
+        assert!(body.contains(name), "{name} missing from:\n{body}");
+    }
+    assert!(body.contains("result=\"requeue_after\"") || body.contains("result=\"success\""));
+
+    let denied =
+        tokio::task::spawn_blocking(move || https_get(secure, "/metrics", Some("nosy-token")))
+            .await
+            .expect("join");
+    assert_eq!(
+        denied.0, 403,
+        "an authenticated but unauthorized caller: {}",
+        denied.1
+    );
+    let anonymous = tokio::task::spawn_blocking(move || https_get(secure, "/metrics", None))
+        .await
+        .expect("join");
+    assert_eq!(anonymous.0, 401);
+    let forged = tokio::task::spawn_blocking(move || https_get(secure, "/metrics", Some("forged")))
+        .await
+        .expect("join");
+    assert_eq!(forged.0, 401);
+
+    let insecure = wait_for(
+        "insecure metrics answer",
+        Duration::from_secs(20),
+        || async {
+            let r = tokio::task::spawn_blocking(move || {
+                TcpStream::connect(plain).ok()?;
+                Some(http_get(plain, "/metrics", None))
+            })
+            .await
+            .ok()
+            .flatten()?;
+            (r.0 != 0).then_some(r)
+        },
+    )
+    .await;
+    assert_eq!(insecure.0, 200);
+    assert!(insecure.1.contains("controller_runtime_reconcile_total"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_ready_once_caches_sync() {
+    let cluster = Cluster::start(true).await;
+    // Slow lists make the unsynced window long enough to observe.
+    let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    cluster.server.set_latency(Duration::from_millis(700));
+    let op = Operator::spawn(
+        &cluster,
+        "op-probes",
+        &[
+            "--metrics-bind-address=0",
+            &format!("--health-probe-bind-address={probes}"),
+        ],
+    );
+    let get = move |path: &'static str| async move {
+        tokio::task::spawn_blocking(move || {
+            TcpStream::connect(probes).ok()?;
+            Some(http_get(probes, path, None))
+        })
+        .await
+        .ok()
+        .flatten()
+    };
+    let first = wait_for("probe server up", Duration::from_secs(20), || {
+        get("/readyz?verbose")
+    })
+    .await;
+    assert_eq!(
+        first.0, 500,
+        "not ready before the caches sync: {}",
+        first.1
+    );
+    assert!(first.1.contains("informers-synced"), "{}", first.1);
+    assert_eq!(
+        get("/healthz").await.map(|r| r.0),
+        Some(200),
+        "alive while syncing"
+    );
+    cluster.server.set_latency(Duration::ZERO);
+    wait_for("ready after sync", Duration::from_secs(20), || async {
+        (get("/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    drop(op);
+}
+
+fn run_once(kubeconfig: &Path) -> (ExitStatus, String) {
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("operator runs");
+    (out.status, String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_crd_or_an_unreachable_cluster_is_a_one_line_error() {
+    let cluster = Cluster::start(false).await;
+    let kubeconfig = cluster.kubeconfig.clone();
+    let (status, stderr) = tokio::task::spawn_blocking(move || run_once(&kubeconfig))
+        .await
+        .expect("join");
+    assert!(!status.success());
+    assert!(
+        stderr.contains("CRD") && stderr.contains("not installed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("memcached-operator crd | kubectl apply"),
+        "says how to install it: {stderr}"
+    );
+
+    let dir = TempDir::new("unreachable");
+    let port = free_port();
+    let kubeconfig = dir.0.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        cluster
+            ._handle
+            .kubeconfig_yaml()
+            .replace(&cluster._handle.url(), &format!("http://127.0.0.1:{port}")),
+    )
+    .expect("write kubeconfig");
+    let (status, stderr) = tokio::task::spawn_blocking(move || run_once(&kubeconfig))
+        .await
+        .expect("join");
+    assert!(!status.success());
+    assert!(
+        stderr.contains("cannot reach the Kubernetes API server"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+}
