@@ -1,0 +1,91 @@
+# The Kubebuilder workflow for memcached-operator; every target is a thin wrapper around
+# cargo, kubectl (with its built-in kustomize) or the container tool.
+
+# Image URL to use for all building/pushing image targets.
+IMG ?= controller:latest
+# Container tool to build and push the image with (docker or podman).
+CONTAINER_TOOL ?= docker
+KUBECTL ?= kubectl
+CARGO ?= cargo
+# `make uninstall undeploy ignore-not-found=true` tolerates missing objects.
+ignore-not-found ?= false
+
+# Setting SHELL to bash allows bash commands to be executed by recipes.
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Display this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: ## Write config/ (CRD, RBAC, manager, webhook, cert-manager, ...) from the code.
+	$(CARGO) run -q -p memcached-operator -- manifests --dir config
+
+.PHONY: fmt
+fmt: ## Format the code (cargo fmt).
+	$(CARGO) fmt --all
+
+.PHONY: lint
+lint: ## Lint the code (clippy, warnings are errors).
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: test
+test: ## Run all tests (no cluster needed; config/ is checked against the code).
+	$(CARGO) test --workspace
+
+.PHONY: e2e
+e2e: ## Run the end-to-end tests against a real cluster: make e2e E2E_KUBECONFIG=~/.kube/config
+	@test -n "$(E2E_KUBECONFIG)" || { echo "set E2E_KUBECONFIG to the kubeconfig of a disposable cluster"; exit 1; }
+	E2E_KUBECONFIG="$(E2E_KUBECONFIG)" $(CARGO) test -p memcached-operator --test e2e -- --ignored --nocapture
+
+.PHONY: demo
+demo: ## Run the operator against the in-memory API server and narrate what it does.
+	$(CARGO) run -p memcached-operator -- demo
+
+##@ Build
+
+.PHONY: build
+build: ## Build the operator binary (debug).
+	$(CARGO) build -p memcached-operator
+
+.PHONY: build-release
+build-release: ## Build the release binary, as the Dockerfile does.
+	$(CARGO) build --release --locked -p memcached-operator
+
+.PHONY: run
+run: manifests ## Run the operator from your host against the current kubeconfig (make install first).
+	ENABLE_WEBHOOKS=false $(CARGO) run -p memcached-operator -- run --metrics-secure=false --metrics-bind-address=:8080 --health-probe-bind-address=:8081
+
+.PHONY: docker-build
+docker-build: ## Build the operator image: make docker-build IMG=registry/memcached-operator:tag
+	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: docker-push
+docker-push: ## Push the operator image.
+	$(CONTAINER_TOOL) push $(IMG)
+
+##@ Deployment
+
+.PHONY: install
+install: manifests ## Install the CRD into the cluster of the current kubeconfig.
+	$(KUBECTL) apply --server-side -k config/crd
+
+.PHONY: uninstall
+uninstall: ## Remove the CRD (and with it every Memcached) from the cluster.
+	$(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -k config/crd
+
+.PHONY: deploy
+deploy: manifests ## Deploy the operator (config/default) with image IMG; needs cert-manager.
+	$(KUBECTL) kustomize config/default | sed 's|image: controller:latest$$|image: $(IMG)|' | $(KUBECTL) apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: ## Remove the operator, its RBAC and the CRD (and every Memcached) from the cluster.
+	$(KUBECTL) kustomize config/default | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
