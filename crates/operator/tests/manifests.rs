@@ -16,7 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Api, Client};
-use memcached_operator::manifests;
+use memcached_operator::{manifests, webhook};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -408,20 +408,20 @@ async fn config_default_builds_and_the_api_server_accepts_every_object() {
         certificate["spec"]["issuerRef"]["name"],
         "memcached-operator-selfsigned-issuer"
     );
-    for kind in [
-        "MutatingWebhookConfiguration",
-        "ValidatingWebhookConfiguration",
+    // The names the webhook module expects once deployed (namePrefix included).
+    for (kind, name, path) in [
+        (
+            "MutatingWebhookConfiguration",
+            webhook::MUTATING_CONFIGURATION_NAME,
+            webhook::MUTATE_PATH,
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            webhook::VALIDATING_CONFIGURATION_NAME,
+            webhook::VALIDATE_PATH,
+        ),
     ] {
-        let prefix = if kind.starts_with('M') {
-            "mutating"
-        } else {
-            "validating"
-        };
-        let config = find(
-            &default,
-            kind,
-            &format!("memcached-operator-{prefix}-webhook-configuration"),
-        );
+        let config = find(&default, kind, name);
         assert_eq!(
             config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
             "memcached-operator-system/memcached-operator-serving-cert"
@@ -431,7 +431,8 @@ async fn config_default_builds_and_the_api_server_accepts_every_object() {
             json!({
                 "name": "memcached-operator-webhook-service",
                 "namespace": "memcached-operator-system",
-                "path": config["webhooks"][0]["clientConfig"]["service"]["path"],
+                "path": path,
+                "port": 443,
             })
         );
     }
