@@ -479,3 +479,40 @@ async fn config_default_builds_and_the_api_server_accepts_every_object() {
     // The CRD's default applied by the API server.
     assert_eq!(sample["spec"]["containerPort"], 11211);
 }
+
+/// The manager Deployment's args are accepted by `memcached-operator run` and mean what
+/// the manifests assume (ports of the probes, the metrics Service and the NetworkPolicy).
+#[test]
+fn manager_args_parse_as_the_run_command() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Run(Box<memcached_operator::cmd::RunArgs>),
+    }
+    let deployment = manifests::manager_deployment().expect("renders");
+    let container = &deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .expect("pod spec")
+        .containers[0];
+    let args = container.args.clone().expect("args");
+    assert_eq!(args, manifests::manager_args());
+    let cli = Cli::try_parse_from(std::iter::once("memcached-operator".to_string()).chain(args))
+        .unwrap_or_else(|e| panic!("the Deployment's args do not parse: {e}"));
+    let Sub::Run(run) = cli.command;
+    assert!(run.leader_elect);
+    assert_eq!(
+        run.metrics_bind_address,
+        format!(":{}", manifests::METRICS_PORT)
+    );
+    assert!(run.metrics_secure);
+    assert_eq!(
+        run.health_probe_bind_address,
+        format!(":{}", manifests::HEALTH_PORT)
+    );
+}
