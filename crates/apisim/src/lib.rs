@@ -105,8 +105,10 @@ impl Inner {
         }
     }
 
+    /// Run garbage-collection steps until nothing changes (bounded, so a dependent that
+    /// can never be updated cannot spin the task; the next deletion retries).
     pub fn gc_now(&self) {
-        loop {
+        for _ in 0..1000 {
             let changed = self.state.lock().gc_step();
             if !changed {
                 break;

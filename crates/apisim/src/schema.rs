@@ -87,6 +87,14 @@ fn regex_cached(p: &str) -> Option<Regex> {
         .clone()
 }
 
+/// A schema bound as apiserver prints it (`0`, not `0.0`).
+fn num(v: &Value) -> String {
+    match v.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+        _ => v.to_string(),
+    }
+}
+
 fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -194,7 +202,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
                     v,
                     &format!(
                         "{path} in body should be greater than {}",
-                        schema["minimum"]
+                        num(&schema["minimum"])
                     ),
                 ));
             } else if !excl_min && n < min {
@@ -203,7 +211,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
                     v,
                     &format!(
                         "{path} in body should be greater than or equal to {}",
-                        schema["minimum"]
+                        num(&schema["minimum"])
                     ),
                 ));
             }
@@ -213,7 +221,10 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
                 errs.push(FieldError::invalid(
                     path,
                     v,
-                    &format!("{path} in body should be less than {}", schema["maximum"]),
+                    &format!(
+                        "{path} in body should be less than {}",
+                        num(&schema["maximum"])
+                    ),
                 ));
             } else if !excl_max && n > max {
                 errs.push(FieldError::invalid(
@@ -221,7 +232,7 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
                     v,
                     &format!(
                         "{path} in body should be less than or equal to {}",
-                        schema["maximum"]
+                        num(&schema["maximum"])
                     ),
                 ));
             }

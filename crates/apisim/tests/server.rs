@@ -226,3 +226,33 @@ async fn token_and_subject_access_reviews() {
             .allowed
     );
 }
+
+#[tokio::test]
+async fn kubeconfig_works_with_kube_rs() {
+    let s = apisim::ApiServer::new();
+    let h = s.serve().await.unwrap();
+    assert_eq!(h.url(), format!("http://127.0.0.1:{}", h.port()));
+    let kc = kube::config::Kubeconfig::from_yaml(&h.kubeconfig_yaml()).unwrap();
+    assert_eq!(kc.current_context.as_deref(), Some("apisim"));
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let c = kube::Client::try_from(cfg).unwrap();
+    let cms: Api<ConfigMap> = Api::default_namespaced(c);
+    cms.create(
+        &PostParams::default(),
+        &from_json(json!({"metadata": {"name": "via-kc"}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        s.get_object("v1", "configmaps", Some("default"), "via-kc")
+            .is_some()
+    );
+    // dropping the handle stops the server
+    let url = h.url();
+    drop(h);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let addr = url.trim_start_matches("http://").to_string();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
