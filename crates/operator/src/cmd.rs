@@ -19,6 +19,7 @@ use tracing::{error, info, warn};
 use crate::builders::BuildSettings;
 use crate::controller::{self, Caches, ControllerConfig, Telemetry};
 use crate::crd;
+use crate::webhook::{self, WebhookConfig, WebhookServer};
 
 /// Flags of `memcached-operator run`; names and defaults follow controller-runtime's
 /// scaffolded `main.go` where it has one.
@@ -71,6 +72,18 @@ pub struct RunArgs {
     #[arg(long, default_value = ":8081")]
     pub health_probe_bind_address: String,
 
+    /// Serve the defaulting and validating admission webhooks (`ENABLE_WEBHOOKS=false`
+    /// to run outside a cluster, as `make run` does).
+    #[arg(long, env = "ENABLE_WEBHOOKS", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_webhooks: bool,
+    /// Port of the webhook server.
+    #[arg(long, default_value_t = webhook::DEFAULT_PORT)]
+    pub webhook_port: u16,
+    /// Directory with the webhook server's `tls.crt` and `tls.key` (cert-manager mounts its
+    /// Secret here; reloaded when they change).
+    #[arg(long, default_value = webhook::DEFAULT_CERT_DIR)]
+    pub webhook_cert_dir: PathBuf,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -90,6 +103,8 @@ pub enum RunError {
     Flag { flag: &'static str, message: String },
     #[error("metrics server: {0}")]
     Metrics(#[from] manager::metrics_server::Error),
+    #[error(transparent)]
+    Webhook(#[from] webhook::WebhookError),
     #[error("health probes: {0}")]
     Probes(String),
     #[error("leader election: {0}")]
@@ -179,6 +194,11 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         None
     };
 
+    // Refuse to start, saying why, rather than serve webhooks the API server cannot call.
+    if args.enable_webhooks {
+        webhook::check_certificate(&args.webhook_cert_dir)?;
+    }
+
     let client = Client::try_default()
         .await
         .map_err(|e| RunError::Config(e.to_string()))?;
@@ -218,6 +238,26 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         servers.push(tokio::spawn(async move {
             if let Err(e) = server.run(metrics, shutdown).await {
                 error!(error = %e, "metrics server stopped");
+            }
+        }));
+    }
+
+    if args.enable_webhooks {
+        // Every replica serves the webhooks, leader or not (as controller-runtime does).
+        let config = WebhookConfig {
+            bind: SocketAddr::from(([0, 0, 0, 0], args.webhook_port)),
+            cert_dir: args.webhook_cert_dir.clone(),
+            default_image: args.memcached_image.clone(),
+        };
+        let server = WebhookServer::bind(config).await?;
+        if let Ok(addr) = server.local_addr() {
+            info!(%addr, "serving admission webhooks");
+        }
+        health.set_ready("webhook-started", true);
+        let shutdown = shutdown.clone();
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = server.run(shutdown).await {
+                error!(error = %e, "webhook server stopped");
             }
         }));
     }

@@ -162,6 +162,7 @@ impl Operator {
             .env("KUBECONFIG", &cluster.kubeconfig)
             .env("POD_NAME", name)
             .env("RUST_LOG", "info")
+            .env("ENABLE_WEBHOOKS", "false")
             .env_remove("WATCH_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .stdout(Stdio::null())
@@ -650,6 +651,7 @@ fn run_once(kubeconfig: &Path) -> (ExitStatus, String) {
         ])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "off")
+        .env("ENABLE_WEBHOOKS", "false")
         .output()
         .expect("operator runs");
     (out.status, String::from_utf8_lossy(&out.stderr).to_string())
@@ -692,4 +694,137 @@ async fn a_missing_crd_or_an_unreachable_cluster_is_a_one_line_error() {
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+}
+
+fn https_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(AcceptAnyCert))
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let server_name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let conn = rustls::ClientConnection::new(Arc::new(config), server_name).expect("tls client");
+    let sock = TcpStream::connect(addr).expect("connect");
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    write!(
+        tls,
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write request");
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_need_a_certificate_and_then_reject_bad_objects() {
+    let cluster = Cluster::start(true).await;
+    let dir = TempDir::new("webhook-certs");
+
+    // Enabled without a certificate: refuse to start, saying why and how to fix it.
+    let kubeconfig = cluster.kubeconfig.clone();
+    let cert_dir = dir.0.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args([
+                "run",
+                "--metrics-bind-address=0",
+                "--health-probe-bind-address=0",
+            ])
+            .arg(format!("--webhook-cert-dir={}", cert_dir.display()))
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "off")
+            .env_remove("ENABLE_WEBHOOKS")
+            .output()
+            .expect("operator runs")
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no usable serving certificate"), "{stderr}");
+    assert!(
+        stderr.contains("ENABLE_WEBHOOKS=false"),
+        "says how to run without: {stderr}"
+    );
+
+    let pair = manager::webhook_tls::generate_self_signed(&["localhost".to_string()])
+        .expect("self-signed");
+    std::fs::write(dir.0.join("tls.crt"), pair.cert_pem).expect("write cert");
+    std::fs::write(dir.0.join("tls.key"), pair.key_pem).expect("write key");
+    let port = free_port();
+    let mut op = Operator::spawn(
+        &cluster,
+        "op-webhook",
+        &[
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+            "--enable-webhooks=true",
+            &format!("--webhook-port={port}"),
+            &format!("--webhook-cert-dir={}", dir.0.display()),
+        ],
+    );
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "7f0b2b0e-1d2c-4c57-9d8b-3f1a2e4b5c6d",
+            "kind": {"group": "memcached.cache.example.com", "version": "v1", "kind": "Memcached"},
+            "resource": {"group": "memcached.cache.example.com", "version": "v1", "resource": "memcacheds"},
+            "operation": "CREATE", "name": "bad", "namespace": "default",
+            "userInfo": {"username": "alice"},
+            "object": {"apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+                       "metadata": {"name": "bad", "namespace": "default"}, "spec": {"size": -1}}
+        }
+    })
+    .to_string();
+    let (code, body) = wait_for("webhook answers", Duration::from_secs(20), || {
+        let review = review.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                TcpStream::connect(addr).ok()?;
+                Some(https_post(
+                    addr,
+                    "/validate-memcached-cache-example-com-v1-memcached",
+                    &review,
+                ))
+            })
+            .await
+            .ok()
+            .flatten()
+            .filter(|r| r.0 != 0)
+        }
+    })
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("AdmissionReview JSON");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spec.size"),
+        "{answer}"
+    );
+    assert!(
+        op.child.try_wait().expect("try_wait").is_none(),
+        "still serving:\n{}",
+        op.logs()
+    );
+    drop(op);
 }
