@@ -309,7 +309,7 @@ async fn http_handler(
 }
 
 fn json_response(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
-    match serde_json::to_vec(review) {
+    match review_json(review) {
         Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -317,6 +317,45 @@ fn json_response(status: StatusCode, review: &AdmissionReview<DynamicObject>) ->
         )
             .into_response(),
     }
+}
+
+/// The AdmissionReview as sent on the wire. `response.patch` is a Go `[]byte`, which is
+/// base64 in JSON; kube-core serializes its `Vec<u8>` as an array of numbers
+/// (kube-rs issue 1781), so it is rewritten here.
+pub fn review_json(review: &AdmissionReview<DynamicObject>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut value = serde_json::to_value(review)?;
+    if let Some(patch) = value.pointer_mut("/response/patch")
+        && let Some(bytes) = patch.as_array().map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect::<Vec<u8>>()
+        })
+    {
+        *patch = Value::String(base64(&bytes));
+    }
+    serde_json::to_vec(&value)
+}
+
+/// Standard base64 with padding (RFC 4648), as Go's encoding/json writes `[]byte`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 fn check_headers(headers: &HeaderMap) -> Result<(), BadRequest> {
@@ -694,7 +733,10 @@ fn integer(
             });
             match n {
                 Some(n) => Ok(Some(n)),
-                None if v.is_number() => Err(FieldError::invalid(field, Json(v), rule)),
+                // An integral number too large for i64 (e.g. 1e300 or u64::MAX).
+                None if v.as_f64().is_some_and(|f| f.fract() == 0.0) => {
+                    Err(FieldError::invalid(field, Json(v), rule))
+                }
                 None => Err(FieldError::invalid(
                     field,
                     Json(v),
@@ -1060,6 +1102,21 @@ impl axum::serve::Listener for TlsListener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        for (input, want) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), want);
+        }
+    }
 
     #[test]
     fn schema_defaults_are_exactly_the_crds() {
