@@ -530,6 +530,11 @@ fn resource_request(
             let mut obj = parse_body(headers, body)?;
             check_type(&rt, &version, &mut obj, false)?;
             check_ns(&rt, &r, &obj)?;
+            if !meta_str(&obj, "resourceVersion").is_empty() {
+                return Err(ApiError::internal(
+                    "resourceVersion should not be set on objects to be created",
+                ));
+            }
             if rt.create_only {
                 let st = inner.state.lock();
                 let out = crate::sim::review(&st, &rt, obj)?;
@@ -556,6 +561,20 @@ fn resource_request(
             }
             check_type(&rt, &version, &mut obj, false)?;
             check_ns(&rt, &r, &obj)?;
+            if rt.crd && meta_str(&obj, "resourceVersion").is_empty() {
+                // custom resources don't allow unconditional updates
+                return Err(ApiError::invalid(
+                    &rt.kind_qualified(),
+                    &rt.group,
+                    &rt.kind,
+                    &name,
+                    vec![FieldError::invalid(
+                        "metadata.resourceVersion",
+                        &json!("0x0"),
+                        "must be specified for an update",
+                    )],
+                ));
+            }
             let sub = r.sub.clone().unwrap_or_default();
             let out = inner
                 .state
@@ -566,7 +585,26 @@ fn resource_request(
         (Method::PATCH, Some(name)) => patch_request(inner, headers, &rt, &r, &name, q, body),
         (Method::DELETE, Some(name)) => {
             let opts = delete_opts(q, body)?;
-            let out = inner.state.lock().delete(&rt, &ns, &name, &opts)?;
+            let mut st = inner.state.lock();
+            let out = st.delete(&rt, &ns, &name, &opts)?;
+            let removed = !opts.dry_run
+                && st
+                    .get(&rt.key(), if rt.namespaced { &ns } else { "" }, &name)
+                    .is_none();
+            drop(st);
+            // like kube-apiserver: most kinds answer an immediate deletion with a Status,
+            // pods, services and custom resources with the deleted object
+            let returns_object =
+                rt.crd || (rt.group.is_empty() && (rt.plural == "pods" || rt.plural == "services"));
+            if removed && !returns_object {
+                return Ok(json_response(
+                    200,
+                    &json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                        "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": out["metadata"]["uid"]},
+                    }),
+                ));
+            }
             Ok(json_response(200, &present(&out, &rt, &version)))
         }
         (Method::DELETE, None) => {

@@ -210,6 +210,20 @@ async fn crd_install_discovery_validation() {
         .unwrap_err(),
     );
     assert_eq!(e.code, 415);
+    // custom resources need a resourceVersion on PUT
+    let mut cur = api.get("a").await.unwrap();
+    cur.metadata.resource_version = None;
+    let e = status(
+        api.replace("a", &PostParams::default(), &cur)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
+    assert!(
+        e.message.contains("metadata.resourceVersion"),
+        "{}",
+        e.message
+    );
     // update validates too
     let e = status(
         api.patch(

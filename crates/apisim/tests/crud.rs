@@ -71,8 +71,11 @@ async fn crud_roundtrip(client: kube::Client, server: &apisim::ApiServer) {
     assert_eq!(l.items.len(), 1);
     assert!(l.metadata.resource_version.is_some());
     // delete
+    // an immediate deletion of a ConfigMap is answered with a Status (like kube-apiserver)
     let d = api.delete("a", &DeleteParams::default()).await.unwrap();
-    assert!(d.is_left());
+    let st = d.right().expect("Status");
+    assert!(st.is_success());
+    assert_eq!(st.details.unwrap().name, "a");
     let e = status(api.get("a").await.unwrap_err());
     assert_eq!(e.code, 404);
     assert_eq!(e.reason, "NotFound");
