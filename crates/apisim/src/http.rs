@@ -427,45 +427,6 @@ fn wants_table(h: &HeaderMap) -> bool {
         .is_some_and(|a| a.contains("as=Table"))
 }
 
-fn age(ts: &str) -> String {
-    let Ok(t) = ts.parse::<jiff::Timestamp>() else {
-        return "<unknown>".into();
-    };
-    let secs = (jiff::Timestamp::now().as_second() - t.as_second()).max(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
-}
-
-fn table(items: &[Value], rv: &str, cont: Option<&str>) -> Value {
-    let rows: Vec<Value> = items
-        .iter()
-        .map(|o| {
-            json!({
-                "cells": [meta_str(o, "name"), age(meta_str(o, "creationTimestamp"))],
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
-            })
-        })
-        .collect();
-    let mut meta = json!({"resourceVersion": rv});
-    if let Some(c) = cont {
-        meta["continue"] = json!(c);
-    }
-    json!({
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": meta,
-        "columnDefinitions": [
-            {"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0},
-            {"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp", "priority": 0},
-        ],
-        "rows": rows,
-    })
-}
-
 fn resource_request(
     inner: &Arc<Inner>,
     method: &Method,
@@ -516,7 +477,10 @@ fn resource_request(
             }
             let o = present(obj, &rt, &version);
             if wants_table(headers) {
-                return Ok(json_response(200, &table(&[o], &st.rv.to_string(), None)));
+                return Ok(json_response(
+                    200,
+                    &crate::table::table(&rt, &[o], &st.rv.to_string(), None),
+                ));
             }
             Ok(json_response(200, &o))
         }
@@ -739,7 +703,10 @@ fn list(
     }
     drop(st);
     if wants_table(headers) {
-        return Ok(json_response(200, &table(&items, &rv, cont.as_deref())));
+        return Ok(json_response(
+            200,
+            &crate::table::table(rt, &items, &rv, cont.as_deref()),
+        ));
     }
     let mut meta = json!({"resourceVersion": rv});
     if let Some(c) = cont {

@@ -42,6 +42,7 @@ mod registry;
 mod schema;
 mod sim;
 mod store;
+mod table;
 mod util;
 mod watch;
 

@@ -34,6 +34,8 @@ pub struct ResourceType {
     /// Defined by a CRD: version -> openAPIV3Schema.
     pub crd: bool,
     pub schemas: HashMap<String, Value>,
+    /// additionalPrinterColumns of the storage version: (name, type, jsonPath).
+    pub printer_columns: Vec<(String, String, String)>,
 }
 
 pub type ResKey = (String, String);
@@ -110,6 +112,7 @@ fn builtin(
         generation: status,
         crd: false,
         schemas: HashMap::new(),
+        printer_columns: vec![],
     }
 }
 
@@ -605,5 +608,16 @@ pub fn from_crd(crd: &Value) -> Result<ResourceType, Vec<crate::error::FieldErro
         generation: true,
         crd: true,
         schemas,
+        printer_columns: storage["additionalPrinterColumns"]
+            .as_array()
+            .map(|cols| {
+                cols.iter()
+                    .map(|c| {
+                        let s = |k: &str| c[k].as_str().unwrap_or("").to_string();
+                        (s("name"), s("type"), s("jsonPath"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
