@@ -74,6 +74,9 @@ pub const TIMEOUT_SECONDS: i32 = 10;
 pub const CA_INJECTION_ANNOTATION: &str = "cert-manager.io/inject-ca-from";
 /// A TLS handshake must finish within this time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request body must arrive within this time (the API server gives up after
+/// [`TIMEOUT_SECONDS`] anyway), so a slow client cannot hold a handler.
+const BODY_TIMEOUT: Duration = Duration::from_secs(TIMEOUT_SECONDS as u64);
 /// Longest JSON value quoted back in a message.
 const MAX_QUOTED: usize = 120;
 
@@ -253,8 +256,8 @@ pub enum Endpoint {
     Validate,
 }
 
-/// A request that is not a usable AdmissionReview: answered with this HTTP status (400 or
-/// 413) and the message, inside an AdmissionReview body.
+/// A request that is not a usable AdmissionReview: answered with this HTTP status (400,
+/// 408 or 413) and the message, inside an AdmissionReview body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BadRequest {
     pub status: StatusCode,
@@ -276,10 +279,10 @@ impl BadRequest {
     pub fn to_review(&self) -> AdmissionReview<DynamicObject> {
         let mut response = AdmissionResponse::invalid(&self.message);
         response.uid = self.uid.clone();
-        let reason = if self.status == StatusCode::PAYLOAD_TOO_LARGE {
-            "RequestEntityTooLarge"
-        } else {
-            "BadRequest"
+        let reason = match self.status {
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
+            StatusCode::REQUEST_TIMEOUT => "Timeout",
+            _ => "BadRequest",
         };
         response.result = Status::failure(&self.message, reason).with_code(self.status.as_u16());
         response.into_review()
@@ -294,9 +297,16 @@ async fn http_handler(
 ) -> Response {
     let result = match check_headers(headers) {
         Err(bad) => Err(bad),
-        Ok(()) => match read_body(body).await {
-            Err(bad) => Err(bad),
-            Ok(bytes) => handle(endpoint, &bytes, default_image),
+        Ok(()) => match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
+            Err(_) => Err(BadRequest::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            )),
+            Ok(Err(bad)) => Err(bad),
+            Ok(Ok(bytes)) => handle(endpoint, &bytes, default_image),
         },
     };
     match result {
