@@ -942,9 +942,12 @@ fn patch_request(
     if !doc.is_object() {
         return Err(ApiError::bad_request("patch result is not an object"));
     }
-    if !doc["metadata"].is_object() {
-        doc["metadata"] = json!({});
+    match &doc["metadata"] {
+        Value::Object(_) => {}
+        Value::Null => doc["metadata"] = json!({}),
+        _ => return Err(ApiError::bad_request("metadata must be an object")),
     }
+    check_type(rt, version, &mut doc, false)?;
     let out = st.update(rt, &ns, name, &sub, doc, &ctx)?;
     Ok(json_response(200, &present(&out, rt, version)))
 }

@@ -381,7 +381,17 @@ where
                     ))));
                 }
             };
-            Ok(http::handle(inner, parts, bytes).await)
+            // belt and braces: a bug must not take the connection (or kube's Buffer) down
+            use futures::FutureExt;
+            match std::panic::AssertUnwindSafe(http::handle(inner, parts, bytes))
+                .catch_unwind()
+                .await
+            {
+                Ok(r) => Ok(r),
+                Err(_) => Ok(http::error_response(&ApiError::internal(
+                    "apisim: internal error while handling the request",
+                ))),
+            }
         })
     }
 }
