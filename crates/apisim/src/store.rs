@@ -313,6 +313,58 @@ impl State {
     }
 
     fn builtin_defaults(rt: &ResourceType, obj: &mut Value) {
+        fn set(v: &mut Value, k: &str, d: Value) {
+            if v.is_object() && v[k].is_null() {
+                v[k] = d;
+            }
+        }
+        fn containers(list: &mut Value) {
+            let Some(cs) = list.as_array_mut() else {
+                return;
+            };
+            for c in cs.iter_mut().filter(|c| c.is_object()) {
+                let image = c["image"].as_str().unwrap_or("").to_string();
+                let last = image.rsplit('/').next().unwrap_or("");
+                let tag_latest = !last.contains(':') || last.ends_with(":latest");
+                let policy = if tag_latest && !image.contains('@') {
+                    "Always"
+                } else {
+                    "IfNotPresent"
+                };
+                set(c, "imagePullPolicy", json!(policy));
+                set(c, "terminationMessagePath", json!("/dev/termination-log"));
+                set(c, "terminationMessagePolicy", json!("File"));
+                set(c, "resources", json!({}));
+                if let Some(ps) = c["ports"].as_array_mut() {
+                    for p in ps.iter_mut() {
+                        set(p, "protocol", json!("TCP"));
+                    }
+                }
+            }
+        }
+        fn pod_spec(spec: &mut Value, pod: bool) {
+            if !spec.is_object() {
+                return;
+            }
+            set(spec, "restartPolicy", json!("Always"));
+            set(spec, "terminationGracePeriodSeconds", json!(30));
+            set(spec, "dnsPolicy", json!("ClusterFirst"));
+            set(spec, "schedulerName", json!("default-scheduler"));
+            set(spec, "securityContext", json!({}));
+            if pod {
+                set(spec, "serviceAccountName", json!("default"));
+                let sa = spec["serviceAccountName"].clone();
+                set(spec, "serviceAccount", sa);
+                set(spec, "enableServiceLinks", json!(true));
+                set(spec, "priority", json!(0));
+                set(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
+            }
+            for k in ["containers", "initContainers"] {
+                if let Some(c) = spec.get_mut(k) {
+                    containers(c);
+                }
+            }
+        }
         match (rt.group.as_str(), rt.plural.as_str()) {
             ("", "namespaces") => {
                 if obj["status"]["phase"].is_null() {
@@ -325,28 +377,53 @@ impl State {
                     labels["kubernetes.io/metadata.name"] = json!(name);
                 }
             }
-            ("", "pods") if obj["status"]["phase"].is_null() => {
-                obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+            ("", "pods") => {
+                if obj["status"]["phase"].is_null() {
+                    obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+                }
+                if let Some(spec) = obj.get_mut("spec") {
+                    pod_spec(spec, true);
+                }
             }
             ("apps", "deployments") | ("apps", "replicasets") => {
-                if obj["spec"].is_object() && obj["spec"]["replicas"].is_null() {
-                    obj["spec"]["replicas"] = json!(1);
+                let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else {
+                    return;
+                };
+                set(spec, "replicas", json!(1));
+                if rt.plural == "deployments" {
+                    set(
+                        spec,
+                        "strategy",
+                        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}),
+                    );
+                    set(spec, "revisionHistoryLimit", json!(10));
+                    set(spec, "progressDeadlineSeconds", json!(600));
                 }
-                if rt.plural == "deployments"
-                    && obj["spec"].is_object()
-                    && obj["spec"]["strategy"].is_null()
-                {
-                    obj["spec"]["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}});
+                if let Some(ps) = spec.pointer_mut("/template/spec") {
+                    pod_spec(ps, false);
                 }
             }
             ("", "services") if obj["spec"].is_object() => {
-                if obj["spec"]["type"].is_null() {
-                    obj["spec"]["type"] = json!("ClusterIP");
+                let spec = &mut obj["spec"];
+                set(spec, "type", json!("ClusterIP"));
+                if spec["type"] != "ExternalName" {
+                    if spec["clusterIP"].is_null() {
+                        let ip =
+                            format!("10.96.{}.{}", fastrand::u8(0..=255), fastrand::u8(1..=254));
+                        spec["clusterIP"] = json!(ip);
+                        spec["clusterIPs"] = json!([ip]);
+                    }
+                    set(spec, "sessionAffinity", json!("None"));
+                    set(spec, "ipFamilies", json!(["IPv4"]));
+                    set(spec, "ipFamilyPolicy", json!("SingleStack"));
+                    set(spec, "internalTrafficPolicy", json!("Cluster"));
                 }
-                if obj["spec"]["clusterIP"].is_null() && obj["spec"]["type"] != "ExternalName" {
-                    let ip = format!("10.96.{}.{}", fastrand::u8(0..=255), fastrand::u8(1..=254));
-                    obj["spec"]["clusterIP"] = json!(ip);
-                    obj["spec"]["clusterIPs"] = json!([ip]);
+                if let Some(ps) = spec["ports"].as_array_mut() {
+                    for p in ps.iter_mut() {
+                        set(p, "protocol", json!("TCP"));
+                        let port = p["port"].clone();
+                        set(p, "targetPort", port);
+                    }
                 }
             }
             _ => {}
@@ -546,10 +623,18 @@ impl State {
                 };
             }
         }
-        if sub.is_empty()
-            && (rt.plural == "deployments" || rt.plural == "replicasets")
-            && rt.group == "apps"
-        {
+        if sub.is_empty() && !rt.crd {
+            if rt.group.is_empty() && rt.plural == "services" {
+                // an update without clusterIP keeps the allocated one
+                for k in ["clusterIP", "clusterIPs"] {
+                    if new["spec"].is_object()
+                        && new["spec"][k].is_null()
+                        && !old["spec"][k].is_null()
+                    {
+                        new["spec"][k] = old["spec"][k].clone();
+                    }
+                }
+            }
             Self::builtin_defaults(rt, &mut new);
         }
         self.validate_object(rt, &mut new, &ctx.version)?;

@@ -297,3 +297,52 @@ async fn bad_input_gives_status_errors() {
         "ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\""
     ));
 }
+
+#[tokio::test]
+async fn builtin_defaults_like_the_real_server() {
+    use k8s_openapi::api::core::v1::Service;
+    let s = apisim::ApiServer::new();
+    let svcs: Api<Service> = Api::namespaced(s.client(), "default");
+    let svc: Service = from_json(
+        json!({"metadata": {"name": "mc"}, "spec": {"selector": {"app": "mc"}, "ports": [{"name": "memcached", "port": 11211}]}}),
+    );
+    let out = svcs.create(&PostParams::default(), &svc).await.unwrap();
+    let spec = out.spec.unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert!(spec.cluster_ip.as_deref().unwrap().starts_with("10.96."));
+    let p = &spec.ports.unwrap()[0];
+    assert_eq!(p.protocol.as_deref(), Some("TCP"));
+    assert_eq!(
+        p.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(11211))
+    );
+    // an update without clusterIP keeps it
+    let ip = spec.cluster_ip.clone();
+    let out = svcs
+        .patch(
+            "mc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterIP": null, "clusterIPs": null}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.spec.unwrap().cluster_ip, ip);
+
+    let api: Api<Deployment> = Api::namespaced(s.client(), "default");
+    let d = api
+        .create(&PostParams::default(), &deploy("web", 1))
+        .await
+        .unwrap();
+    let spec = d.spec.unwrap();
+    assert_eq!(spec.revision_history_limit, Some(10));
+    let ps = spec.template.spec.unwrap();
+    assert_eq!(ps.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(
+        ps.containers[0].image_pull_policy.as_deref(),
+        Some("IfNotPresent")
+    );
+    assert_eq!(
+        ps.containers[0].termination_message_path.as_deref(),
+        Some("/dev/termination-log")
+    );
+}
