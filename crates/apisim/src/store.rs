@@ -37,6 +37,10 @@ pub struct State {
     pub history_cap: usize,
     pub tx: broadcast::Sender<Arc<Event>>,
     pub tokens: HashMap<String, (String, Vec<String>)>,
+    /// uids of all stored objects (owner lookups for GC).
+    pub uids: HashSet<String>,
+    /// Objects GC has to look at: with ownerReferences or a deletionTimestamp.
+    pub gc_candidates: HashSet<(ResKey, ObjKey)>,
 }
 
 /// How a write records field managers.
@@ -106,6 +110,8 @@ impl State {
             history_cap: history_cap.max(1),
             tx,
             tokens: HashMap::new(),
+            uids: HashSet::new(),
+            gc_candidates: HashSet::new(),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
@@ -186,10 +192,21 @@ impl State {
         self.rv += 1;
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let arc = Arc::new(obj);
+        let okey = (ns.to_string(), name.to_string());
+        self.uids.insert(meta_str(&arc, "uid").to_string());
+        let candidate = arc["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+            || !arc["metadata"]["deletionTimestamp"].is_null();
+        if candidate {
+            self.gc_candidates.insert((rt.key(), okey.clone()));
+        } else {
+            self.gc_candidates.remove(&(rt.key(), okey.clone()));
+        }
         self.objects
             .entry(rt.key())
             .or_default()
-            .insert((ns.to_string(), name.to_string()), arc.clone());
+            .insert(okey, arc.clone());
         self.emit(rt.key(), ns, etype, arc.clone(), prev);
         arc
     }
@@ -200,6 +217,9 @@ impl State {
             .objects
             .get_mut(&rt.key())?
             .remove(&(ns.to_string(), name.to_string()))?;
+        self.uids.remove(meta_str(&old, "uid"));
+        self.gc_candidates
+            .remove(&(rt.key(), (ns.to_string(), name.to_string())));
         self.rv += 1;
         let mut obj = (*old).clone();
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(self.rv.to_string()));
@@ -792,45 +812,52 @@ impl State {
         Ok((*arc).clone())
     }
 
-    /// Every stored object with its type (for GC).
-    pub fn all_objects(&self) -> Vec<(ResourceType, Arc<Value>)> {
-        let mut out = vec![];
-        for (key, m) in &self.objects {
-            if let Some(rt) = self.reg.types.get(key) {
-                for v in m.values() {
-                    out.push((rt.clone(), v.clone()));
-                }
-            }
-        }
-        out
-    }
-
     /// One garbage-collection / namespace-cleanup step. Returns true if anything changed.
+    ///
+    /// Only objects with ownerReferences or a deletionTimestamp are looked at closely, so a
+    /// step costs one cheap scan of the store.
     pub fn gc_step(&mut self) -> bool {
-        let all = self.all_objects();
-        let uids: HashSet<String> = all
+        let has_refs = |o: &Value| {
+            o["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        };
+        let deleting = |o: &Value| !o["metadata"]["deletionTimestamp"].is_null();
+        let cands: Vec<(ResKey, Arc<Value>)> = self
+            .gc_candidates
             .iter()
-            .map(|(_, o)| meta_str(o, "uid").to_string())
+            .filter_map(|(k, (ns, name))| self.get(k, ns, name).map(|v| (k.clone(), v.clone())))
             .collect();
+        if cands.is_empty() {
+            return false;
+        }
         let mut changed = false;
         let bg = DeleteOpts::default();
-        for (rt, o) in &all {
-            let ns = meta_str(o, "namespace").to_string();
-            let name = meta_str(o, "name").to_string();
-            let deleting = !o["metadata"]["deletionTimestamp"].is_null();
+        for (key, snap) in &cands {
+            let Some(rt) = self.reg.types.get(key).cloned() else {
+                continue;
+            };
+            let ns = meta_str(snap, "namespace").to_string();
+            let name = meta_str(snap, "name").to_string();
+            // re-read: an earlier candidate in this step may have changed or removed it
+            let Some(cur) = self.get(key, &ns, &name).cloned() else {
+                continue;
+            };
+            let o = &cur;
             // dependents whose owners are all gone
-            if let Some(refs) = o["metadata"]["ownerReferences"].as_array()
-                && !refs.is_empty()
-                && !deleting
-                && refs
-                    .iter()
-                    .all(|r| !uids.contains(r["uid"].as_str().unwrap_or("")))
-                && self.delete(rt, &ns, &name, &bg).is_ok()
+            if has_refs(o)
+                && !deleting(o)
+                && o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .all(|r| !self.uids.contains(r["uid"].as_str().unwrap_or("")))
+                && self.delete(&rt, &ns, &name, &bg).is_ok()
             {
                 changed = true;
                 continue;
             }
-            if !deleting {
+            if !deleting(o) {
                 continue;
             }
             let uid = meta_str(o, "uid").to_string();
@@ -842,20 +869,26 @@ impl State {
                         .collect()
                 })
                 .unwrap_or_default();
-            let dependents: Vec<(ResourceType, Arc<Value>)> = all
-                .iter()
-                .filter(|(_, d)| {
-                    d["metadata"]["ownerReferences"]
-                        .as_array()
-                        .is_some_and(|rs| {
-                            rs.iter().any(|r| r["uid"].as_str() == Some(uid.as_str()))
-                        })
-                })
-                .cloned()
-                .collect();
+            let owns = |d: &Value| {
+                d["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|r| r["uid"].as_str() == Some(uid.as_str())))
+            };
+            let dependents: Vec<(ResKey, Arc<Value>)> =
+                cands.iter().filter(|(_, d)| owns(d)).cloned().collect();
             if fins.iter().any(|f| f == "orphan") {
-                for (drt, d) in &dependents {
-                    let mut nd = (**d).clone();
+                for (dkey, d) in &dependents {
+                    let Some(drt) = self.reg.types.get(dkey).cloned() else {
+                        continue;
+                    };
+                    // re-read: an earlier step may have changed it
+                    let Some(cur) = self
+                        .get(dkey, meta_str(d, "namespace"), meta_str(d, "name"))
+                        .cloned()
+                    else {
+                        continue;
+                    };
+                    let mut nd = (*cur).clone();
                     if let Some(rs) = nd["metadata"]["ownerReferences"].as_array_mut() {
                         rs.retain(|r| r["uid"].as_str() != Some(uid.as_str()));
                         if rs.is_empty()
@@ -865,7 +898,7 @@ impl State {
                         }
                     }
                     let _ = self.update(
-                        drt,
+                        &drt,
                         meta_str(d, "namespace"),
                         meta_str(d, "name"),
                         "",
@@ -873,13 +906,16 @@ impl State {
                         &WriteCtx::internal(drt.preferred_version()),
                     );
                 }
-                self.drop_finalizer(rt, o, "orphan");
+                self.drop_finalizer(&rt, o, "orphan");
                 changed = true;
                 continue;
             }
             if fins.iter().any(|f| f == "foregroundDeletion") {
                 let mut blocking = 0;
-                for (drt, d) in &dependents {
+                for (dkey, d) in &dependents {
+                    let Some(drt) = self.reg.types.get(dkey).cloned() else {
+                        continue;
+                    };
                     let blocks = d["metadata"]["ownerReferences"]
                         .as_array()
                         .is_some_and(|rs| {
@@ -891,13 +927,13 @@ impl State {
                     if blocks {
                         blocking += 1;
                     }
-                    if d["metadata"]["deletionTimestamp"].is_null() {
+                    if !deleting(d) {
                         let fg = DeleteOpts {
                             propagation: Some("Foreground".into()),
                             ..Default::default()
                         };
                         if self
-                            .delete(drt, meta_str(d, "namespace"), meta_str(d, "name"), &fg)
+                            .delete(&drt, meta_str(d, "namespace"), meta_str(d, "name"), &fg)
                             .is_ok()
                         {
                             changed = true;
@@ -905,26 +941,33 @@ impl State {
                     }
                 }
                 if blocking == 0 {
-                    self.drop_finalizer(rt, o, "foregroundDeletion");
+                    self.drop_finalizer(&rt, o, "foregroundDeletion");
                     changed = true;
                 }
                 continue;
             }
             if rt.group.is_empty() && rt.plural == "namespaces" {
-                let mut remaining = 0;
-                for (drt, d) in &all {
-                    if !drt.namespaced || meta_str(d, "namespace") != name {
+                let mut in_ns: Vec<(ResourceType, Arc<Value>)> = vec![];
+                for k in self.objects.keys() {
+                    let Some(t) = self.reg.types.get(k) else {
+                        continue;
+                    };
+                    if !t.namespaced {
                         continue;
                     }
-                    remaining += 1;
-                    if d["metadata"]["deletionTimestamp"].is_null()
-                        && self.delete(drt, &name, meta_str(d, "name"), &bg).is_ok()
+                    for v in self.list(k, Some(&name)) {
+                        in_ns.push((t.clone(), v));
+                    }
+                }
+                let remaining = in_ns.len();
+                for (drt, d) in in_ns {
+                    if !deleting(&d) && self.delete(&drt, &name, meta_str(&d, "name"), &bg).is_ok()
                     {
                         changed = true;
                     }
                 }
                 if remaining == 0 {
-                    self.remove(rt, "", &name);
+                    self.remove(&rt, "", &name);
                     changed = true;
                 }
             }

@@ -74,3 +74,30 @@ async fn hundred_concurrent_watches() {
         assert_eq!(w.await.unwrap(), 500);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_deletes_with_gc_running() {
+    let s = apisim::ApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    for i in 0..3000 {
+        api.create(&PostParams::default(), &cm(format!("d-{i:04}")))
+            .await
+            .unwrap();
+    }
+    let t = Instant::now();
+    for i in 0..3000 {
+        api.delete(&format!("d-{i:04}"), &Default::default())
+            .await
+            .unwrap();
+    }
+    let took = t.elapsed();
+    eprintln!("3,000 deletes: {took:?}");
+    assert!(took < Duration::from_secs(30), "deletes took {took:?}");
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
