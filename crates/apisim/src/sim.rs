@@ -173,6 +173,8 @@ fn relevant(ev: &Event) -> bool {
 
 pub async fn run(weak: Weak<Inner>, mut rx: broadcast::Receiver<Arc<Event>>, delay: Duration) {
     let mut sim = Sim {
+        pods_idx: HashMap::new(),
+        rs_idx: HashMap::new(),
         ready_at: HashMap::new(),
         delay,
         ip: 0,
@@ -206,6 +208,8 @@ pub async fn run(weak: Weak<Inner>, mut rx: broadcast::Receiver<Arc<Event>>, del
 }
 
 struct Sim {
+    pods_idx: HashMap<String, Vec<Arc<Value>>>,
+    rs_idx: HashMap<String, Vec<Arc<Value>>>,
     ready_at: HashMap<String, Instant>,
     delay: Duration,
     ip: u32,
@@ -267,6 +271,7 @@ impl Sim {
             return;
         };
         let ctx = WriteCtx::internal("v1");
+        self.reindex(st, &rsrt, &prt);
         // deployments -> replica sets
         for d in st.list(&drt.key(), None) {
             if !deleting(&d) {
@@ -281,10 +286,10 @@ impl Sim {
         }
         // pods: Pending -> Running/Ready
         let now = Instant::now();
-        let mut seen = vec![];
+        let mut seen = std::collections::HashSet::new();
         for p in st.list(&prt.key(), None) {
             let uid = meta_str(&p, "uid").to_string();
-            seen.push(uid.clone());
+            seen.insert(uid.clone());
             if deleting(&p) || p["status"]["phase"] != "Pending" {
                 self.ready_at.remove(&uid);
                 continue;
@@ -297,6 +302,7 @@ impl Sim {
         }
         self.ready_at.retain(|k, _| seen.contains(k));
         // statuses
+        self.reindex(st, &rsrt, &prt);
         for rs in st.list(&rsrt.key(), None) {
             self.rs_status(st, &rsrt, &prt, &rs, &ctx);
         }
@@ -307,23 +313,45 @@ impl Sim {
         }
     }
 
-    fn owned_pods(st: &State, prt: &ResourceType, owner: &Value) -> Vec<Arc<Value>> {
-        let uid = meta_str(owner, "uid");
-        st.list(&prt.key(), Some(meta_str(owner, "namespace")))
-            .into_iter()
-            .filter(|p| controller_uid(p) == Some(uid) && !deleting(p))
-            .collect()
+    /// Non-deleting objects of a kind grouped by their controller's uid.
+    fn index(st: &State, rt: &ResourceType) -> HashMap<String, Vec<Arc<Value>>> {
+        let mut m: HashMap<String, Vec<Arc<Value>>> = HashMap::new();
+        for o in st.list(&rt.key(), None) {
+            if deleting(&o) {
+                continue;
+            }
+            if let Some(u) = controller_uid(&o) {
+                m.entry(u.to_string()).or_default().push(o.clone());
+            }
+        }
+        for v in m.values_mut() {
+            v.sort_by_key(|o| {
+                (
+                    meta_str(o, "creationTimestamp").to_string(),
+                    meta_str(o, "resourceVersion").parse::<u64>().unwrap_or(0),
+                )
+            });
+        }
+        m
     }
 
-    fn owned_rs(st: &State, rsrt: &ResourceType, d: &Value) -> Vec<Arc<Value>> {
-        let uid = meta_str(d, "uid");
-        let mut v: Vec<Arc<Value>> = st
-            .list(&rsrt.key(), Some(meta_str(d, "namespace")))
-            .into_iter()
-            .filter(|r| controller_uid(r) == Some(uid) && !deleting(r))
-            .collect();
-        v.sort_by(|a, b| meta_str(a, "creationTimestamp").cmp(meta_str(b, "creationTimestamp")));
-        v
+    fn reindex(&mut self, st: &State, rsrt: &ResourceType, prt: &ResourceType) {
+        self.pods_idx = Self::index(st, prt);
+        self.rs_idx = Self::index(st, rsrt);
+    }
+
+    fn owned_pods(&self, owner: &Value) -> Vec<Arc<Value>> {
+        self.pods_idx
+            .get(meta_str(owner, "uid"))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn owned_rs(&self, d: &Value) -> Vec<Arc<Value>> {
+        self.rs_idx
+            .get(meta_str(d, "uid"))
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn make_ready(&mut self, st: &mut State, prt: &ResourceType, p: &Value, ctx: &WriteCtx) {
@@ -368,7 +396,7 @@ impl Sim {
     ) {
         let want = rs["spec"]["replicas"].as_i64().unwrap_or(1).max(0) as usize;
         let ns = meta_str(rs, "namespace").to_string();
-        let mut pods = Self::owned_pods(st, prt, rs);
+        let mut pods = self.owned_pods(rs);
         if pods.len() < want {
             let tpl = &rs["spec"]["template"];
             for _ in pods.len()..want {
@@ -418,11 +446,11 @@ impl Sim {
         &mut self,
         st: &mut State,
         rsrt: &ResourceType,
-        prt: &ResourceType,
+        _prt: &ResourceType,
         rs: &Value,
         ctx: &WriteCtx,
     ) {
-        let pods = Self::owned_pods(st, prt, rs);
+        let pods = self.owned_pods(rs);
         let ready = pods.iter().filter(|p| pod_ready(p)).count();
         let mut n = rs.clone();
         n["status"] = json!({
@@ -452,7 +480,7 @@ impl Sim {
         st: &mut State,
         _drt: &ResourceType,
         rsrt: &ResourceType,
-        prt: &ResourceType,
+        _prt: &ResourceType,
         d: &Value,
         ctx: &WriteCtx,
     ) {
@@ -460,7 +488,7 @@ impl Sim {
         let want = d["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
         let tpl = d["spec"]["template"].clone();
         let hash = Self::template_hash(&tpl);
-        let rss = Self::owned_rs(st, rsrt, d);
+        let rss = self.owned_rs(d);
         let new_rs = rss
             .iter()
             .find(|r| r["metadata"]["labels"]["pod-template-hash"] == hash.as_str())
@@ -500,21 +528,13 @@ impl Sim {
             } else {
                 let ready_all: i64 = rss
                     .iter()
-                    .map(|r| {
-                        Self::owned_pods(st, prt, r)
-                            .iter()
-                            .filter(|p| pod_ready(p))
-                            .count() as i64
-                    })
+                    .map(|r| self.owned_pods(r).iter().filter(|p| pod_ready(p)).count() as i64)
                     .sum();
                 let old_unready: i64 = olds
                     .iter()
                     .map(|r| {
                         (spec_of(r)
-                            - Self::owned_pods(st, prt, r)
-                                .iter()
-                                .filter(|p| pod_ready(p))
-                                .count() as i64)
+                            - self.owned_pods(r).iter().filter(|p| pod_ready(p)).count() as i64)
                             .max(0)
                     })
                     .sum();
@@ -593,20 +613,20 @@ impl Sim {
         &mut self,
         st: &mut State,
         drt: &ResourceType,
-        rsrt: &ResourceType,
-        prt: &ResourceType,
+        _rsrt: &ResourceType,
+        _prt: &ResourceType,
         d: &Value,
         ctx: &WriteCtx,
     ) {
         let want = d["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
         let hash = Self::template_hash(&d["spec"]["template"]);
-        let rss = Self::owned_rs(st, rsrt, d);
+        let rss = self.owned_rs(d);
         let mut total = 0i64;
         let mut updated = 0i64;
         let mut ready = 0i64;
         let mut new_name = String::new();
         for r in &rss {
-            let pods = Self::owned_pods(st, prt, r);
+            let pods = self.owned_pods(r);
             total += pods.len() as i64;
             ready += pods.iter().filter(|p| pod_ready(p)).count() as i64;
             if r["metadata"]["labels"]["pod-template-hash"] == hash.as_str() {

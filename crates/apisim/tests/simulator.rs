@@ -190,3 +190,25 @@ async fn deployment_scale_and_rollout() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_deployments_converge() {
+    let s = apisim::ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(Duration::from_millis(20))
+        .build();
+    let c = s.client();
+    let api: Api<Deployment> = Api::namespaced(c.clone(), "default");
+    let t = std::time::Instant::now();
+    for i in 0..50 {
+        api.create(&PostParams::default(), &deploy(&format!("d{i}"), 4, "img:1")).await.unwrap();
+    }
+    eventually(20, "200 ready pods", || async {
+        let ds = api.list(&ListParams::default()).await.unwrap().items;
+        let ready: i32 = ds.iter().filter_map(|d| d.status.as_ref()?.ready_replicas).sum();
+        (ready == 200).then_some(())
+    })
+    .await;
+    eprintln!("50 deployments x 4 pods ready in {:?}", t.elapsed());
+    assert_eq!(s.list_objects("v1", "pods", Some("default")).len(), 200);
+}
