@@ -15,6 +15,9 @@ use std::sync::Arc;
 
 pub type Query = BTreeMap<String, String>;
 
+/// kube-apiserver's request body limit (3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
 pub fn full(code: u16, body: Bytes, ctype: &str) -> Response<ResponseBody> {
     let mut r = Response::new(Full::new(body).boxed_unsync());
     *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -179,6 +182,12 @@ pub async fn handle(
     };
     if let Some(e) = fault {
         return error_response(&e);
+    }
+    if body.len() > MAX_BODY {
+        return error_response(&ApiError::new(
+            413,
+            format!("Request entity too large: limit is {MAX_BODY}"),
+        ));
     }
     let res = match route {
         Route::Resource(r) => resource_request(&inner, &parts.method, &parts.headers, r, &q, &body),
@@ -421,6 +430,16 @@ fn dry_run(q: &Query) -> Result<bool, ApiError> {
     }
 }
 
+fn strict(q: &Query) -> Result<bool, ApiError> {
+    match q.get("fieldValidation").map(String::as_str) {
+        None | Some("") | Some("Ignore") | Some("Warn") => Ok(false),
+        Some("Strict") => Ok(true),
+        Some(o) => Err(ApiError::bad_request(format!(
+            "fieldValidation parameter unsupported: {o}; must be one of Ignore, Warn, Strict"
+        ))),
+    }
+}
+
 fn wants_table(h: &HeaderMap) -> bool {
     h.get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -506,6 +525,7 @@ fn resource_request(
             }
             let ctx = WriteCtx {
                 dry_run: dry_run(q)?,
+                strict: strict(q)?,
                 managed: Managed::Update(manager(q, headers)?),
                 version: version.clone(),
             };
@@ -516,6 +536,7 @@ fn resource_request(
             let mut obj = parse_body(headers, body)?;
             let ctx = WriteCtx {
                 dry_run: dry_run(q)?,
+                strict: strict(q)?,
                 managed: Managed::Update(manager(q, headers)?),
                 version: version.clone(),
             };
@@ -865,6 +886,7 @@ fn patch_request(
         util::meta_mut(&mut applied).insert("name".into(), json!(name));
         let ctx = WriteCtx {
             dry_run: dry,
+            strict: strict(q)?,
             managed: Managed::Keep,
             version: version.to_string(),
         };
@@ -900,6 +922,7 @@ fn patch_request(
     }
     let ctx = WriteCtx {
         dry_run: dry,
+        strict: strict(q)?,
         managed: Managed::Update(manager(q, headers)?),
         version: version.to_string(),
     };

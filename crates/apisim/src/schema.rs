@@ -23,7 +23,13 @@ fn join(path: &str, k: &str) -> String {
 }
 
 /// Apply defaults and prune unknown fields (root: skips apiVersion/kind/metadata).
-pub fn default_and_prune(schema: &Value, v: &mut Value, root: bool) {
+pub fn default_and_prune(
+    schema: &Value,
+    v: &mut Value,
+    root: bool,
+    path: &str,
+    pruned: &mut Vec<String>,
+) {
     match v {
         Value::Object(m) => {
             let props = schema["properties"].as_object();
@@ -50,18 +56,19 @@ pub fn default_and_prune(schema: &Value, v: &mut Value, root: bool) {
                 match sub {
                     Some(ps) => {
                         if let Some(c) = m.get_mut(&k) {
-                            default_and_prune(ps, c, false);
+                            default_and_prune(ps, c, false, &join(path, &k), pruned);
                         }
                     }
                     None => {
                         if addl.is_object() {
                             if let Some(c) = m.get_mut(&k) {
-                                default_and_prune(addl, c, false);
+                                default_and_prune(addl, c, false, &join(path, &k), pruned);
                             }
                         } else if addl.as_bool() == Some(true) || preserve(schema) {
                             // keep as is
                         } else {
                             m.remove(&k);
+                            pruned.push(join(path, &k));
                         }
                     }
                 }
@@ -69,8 +76,8 @@ pub fn default_and_prune(schema: &Value, v: &mut Value, root: bool) {
         }
         Value::Array(a) => {
             if let Some(items) = schema.get("items") {
-                for it in a.iter_mut() {
-                    default_and_prune(items, it, false);
+                for (i, it) in a.iter_mut().enumerate() {
+                    default_and_prune(items, it, false, &format!("{path}[{i}]"), pruned);
                 }
             }
         }
@@ -334,12 +341,13 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
     }
 }
 
-/// Default, prune and validate a custom resource. Returns field errors.
-pub fn process(schema: &Value, obj: &mut Value) -> Vec<FieldError> {
-    default_and_prune(schema, obj, true);
+/// Default, prune and validate a custom resource. Returns field errors and pruned paths.
+pub fn process(schema: &Value, obj: &mut Value) -> (Vec<FieldError>, Vec<String>) {
+    let mut pruned = vec![];
+    default_and_prune(schema, obj, true, "", &mut pruned);
     let mut errs = vec![];
     validate(schema, obj, "", true, &mut errs);
-    errs
+    (errs, pruned)
 }
 
 /// An empty object schema that keeps everything (used when a CRD version has no schema).

@@ -57,6 +57,8 @@ pub enum Managed {
 #[derive(Debug, Clone)]
 pub struct WriteCtx {
     pub dry_run: bool,
+    /// `fieldValidation=Strict`: unknown fields are an error instead of being pruned.
+    pub strict: bool,
     pub managed: Managed,
     pub version: String,
 }
@@ -65,6 +67,7 @@ impl WriteCtx {
     pub fn internal(version: &str) -> WriteCtx {
         WriteCtx {
             dry_run: false,
+            strict: false,
             managed: Managed::Internal,
             version: version.to_string(),
         }
@@ -313,8 +316,9 @@ impl State {
         &self,
         rt: &ResourceType,
         obj: &mut Value,
-        version: &str,
+        ctx: &WriteCtx,
     ) -> Result<(), ApiError> {
+        let version = ctx.version.as_str();
         let name = meta_str(obj, "name").to_string();
         let mut errs = util::name_errors(&name, rt.label_name, "metadata.name");
         errs.extend(util::meta_errors(obj));
@@ -324,7 +328,21 @@ impl State {
                 .get(version)
                 .cloned()
                 .unwrap_or_else(schema::permissive);
-            errs.extend(schema::process(&schema, obj));
+            let (e, pruned) = schema::process(&schema, obj);
+            if ctx.strict && !pruned.is_empty() {
+                let fields: Vec<String> = pruned
+                    .iter()
+                    .map(|p| format!("unknown field \"{p}\""))
+                    .collect();
+                return Err(ApiError::bad_request(format!(
+                    "strict decoding error: {}",
+                    fields.join(", ")
+                )));
+            }
+            errs.extend(e);
+        }
+        if rt.group.is_empty() && (rt.plural == "configmaps" || rt.plural == "secrets") {
+            errs.extend(util::data_key_errors(obj));
         }
         if !errs.is_empty() {
             return Err(Self::invalid(rt, &name, errs));
@@ -421,6 +439,29 @@ impl State {
                 }
                 if let Some(ps) = spec.pointer_mut("/template/spec") {
                     pod_spec(ps, false);
+                }
+            }
+            ("", "secrets") => {
+                if obj["type"].is_null() {
+                    obj["type"] = json!("Opaque");
+                }
+                // like the real server: stringData is merged into data (base64) and dropped
+                let all_strings = obj["stringData"]
+                    .as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string));
+                if !all_strings {
+                    return;
+                }
+                if let Some(Value::Object(sd)) =
+                    obj.as_object_mut().and_then(|m| m.remove("stringData"))
+                {
+                    if !obj["data"].is_object() {
+                        obj["data"] = json!({});
+                    }
+                    for (k, v) in sd {
+                        let enc = util::base64_encode(v.as_str().unwrap_or("").as_bytes());
+                        obj["data"][k] = json!(enc);
+                    }
                 }
             }
             ("", "services") if obj["spec"].is_object() => {
@@ -532,7 +573,7 @@ impl State {
             m.remove("status");
         }
         Self::builtin_defaults(rt, &mut obj);
-        self.validate_object(rt, &mut obj, &ctx.version)?;
+        self.validate_object(rt, &mut obj, ctx)?;
         self.namespace_check(rt, ns, &name)?;
         if self.get(&rt.key(), ns, &name).is_some() {
             return Err(ApiError::already_exists(&rt.group, &rt.plural, &name));
@@ -657,7 +698,7 @@ impl State {
             }
             Self::builtin_defaults(rt, &mut new);
         }
-        self.validate_object(rt, &mut new, &ctx.version)?;
+        self.validate_object(rt, &mut new, ctx)?;
         if rt.generation && spec_part(old) != spec_part(&new) {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
             meta_mut(&mut new).insert("generation".into(), json!(g));
@@ -775,6 +816,12 @@ impl State {
             .unwrap_or_default();
         let already = !old["metadata"]["deletionTimestamp"].is_null();
         if rt.group.is_empty() && rt.plural == "namespaces" {
+            if ["default", "kube-system", "kube-public"].contains(&name) {
+                return Err(ApiError::forbidden(format!(
+                    "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+                ))
+                .with_details(json!({"name": name, "kind": "namespaces"})));
+            }
             if already {
                 return Ok(old.clone());
             }

@@ -568,3 +568,87 @@ pub fn hex_decode(s: &str) -> Option<String> {
         .collect();
     String::from_utf8(bytes?).ok()
 }
+
+/// ConfigMap/Secret data keys and values.
+pub fn data_key_errors(obj: &Value) -> Vec<FieldError> {
+    static R: OnceLock<Regex> = OnceLock::new();
+    let r = re(&R, r"^[-._a-zA-Z0-9]+$");
+    let secret = obj["kind"] == "Secret";
+    let mut errs = vec![];
+    for field in ["data", "binaryData", "stringData"] {
+        match &obj[field] {
+            Value::Null => {}
+            Value::Object(m) => {
+                for (k, v) in m {
+                    let path = format!("{field}[{k}]");
+                    if k.len() > 253 || !r.is_match(k) {
+                        errs.push(FieldError::invalid(&path, &json!(k), "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
+                    }
+                    match v.as_str() {
+                        None => errs.push(FieldError::invalid(&path, v, "must be a string")),
+                        Some(s) if (secret && field == "data") || field == "binaryData" => {
+                            if base64_decode(s).is_none() {
+                                errs.push(FieldError::invalid(
+                                    &path,
+                                    &json!("<value omitted>"),
+                                    "illegal base64 data",
+                                ));
+                            }
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            other => errs.push(FieldError::invalid(field, other, "must be an object")),
+        }
+    }
+    errs
+}
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+pub fn base64_encode(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = ((b[0] as u32) << 16) | ((b[1] as u32) << 8) | b[2] as u32;
+        out.push(B64[(n >> 18) as usize & 63] as char);
+        out.push(B64[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 {
+            B64[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            B64[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim_end_matches('=');
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for c in s.bytes() {
+        let v = B64.iter().position(|&x| x == c)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    if bits >= 6 {
+        return None;
+    }
+    Some(out)
+}

@@ -280,6 +280,16 @@ async fn run(
                     if ev.rv <= start_rv {
                         continue;
                     }
+                    if filter.rt.crd
+                        && ev.etype == "DELETED"
+                        && ev.key.0 == "apiextensions.k8s.io"
+                        && ev.key.1 == "customresourcedefinitions"
+                        && ev.obj["spec"]["group"] == filter.rt.group.as_str()
+                        && ev.obj["spec"]["names"]["plural"] == filter.rt.plural.as_str()
+                    {
+                        // the kind is gone: end the stream, like kube-apiserver
+                        return;
+                    }
                     last_rv = last_rv.max(ev.rv);
                     if let Some(b) = filter.line_for(&ev)
                         && tx.send(b).await.is_err()

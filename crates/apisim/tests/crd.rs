@@ -199,6 +199,22 @@ async fn crd_install_discovery_validation() {
         s.get_object("cache.example.com/v1", "memcacheds", Some("default"), "bad")
             .is_none()
     );
+    // fieldValidation=Strict turns pruning into a 400
+    let pp = PatchParams {
+        field_validation: Some(kube::api::ValidationDirective::Strict),
+        ..Default::default()
+    };
+    let e = status(
+        api.patch("a", &pp, &Patch::Merge(json!({"spec": {"bogus": 1}})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 400);
+    assert!(
+        e.message.contains("unknown field \"spec.bogus\""),
+        "{}",
+        e.message
+    );
     // strategic merge is not supported for CRs
     let e = status(
         api.patch(
@@ -296,7 +312,8 @@ async fn crd_status_and_scale_subresources_and_deletion() {
         .unwrap_err(),
     );
     assert_eq!(e.code, 422);
-    // deleting the CRD deletes its objects and removes the kind
+    // deleting the CRD deletes its objects, removes the kind and ends its watches
+    let mut watch = Box::pin(api.watch(&Default::default(), "0").await.unwrap());
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.delete("memcacheds.cache.example.com", &Default::default())
         .await
@@ -305,6 +322,12 @@ async fn crd_status_and_scale_subresources_and_deletion() {
         s.list_objects("cache.example.com/v1", "memcacheds", None)
             .is_empty()
     );
+    use futures::StreamExt;
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(Ok(_)) = watch.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "watch ended when the CRD was deleted");
     let e = status(api.list(&ListParams::default()).await.unwrap_err());
     assert_eq!(e.code, 404);
     let d = Discovery::new(client.clone()).run().await.unwrap();

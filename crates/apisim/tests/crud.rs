@@ -346,3 +346,52 @@ async fn builtin_defaults_like_the_real_server() {
         Some("/dev/termination-log")
     );
 }
+
+#[tokio::test]
+async fn data_keys_secrets_and_protected_namespaces() {
+    use k8s_openapi::api::core::v1::Secret;
+    let s = apisim::ApiServer::new();
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let bad: ConfigMap = from_json(json!({"metadata": {"name": "b"}, "data": {"bad key": "v"}}));
+    let e = status(cms.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert_eq!(e.code, 422);
+    assert!(
+        e.details
+            .unwrap()
+            .causes
+            .iter()
+            .any(|c| c.field == "data[bad key]")
+    );
+    let secrets: Api<Secret> = Api::namespaced(s.client(), "default");
+    let sec: Secret =
+        from_json(json!({"metadata": {"name": "s"}, "stringData": {"user": "admin"}}));
+    let out = secrets.create(&PostParams::default(), &sec).await.unwrap();
+    assert!(out.string_data.is_none());
+    assert_eq!(out.data.unwrap()["user"].0, b"admin".to_vec());
+    assert_eq!(out.type_.as_deref(), Some("Opaque"));
+    let nss: Api<Namespace> = Api::all(s.client());
+    let e = status(
+        nss.delete("default", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 403);
+    // 3 MiB body limit
+    let h = s.serve().await.unwrap();
+    let big = format!(
+        r#"{{"metadata":{{"name":"big"}},"data":{{"k":"{}"}}}}"#,
+        "x".repeat(3 * 1024 * 1024 + 1)
+    );
+    let (code, v) = raw(
+        &h.url(),
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        &big,
+    )
+    .await;
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (413, Some("RequestEntityTooLarge"))
+    );
+}

@@ -201,11 +201,19 @@ async fn fifty_deployments_converge() {
     let api: Api<Deployment> = Api::namespaced(c.clone(), "default");
     let t = std::time::Instant::now();
     for i in 0..50 {
-        api.create(&PostParams::default(), &deploy(&format!("d{i}"), 4, "img:1")).await.unwrap();
+        api.create(
+            &PostParams::default(),
+            &deploy(&format!("d{i}"), 4, "img:1"),
+        )
+        .await
+        .unwrap();
     }
     eventually(20, "200 ready pods", || async {
         let ds = api.list(&ListParams::default()).await.unwrap().items;
-        let ready: i32 = ds.iter().filter_map(|d| d.status.as_ref()?.ready_replicas).sum();
+        let ready: i32 = ds
+            .iter()
+            .filter_map(|d| d.status.as_ref()?.ready_replicas)
+            .sum();
         (ready == 200).then_some(())
     })
     .await;
