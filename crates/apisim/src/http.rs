@@ -440,6 +440,17 @@ fn strict(q: &Query) -> Result<bool, ApiError> {
     }
 }
 
+fn wants_partial(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+/// A metadata-only view (`meta.k8s.io/v1` PartialObjectMetadata).
+pub fn partial(o: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]})
+}
+
 fn wants_table(h: &HeaderMap) -> bool {
     h.get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -494,6 +505,9 @@ fn resource_request(
             if r.sub.as_deref() == Some("scale") {
                 return Ok(json_response(200, &scale_of(&rt, obj)));
             }
+            if wants_partial(headers) {
+                return Ok(json_response(200, &partial(obj)));
+            }
             let o = present(obj, &rt, &version);
             if wants_table(headers) {
                 return Ok(json_response(
@@ -505,7 +519,14 @@ fn resource_request(
         }
         (Method::GET | Method::HEAD, None) => {
             if is_watch(q) {
-                return crate::watch::start(inner.clone(), rt, version, r.ns.clone(), q);
+                return crate::watch::start(
+                    wants_partial(headers),
+                    inner.clone(),
+                    rt,
+                    version,
+                    r.ns.clone(),
+                    q,
+                );
             }
             list(inner, headers, &rt, &version, r.ns.as_deref(), q)
         }
@@ -733,6 +754,11 @@ fn list(
     if let Some(c) = cont {
         meta["continue"] = json!(c);
         meta["remainingItemCount"] = json!(remaining);
+    }
+    if wants_partial(headers) {
+        let items: Vec<Value> = items.iter().map(partial).collect();
+        let v = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
+        return Ok(json_response(200, &v));
     }
     let v = json!({"kind": rt.list_kind, "apiVersion": rt.api_version(version), "metadata": meta, "items": items});
     Ok(json_response(200, &v))

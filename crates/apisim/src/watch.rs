@@ -42,9 +42,19 @@ struct Filter {
     ns: Option<String>,
     ls: LabelSelector,
     fs: FieldSelector,
+    /// `as=PartialObjectMetadata` watches get metadata-only objects.
+    partial: bool,
 }
 
 impl Filter {
+    fn out(&self, o: &Value) -> Value {
+        if self.partial {
+            crate::http::partial(o)
+        } else {
+            present(o, &self.rt, &self.version)
+        }
+    }
+
     fn matches(&self, o: &Value) -> bool {
         self.ls.matches(o) && self.fs.matches(o)
     }
@@ -52,11 +62,12 @@ impl Filter {
     fn line_for(&self, ev: &Event) -> Option<Bytes> {
         let (t, same) = self.kind_for(ev)?;
         if same
+            && !self.partial
             && ev.obj["apiVersion"].as_str() == Some(self.rt.api_version(&self.version).as_str())
         {
             return Some(ev.line.get_or_init(|| line(t, &ev.obj)).clone());
         }
-        Some(line(t, &present(&ev.obj, &self.rt, &self.version)))
+        Some(line(t, &self.out(&ev.obj)))
     }
 
     /// The event type this watcher sees, and whether it is the store event's own type.
@@ -68,7 +79,7 @@ impl Filter {
     /// The event this watcher sees for a store event, if any.
     fn apply(&self, ev: &Event) -> Option<(&'static str, Value)> {
         let (t, _) = self.apply_inner(ev)?;
-        Some((t, present(&ev.obj, &self.rt, &self.version)))
+        Some((t, self.out(&ev.obj)))
     }
 
     fn apply_inner(&self, ev: &Event) -> Option<(&'static str, ())> {
@@ -114,6 +125,7 @@ fn bookmark(rt: &ResourceType, version: &str, rv: u64, initial_end: bool) -> Byt
 }
 
 pub fn start(
+    partial: bool,
     inner: Arc<Inner>,
     rt: ResourceType,
     version: String,
@@ -153,6 +165,7 @@ pub fn start(
         ns: ns.clone(),
         ls,
         fs,
+        partial,
     };
 
     let mut initial: Vec<Bytes> = vec![];
@@ -164,7 +177,7 @@ pub fn start(
         if send_initial || rv_param.is_empty() || rv_param == "0" {
             for o in st.list(&rt.key(), ns.as_deref()) {
                 if filter.matches(&o) {
-                    initial.push(line("ADDED", &present(&o, &rt, &version)));
+                    initial.push(line("ADDED", &filter.out(&o)));
                 }
             }
         } else {

@@ -278,3 +278,36 @@ async fn reflector_in_sync_across_cuts_and_410() {
 async fn reflector_with_streaming_lists() {
     reflector_stays_in_sync(true).await;
 }
+
+#[tokio::test]
+async fn metadata_only_get_list_and_watch() {
+    let s = apisim::ApiServer::new();
+    let (_h, c) = http_client(&s).await;
+    let api: Api<ConfigMap> = Api::namespaced(c, "default");
+    api.create(&PostParams::default(), &cm("m1", "x"))
+        .await
+        .unwrap();
+    let m = api.get_metadata("m1").await.unwrap();
+    assert_eq!(m.metadata.name.as_deref(), Some("m1"));
+    let l = api.list_metadata(&Default::default()).await.unwrap();
+    assert_eq!(l.items.len(), 1);
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        kube::runtime::metadata_watcher(api.clone(), watcher::Config::default()),
+    );
+    let task = tokio::spawn(async move {
+        let mut stream = Box::pin(stream);
+        while stream.next().await.is_some() {}
+    });
+    reader.wait_until_ready().await.unwrap();
+    api.create(&PostParams::default(), &cm("m2", "x"))
+        .await
+        .unwrap();
+    eventually(5, "metadata reflector has 2", || {
+        let n = reader.state().len();
+        async move { (n == 2).then_some(()) }
+    })
+    .await;
+    task.abort();
+}
