@@ -283,7 +283,7 @@ async fn reflector_with_streaming_lists() {
 async fn metadata_only_get_list_and_watch() {
     let s = apisim::ApiServer::new();
     let (_h, c) = http_client(&s).await;
-    let api: Api<ConfigMap> = Api::namespaced(c, "default");
+    let api: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
     api.create(&PostParams::default(), &cm("m1", "x"))
         .await
         .unwrap();
@@ -291,11 +291,10 @@ async fn metadata_only_get_list_and_watch() {
     assert_eq!(m.metadata.name.as_deref(), Some("m1"));
     let l = api.list_metadata(&Default::default()).await.unwrap();
     assert_eq!(l.items.len(), 1);
+    // Api<PartialObjectMeta<K>> makes metadata-only requests
+    let mapi: Api<kube::core::PartialObjectMeta<ConfigMap>> = Api::namespaced(c.clone(), "default");
     let (reader, writer) = reflector::store();
-    let stream = reflector(
-        writer,
-        kube::runtime::metadata_watcher(api.clone(), watcher::Config::default()),
-    );
+    let stream = reflector(writer, watcher(mapi, watcher::Config::default()));
     let task = tokio::spawn(async move {
         let mut stream = Box::pin(stream);
         while stream.next().await.is_some() {}
