@@ -256,3 +256,21 @@ async fn kubeconfig_works_with_kube_rs() {
     let addr = url.trim_start_matches("http://").to_string();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test]
+async fn dropping_the_handle_ends_open_connections() {
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<apisim::ApiServer>();
+    assert_send_sync::<apisim::ApiService>();
+    let s = apisim::ApiServer::new();
+    let (h, c) = http_client(&s).await;
+    let api: Api<ConfigMap> = Api::default_namespaced(c);
+    let mut stream = Box::pin(api.watch(&Default::default(), "0").await.unwrap());
+    drop(h);
+    use futures::StreamExt;
+    let ended = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch connection was closed");
+}
