@@ -27,12 +27,31 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What is approximated (versus kube-apiserver) is listed in the crate's `README.md`;
-//! in short: no authentication/authorization on requests, no admission webhooks, no
-//! protobuf/CBOR, no OpenAPI, no version conversion for CRDs (objects are stored once and
-//! served at every served version with only `apiVersion` rewritten), a simplified
-//! server-side apply (field ownership by leaf paths, see [`patch`](crate) docs in README),
-//! and a simple workload simulator instead of kube-controller-manager/kubelet.
+//! ## Modules
+//!
+//! * `store` — the object store, resourceVersions, watch history, create/update/delete
+//!   semantics (status subresource, generation, finalizers), GC and namespace cleanup;
+//! * `http` — routing, request parsing, list/selectors/pagination, patches, scale,
+//!   discovery, the hyper server; `watch` — watch streams; `table` — kubectl Tables;
+//! * `patch` — merge / JSON / strategic merge patch and server-side apply with field
+//!   ownership; `schema` — CRD structural schemas (defaulting, pruning, validation);
+//! * `registry` — built-in kinds and CRD-defined kinds (discovery documents);
+//! * `sim` — TokenReview/SubjectAccessReview and the workload simulator;
+//! * `faults` — fault injection and request counting.
+//!
+//! ## What is approximated
+//!
+//! The crate's `README.md` lists it exactly. In short: no authentication/authorization
+//! of requests and no admission webhooks; JSON only (no protobuf/CBOR) and no OpenAPI
+//! (kubectl needs `--validate=false`); no version conversion (an object is served at
+//! every served version with only `apiVersion` rewritten); lists answer from the current
+//! state (resourceVersion on list is ignored, continue tokens resume after the last key);
+//! strategic merge patch knows a fixed table of merge keys; server-side apply tracks
+//! ownership of leaf field paths per manager (conflicts, force, removal of fields a
+//! manager stops applying) without per-type schemas; built-in kinds are not
+//! schema-validated; the workload simulator replaces kube-controller-manager and kubelet
+//! with a simple model (pods become Ready after a delay, rolling updates by maxSurge /
+//! maxUnavailable).
 
 mod error;
 mod faults;
