@@ -220,3 +220,51 @@ async fn fifty_deployments_converge() {
     eprintln!("50 deployments x 4 pods ready in {:?}", t.elapsed());
     assert_eq!(s.list_objects("v1", "pods", Some("default")).len(), 200);
 }
+
+#[tokio::test]
+async fn recreate_strategy_and_bare_pods() {
+    let s = apisim::ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(Duration::from_millis(30))
+        .build();
+    let c = s.client();
+    let api: Api<Deployment> = Api::namespaced(c.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let mut d = deploy("rc", 2, "img:1");
+    d.spec.as_mut().unwrap().strategy = Some(from_json(json!({"type": "Recreate"})));
+    api.create(&PostParams::default(), &d).await.unwrap();
+    eventually(10, "2 ready", || converged(&api, &pods, "rc", 2, "img:1")).await;
+    let p = Patch::Merge(
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "img:2"}]}}}}),
+    );
+    api.patch("rc", &PatchParams::default(), &p).await.unwrap();
+    // Recreate: never old and new pods at the same time
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "rollout timed out");
+        let all = pods
+            .list(&ListParams::default().labels("app=rc"))
+            .await
+            .unwrap()
+            .items;
+        let images: std::collections::HashSet<String> = all
+            .iter()
+            .filter_map(|p| p.spec.as_ref()?.containers[0].image.clone())
+            .collect();
+        assert!(images.len() <= 1, "old and new pods together: {images:?}");
+        if converged(&api, &pods, "rc", 2, "img:2").await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // a bare pod (no owner) becomes Running too, and is not touched otherwise
+    let bare: Pod = from_json(
+        json!({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    );
+    pods.create(&PostParams::default(), &bare).await.unwrap();
+    eventually(5, "bare pod running", || async {
+        let p = pods.get("bare").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+}
