@@ -323,8 +323,7 @@ fn check_type(
     let want_av = rt.api_version(version);
     match obj.get("apiVersion") {
         Some(Value::String(av)) if !av.is_empty() => {
-            let (g, _) = crate::split_api_version(av);
-            if g != rt.group || !rt.versions.iter().any(|v| rt.api_version(v) == *av) {
+            if *av != want_av {
                 return Err(ApiError::bad_request(format!(
                     "the API version in the data ({av}) does not match the expected API version ({want_av})"
                 )));
