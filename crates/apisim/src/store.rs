@@ -851,6 +851,14 @@ impl State {
         if !already {
             m.insert("deletionTimestamp".into(), json!(util::now_rfc3339()));
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            // like kube-apiserver: marking an object for deletion bumps its generation
+            if let Some(g) = m
+                .get("generation")
+                .and_then(Value::as_i64)
+                .filter(|g| *g > 0)
+            {
+                m.insert("generation".into(), json!(g + 1));
+            }
         }
         if strip_for_compare(old) == strip_for_compare(&new) {
             return Ok(old.clone());

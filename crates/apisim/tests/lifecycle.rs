@@ -238,3 +238,29 @@ async fn delete_collection_and_preconditions() {
     );
     assert_eq!(e.code, 404);
 }
+
+#[tokio::test]
+async fn marking_for_deletion_bumps_generation() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let s = apisim::ApiServer::new();
+    let api: Api<Deployment> = Api::namespaced(s.client(), "default");
+    let d: Deployment = from_json(
+        json!({"metadata": {"name": "g", "finalizers": ["x/y"]}, "spec": {
+        "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}),
+    );
+    assert_eq!(
+        api.create(&PostParams::default(), &d)
+            .await
+            .unwrap()
+            .metadata
+            .generation,
+        Some(1)
+    );
+    let out = api
+        .delete("g", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert_eq!(out.metadata.generation, Some(2));
+}
