@@ -240,8 +240,9 @@ async fn run(
     interval: Duration,
 ) {
     cut.borrow_and_update();
-    let deadline =
-        tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    // (capped: a huge timeoutSeconds must not overflow the clock)
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let deadline = tokio::time::Instant::now() + timeout.unwrap_or(year).min(year);
     let send_all = async {
         for b in initial {
             if tx.send(b).await.is_err() {

@@ -218,3 +218,32 @@ async fn malformed_requests_get_status_errors() {
     let (c, _) = raw(&url, "GET", &format!("{cm}/p"), j, "").await;
     assert_eq!(c, 200);
 }
+
+#[tokio::test]
+async fn huge_timeout_values_do_not_panic() {
+    let s = apisim::ApiServer::new();
+    let mut svc = s.service();
+    for t in ["18446744073709551615", "99999999999999999999"] {
+        let req = http::Request::get(format!(
+            "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds={t}"
+        ))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+        let resp = tower::Service::call(&mut svc, req).await.unwrap();
+        assert!(
+            resp.status() == 200 || resp.status() == 400,
+            "{}",
+            resp.status()
+        );
+    }
+    // the server still answers
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::default_namespaced(s.client());
+    assert!(
+        cms.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
