@@ -925,21 +925,25 @@ fn patch_request(
                 if !sub.is_empty() {
                     return Err(ApiError::not_found(&rt.group, &rt.plural, name));
                 }
-                let obj = patch::server_side_apply(None, &applied, mgr, force, &av, "", rt.status)?;
+                let obj = patch::with_list_keys(crate::store::cr_list_keys(rt, version), || {
+                    patch::server_side_apply(None, &applied, mgr, force, &av, "", rt.status)
+                })?;
                 let out = st.create(rt, r.ns.as_deref(), obj, &ctx)?;
                 Ok(json_response(201, &present(&out, rt, version)))
             }
             Some(live) => {
                 let live = present(&live, rt, version);
-                let obj = patch::server_side_apply(
-                    Some(&live),
-                    &applied,
-                    mgr,
-                    force,
-                    &av,
-                    &sub,
-                    rt.status,
-                )?;
+                let obj = patch::with_list_keys(crate::store::cr_list_keys(rt, version), || {
+                    patch::server_side_apply(
+                        Some(&live),
+                        &applied,
+                        mgr,
+                        force,
+                        &av,
+                        &sub,
+                        rt.status,
+                    )
+                })?;
                 let out = st.update(rt, &ns, name, &sub, obj, &ctx)?;
                 Ok(json_response(200, &present(&out, rt, version)))
             }

@@ -4,8 +4,33 @@ use crate::error::ApiError;
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 
+thread_local! {
+    /// For custom resources: list field name -> map key, from the schema's
+    /// `x-kubernetes-list-type: map` / `x-kubernetes-list-map-keys` (other lists are atomic).
+    static CR_LIST_KEYS: std::cell::RefCell<Option<std::collections::HashMap<String, String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f` with the list-map keys of a custom resource's schema in effect (None: built-in
+/// kind, the fixed name table applies).
+pub fn with_list_keys<R>(
+    keys: Option<std::collections::HashMap<String, String>>,
+    f: impl FnOnce() -> R,
+) -> R {
+    let prev = CR_LIST_KEYS.with(|k| k.replace(keys));
+    let r = f();
+    CR_LIST_KEYS.with(|k| k.replace(prev));
+    r
+}
+
 /// The merge key of a list field (strategic merge patch / SSA list-map), by field name.
-pub fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
+pub fn merge_key(field: &str, items: &[Value]) -> Option<String> {
+    if field != "ownerReferences" {
+        let cr = CR_LIST_KEYS.with(|k| k.borrow().as_ref().map(|m| m.get(field).cloned()));
+        if let Some(key) = cr {
+            return key.filter(|_| items.iter().all(|i| i.is_object()));
+        }
+    }
     let k = match field {
         "containers"
         | "initContainers"
@@ -28,7 +53,7 @@ pub fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
         _ => return None,
     };
     if items.iter().all(|i| i.is_object()) {
-        Some(k)
+        Some(k.to_string())
     } else {
         None
     }
@@ -92,8 +117,8 @@ fn strategic(doc: &mut Value, patch: &Value, _field: &str) {
             (Some(Value::Array(cur)), Value::Array(items)) => {
                 if let Some(mk) = merge_key(k, items).filter(|_| cur.iter().all(Value::is_object)) {
                     for item in items {
-                        let key = &item[mk];
-                        let pos = cur.iter().position(|c| &c[mk] == key);
+                        let key = &item[mk.as_str()];
+                        let pos = cur.iter().position(|c| &c[mk.as_str()] == key);
                         let directive = item.get("$patch").and_then(Value::as_str);
                         match (pos, directive) {
                             (Some(i), Some("delete")) => {
@@ -206,7 +231,7 @@ fn walk(v: &Value, prefix: FieldPath, field: &str, out: &mut FieldSet) {
             if let Some(mk) = merge_key(field, items) {
                 for it in items {
                     let mut p = prefix.clone();
-                    p.push(key_segment(it, mk));
+                    p.push(key_segment(it, &mk));
                     out.insert(p.clone());
                     if let Value::Object(m) = it {
                         for (k, c) in m {
@@ -474,7 +499,7 @@ pub fn apply_merge(live: &mut Value, applied: &Value, field: &str) {
         (Value::Array(l), Value::Array(a)) => {
             if let Some(mk) = merge_key(field, a).filter(|_| l.iter().all(Value::is_object)) {
                 for it in a {
-                    match l.iter().position(|c| c[mk] == it[mk]) {
+                    match l.iter().position(|c| c[mk.as_str()] == it[mk.as_str()]) {
                         Some(i) => apply_merge(&mut l[i], it, field),
                         None => l.push(it.clone()),
                     }
@@ -585,9 +610,16 @@ pub fn server_side_apply(
             })
         })
         .collect();
-    // deepest first
-    removed.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    // shallowest first: a keyed list item goes as a whole (children then no-op)
+    removed.sort_by_key(|p| p.len());
     for p in removed {
+        // never remove the key field of a keyed list item that stays
+        if let [.., parent, last] = p.as_slice()
+            && let (Some(k), Some(f)) = (parent.strip_prefix("k:"), last.strip_prefix("f:"))
+            && serde_json::from_str::<Map<String, Value>>(k).is_ok_and(|m| m.contains_key(f))
+        {
+            continue;
+        }
         // don't remove a keyed item if some other manager owns a field inside it
         let inside_owned = ms.iter().any(|m| {
             !(m.manager == manager && m.operation == "Apply")

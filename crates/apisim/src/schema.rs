@@ -354,3 +354,31 @@ pub fn process(schema: &Value, obj: &mut Value) -> (Vec<FieldError>, Vec<String>
 pub fn permissive() -> Value {
     json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
 }
+
+/// List field name -> first map key, for `x-kubernetes-list-type: map` lists in a schema.
+pub fn list_keys(schema: &Value) -> std::collections::HashMap<String, String> {
+    fn rec(s: &Value, out: &mut std::collections::HashMap<String, String>) {
+        if let Some(props) = s["properties"].as_object() {
+            for (name, ps) in props {
+                if ps["x-kubernetes-list-type"] == "map"
+                    && let Some(k) = ps["x-kubernetes-list-map-keys"]
+                        .as_array()
+                        .and_then(|a| a.first())
+                        .and_then(Value::as_str)
+                {
+                    out.insert(name.clone(), k.to_string());
+                }
+                rec(ps, out);
+            }
+        }
+        if let Some(items) = s.get("items") {
+            rec(items, out);
+        }
+        if s["additionalProperties"].is_object() {
+            rec(&s["additionalProperties"], out);
+        }
+    }
+    let mut out = std::collections::HashMap::new();
+    rec(schema, &mut out);
+    out
+}

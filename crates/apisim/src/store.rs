@@ -82,6 +82,16 @@ pub struct DeleteOpts {
     pub dry_run: bool,
 }
 
+/// The list-map keys of a custom resource's schema (None for built-in kinds).
+pub fn cr_list_keys(rt: &ResourceType, version: &str) -> Option<HashMap<String, String>> {
+    rt.crd.then(|| {
+        rt.schemas
+            .get(version)
+            .map(schema::list_keys)
+            .unwrap_or_default()
+    })
+}
+
 fn strip_for_compare(v: &Value) -> Value {
     let mut c = v.clone();
     if let Some(m) = c.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -586,7 +596,10 @@ impl State {
             }
         }
         if let Managed::Update(m) = &ctx.managed {
-            patch::track_update(None, &mut obj, m, &rt.api_version(&ctx.version), "");
+            let keys = cr_list_keys(rt, &ctx.version);
+            patch::with_list_keys(keys, || {
+                patch::track_update(None, &mut obj, m, &rt.api_version(&ctx.version), "")
+            });
         }
         if ctx.dry_run {
             return Ok(obj);
@@ -724,7 +737,10 @@ impl State {
             self.crd_apply(&mut new)?;
         }
         if let Managed::Update(m) = &ctx.managed {
-            patch::track_update(Some(old), &mut new, m, &rt.api_version(&ctx.version), sub);
+            let keys = cr_list_keys(rt, &ctx.version);
+            patch::with_list_keys(keys, || {
+                patch::track_update(Some(old), &mut new, m, &rt.api_version(&ctx.version), sub)
+            });
         }
         let deleting = !new["metadata"]["deletionTimestamp"].is_null();
         let no_finalizers = new["metadata"]["finalizers"]

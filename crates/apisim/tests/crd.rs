@@ -357,3 +357,78 @@ async fn crd_validation_errors() {
     );
     assert_eq!(e.code, 422);
 }
+
+#[tokio::test]
+async fn apply_uses_list_map_keys_from_the_schema() {
+    let s = apisim::ApiServer::new();
+    let c = s.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.x.io"},
+        "spec": {"group": "x.io", "scope": "Namespaced",
+            "names": {"kind": "Widget", "plural": "widgets"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object", "properties": {"spec": {"type": "object", "properties": {
+                    "members": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}, "role": {"type": "string"}}}},
+                    "tags": {"type": "array", "items": {"type": "string"}}
+                }}}}}}]}
+    });
+    crds.create(&PostParams::default(), &from_json(crd))
+        .await
+        .unwrap();
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("x.io", "v1", "Widget"),
+        "widgets",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), "default", &ar);
+    let w = |spec: Value| json!({"apiVersion": "x.io/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": spec});
+    api.patch(
+        "w",
+        &PatchParams::apply("a"),
+        &Patch::Apply(w(
+            json!({"members": [{"name": "m1", "role": "x"}], "tags": ["t1"]}),
+        )),
+    )
+    .await
+    .unwrap();
+    // b adds its own member: merged by key, no conflict
+    let out = api
+        .patch(
+            "w",
+            &PatchParams::apply("b"),
+            &Patch::Apply(w(json!({"members": [{"name": "m2"}]}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.data["spec"]["members"].as_array().unwrap().len(), 2);
+    // the atomic list conflicts
+    let e = status(
+        api.patch(
+            "w",
+            &PatchParams::apply("b"),
+            &Patch::Apply(w(json!({"members": [{"name": "m2"}], "tags": ["t2"]}))),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(e.code, 409);
+    assert!(e.message.contains(".spec.tags"), "{}", e.message);
+    // a drops m1: only m1 goes
+    let out = api
+        .patch(
+            "w",
+            &PatchParams::apply("a"),
+            &Patch::Apply(w(json!({"tags": ["t1"]}))),
+        )
+        .await
+        .unwrap();
+    let members: Vec<&str> = out.data["spec"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(members, vec!["m2"]);
+}

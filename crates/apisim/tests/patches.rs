@@ -280,3 +280,35 @@ async fn selectors_and_pagination() {
     assert_eq!(names, sorted);
     assert_eq!(names.len(), 10);
 }
+
+#[tokio::test]
+async fn apply_removes_a_dropped_container_whole() {
+    let s = apisim::ApiServer::new();
+    let api: Api<Deployment> = Api::namespaced(s.client(), "default");
+    let d = |containers: serde_json::Value| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": containers}}}})
+    };
+    let pp = PatchParams::apply("op").force();
+    api.patch("d", &pp, &Patch::Apply(d(json!([{"name": "main", "image": "m:1"}, {"name": "side", "image": "s:1", "ports": [{"containerPort": 80}]}])))).await.unwrap();
+    let out = api
+        .patch(
+            "d",
+            &pp,
+            &Patch::Apply(d(json!([{"name": "main", "image": "m:2"}]))),
+        )
+        .await
+        .unwrap();
+    let cs = out.spec.unwrap().template.spec.unwrap().containers;
+    assert_eq!(cs.len(), 1);
+    assert_eq!(
+        (cs[0].name.as_str(), cs[0].image.as_deref()),
+        ("main", Some("m:2"))
+    );
+    // defaults the server added stay
+    assert_eq!(
+        cs[0].termination_message_path.as_deref(),
+        Some("/dev/termination-log")
+    );
+}
