@@ -566,20 +566,31 @@ pub fn server_side_apply(
         }
     }
     if !conflicts.is_empty() && !force {
-        let msg = if conflicts.len() == 1 {
-            let (m, av, f) = &conflicts[0];
-            format!("Apply failed with 1 conflict: conflict with \"{m}\" using {av}: {f}")
-        } else {
-            let lines: Vec<String> = conflicts
-                .iter()
-                .map(|(m, av, f)| format!("- conflict with \"{m}\" using {av}: {f}"))
-                .collect();
-            format!(
-                "Apply failed with {} conflicts: {}",
-                conflicts.len(),
-                lines.join("\n")
-            )
-        };
+        // the structured-merge-diff wording: grouped by manager
+        let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for (m, av, f) in &conflicts {
+            groups
+                .entry((m.clone(), av.clone()))
+                .or_default()
+                .push(f.clone());
+        }
+        let parts: Vec<String> = groups
+            .iter()
+            .map(|((m, av), fs)| {
+                if fs.len() == 1 {
+                    format!("conflict with \"{m}\" using {av}: {}", fs[0])
+                } else {
+                    let lines: Vec<String> = fs.iter().map(|f| format!("- {f}")).collect();
+                    format!("conflicts with \"{m}\" using {av}:\n{}", lines.join("\n"))
+                }
+            })
+            .collect();
+        let n = conflicts.len();
+        let msg = format!(
+            "Apply failed with {n} conflict{}: {}",
+            if n == 1 { "" } else { "s" },
+            parts.join("\n")
+        );
         let causes: Vec<Value> = conflicts
             .iter()
             .map(|(m, av, f)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\" using {av}"), "field": f}))
