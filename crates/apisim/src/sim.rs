@@ -169,6 +169,7 @@ fn rbac_allows(st: &State, spec: &Value) -> (bool, String) {
 fn relevant(ev: &Event) -> bool {
     (ev.key.0 == "apps" && (ev.key.1 == "deployments" || ev.key.1 == "replicasets"))
         || (ev.key.0.is_empty() && ev.key.1 == "pods")
+        || (ev.key.0 == "policy" && ev.key.1 == "poddisruptionbudgets")
 }
 
 pub async fn run(weak: Weak<Inner>, mut rx: broadcast::Receiver<Arc<Event>>, delay: Duration) {
@@ -310,6 +311,68 @@ impl Sim {
             if !deleting(&d) {
                 self.deploy_status(st, &drt, &rsrt, &prt, &d, &ctx);
             }
+        }
+        if let Some(pdbrt) = st.rt("policy", "poddisruptionbudgets") {
+            for pdb in st.list(&pdbrt.key(), None) {
+                if !deleting(&pdb) {
+                    Self::pdb_status(st, &pdbrt, &prt, &pdb, &ctx);
+                }
+            }
+        }
+    }
+
+    /// What the disruption controller reports: expected/healthy pods and allowed disruptions.
+    fn pdb_status(
+        st: &mut State,
+        pdbrt: &ResourceType,
+        prt: &ResourceType,
+        pdb: &Value,
+        ctx: &WriteCtx,
+    ) {
+        let ns = meta_str(pdb, "namespace").to_string();
+        let sel = crate::util::LabelSelector::from_object(&pdb["spec"]["selector"]);
+        let pods: Vec<Arc<Value>> = st
+            .list(&prt.key(), Some(&ns))
+            .into_iter()
+            .filter(|p| !deleting(p) && sel.matches(p))
+            .collect();
+        let expected = pods.len() as i64;
+        let healthy = pods.iter().filter(|p| pod_ready(p)).count() as i64;
+        let spec = &pdb["spec"];
+        let desired = if !spec["minAvailable"].is_null() {
+            resolve(&spec["minAvailable"], expected, true, 0)
+        } else if !spec["maxUnavailable"].is_null() {
+            (expected - resolve(&spec["maxUnavailable"], expected, true, 0)).max(0)
+        } else {
+            0
+        };
+        let allowed = (healthy - desired).max(0);
+        let (cs, reason) = if allowed > 0 {
+            ("True", "SufficientPods")
+        } else {
+            ("False", "InsufficientPods")
+        };
+        let old_c = pdb["status"]["conditions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["type"] == "DisruptionAllowed"))
+            .cloned();
+        let cond = match old_c {
+            Some(c) if c["status"] == cs && c["reason"] == reason => c,
+            _ => json!({"type": "DisruptionAllowed", "status": cs, "reason": reason, "message": "",
+                "lastTransitionTime": crate::util::now_rfc3339(), "observedGeneration": pdb["metadata"]["generation"]}),
+        };
+        let status = json!({
+            "observedGeneration": pdb["metadata"]["generation"],
+            "disruptionsAllowed": allowed,
+            "currentHealthy": healthy,
+            "desiredHealthy": desired,
+            "expectedPods": expected,
+            "conditions": [cond],
+        });
+        if pdb["status"] != status {
+            let mut n = pdb.clone();
+            n["status"] = status;
+            let _ = st.update(pdbrt, &ns, meta_str(pdb, "name"), "status", n, ctx);
         }
     }
 

@@ -268,3 +268,31 @@ async fn recreate_strategy_and_bare_pods() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn pod_disruption_budget_status() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let s = apisim::ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(Duration::from_millis(20))
+        .build();
+    let c = s.client();
+    let api: Api<Deployment> = Api::namespaced(c.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.clone(), "default");
+    api.create(&PostParams::default(), &deploy("p", 3, "img:1"))
+        .await
+        .unwrap();
+    let pdb: PodDisruptionBudget = from_json(
+        json!({"metadata": {"name": "p"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "p"}}}}),
+    );
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    eventually(10, "pdb status", || async {
+        let st = pdbs.get("p").await.ok()?.status?;
+        (st.current_healthy == 3
+            && st.expected_pods == 3
+            && st.desired_healthy == 2
+            && st.disruptions_allowed == 1)
+            .then_some(())
+    })
+    .await;
+}
