@@ -230,6 +230,40 @@ impl ApiServerBuilder {
             },
             bg_started: AtomicBool::new(false),
         });
+        if self.simulator {
+            // the node the simulated pods run on
+            let mut st = inner.state.lock();
+            if let Some(rt) = st.rt("", "nodes") {
+                let node = serde_json::json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": "apisim-node", "labels": {"kubernetes.io/hostname": "apisim-node", "kubernetes.io/os": "linux"}},
+                    "spec": {"podCIDR": "10.244.0.0/16"},
+                });
+                if st
+                    .create(&rt, None, node, &store::WriteCtx::internal("v1"))
+                    .is_ok()
+                {
+                    let mut n = st
+                        .get(&rt.key(), "", "apisim-node")
+                        .map(|n| (**n).clone())
+                        .unwrap_or_default();
+                    n["status"] = serde_json::json!({
+                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "apisim simulated node"}],
+                        "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "apisim-node"}],
+                        "capacity": {"cpu": "8", "memory": "32Gi", "pods": "1000"},
+                        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "1000"},
+                    });
+                    let _ = st.update(
+                        &rt,
+                        "",
+                        "apisim-node",
+                        "status",
+                        n,
+                        &store::WriteCtx::internal("v1"),
+                    );
+                }
+            }
+        }
         inner.ensure_background();
         ApiServer { inner }
     }

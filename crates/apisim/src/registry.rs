@@ -157,6 +157,9 @@ impl Registry {
         svc.label_name = true;
         svc.generation = false;
         add(svc);
+        let mut nodes = builtin("", "nodes", "Node", false, true, false, &["no"], &[]);
+        nodes.generation = false;
+        add(nodes);
         add(builtin(
             "",
             "configmaps",

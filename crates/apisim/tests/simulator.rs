@@ -279,6 +279,10 @@ async fn pod_disruption_budget_status() {
     let c = s.client();
     let api: Api<Deployment> = Api::namespaced(c.clone(), "default");
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.clone(), "default");
+    let node = s
+        .get_object("v1", "nodes", None, "apisim-node")
+        .expect("simulated node");
+    assert_eq!(node["status"]["conditions"][0]["type"], "Ready");
     api.create(&PostParams::default(), &deploy("p", 3, "img:1"))
         .await
         .unwrap();
