@@ -76,12 +76,6 @@ impl Filter {
         Some((t, t == ev.etype))
     }
 
-    /// The event this watcher sees for a store event, if any.
-    fn apply(&self, ev: &Event) -> Option<(&'static str, Value)> {
-        let (t, _) = self.apply_inner(ev)?;
-        Some((t, self.out(&ev.obj)))
-    }
-
     fn apply_inner(&self, ev: &Event) -> Option<(&'static str, ())> {
         if ev.key != self.rt.key() {
             return None;
@@ -168,6 +162,9 @@ pub fn start(
         partial,
     };
 
+    // Under the lock only collect (cheap Arc clones); serialize after releasing it.
+    let mut snapshot: Vec<Arc<Value>> = vec![];
+    let mut replay: Vec<Arc<Event>> = vec![];
     let mut initial: Vec<Bytes> = vec![];
     let mut expired = false;
     let (rx, start_rv) = {
@@ -175,11 +172,7 @@ pub fn start(
         let rx = st.tx.subscribe();
         let start_rv = st.rv;
         if send_initial || rv_param.is_empty() || rv_param == "0" {
-            for o in st.list(&rt.key(), ns.as_deref()) {
-                if filter.matches(&o) {
-                    initial.push(line("ADDED", &filter.out(&o)));
-                }
-            }
+            snapshot = st.list(&rt.key(), ns.as_deref());
         } else {
             let rv: u64 = rv_param.parse().map_err(|_| {
                 ApiError::bad_request(format!("invalid resource version: {rv_param}"))
@@ -190,15 +183,23 @@ pub fn start(
                     ApiError::expired(format!("too old resource version: {rv} ({})", st.floor + 1));
                 initial.push(line("ERROR", &e.to_status()));
             } else {
-                for ev in st.history.iter().filter(|e| e.rv > rv) {
-                    if let Some((t, o)) = filter.apply(ev) {
-                        initial.push(line(t, &o));
-                    }
-                }
+                // the history is ordered by rv: skip to the first event after `rv`
+                let start = st.history.partition_point(|e| e.rv <= rv);
+                replay = st.history.range(start..).cloned().collect();
             }
         }
         (rx, start_rv)
     };
+    for o in snapshot {
+        if filter.matches(&o) {
+            initial.push(line("ADDED", &filter.out(&o)));
+        }
+    }
+    for ev in replay {
+        if let Some(b) = filter.line_for(&ev) {
+            initial.push(b);
+        }
+    }
     let (tx, body_rx) = mpsc::channel::<Bytes>(256);
     let cut = inner.cut.subscribe();
     let interval = inner.cfg.bookmark_interval;
