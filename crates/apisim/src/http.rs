@@ -711,10 +711,12 @@ fn list(
             }
         }
     };
-    let st = inner.state.lock();
-    let rv = st.rv.to_string();
-    let mut matched = st
-        .list(&rt.key(), ns)
+    // only Arc clones under the lock; filtering and copying happen after
+    let (rv, all) = {
+        let st = inner.state.lock();
+        (st.rv.to_string(), st.list(&rt.key(), ns))
+    };
+    let mut matched = all
         .into_iter()
         .filter(|o| {
             start.as_ref().is_none_or(|(sn, sname)| {
@@ -742,7 +744,6 @@ fn list(
             )));
         }
     }
-    drop(st);
     if wants_table(headers) {
         return Ok(json_response(
             200,
