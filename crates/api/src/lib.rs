@@ -3,6 +3,9 @@
 //!
 //! The CRD YAML is generated from these types (`memcached-operator crd`); never edit it by hand.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -92,6 +95,209 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512), pattern(IMAGE_PATTERN))]
     pub image: Option<String>,
+
+    /// memcached's own settings, turned into its command-line flags. Unset means the seed's
+    /// behaviour: 64 MiB of cache, 1024 connections, 4 threads, 1 MiB items, `-v`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<MemcachedConfig>,
+
+    /// Resources of the memcached container. Unset: derived from `config.memoryMiB`
+    /// (memory request = limit = cache + 25% + 32 MiB, so the pod is never evicted or
+    /// OOM-killed for using the cache it was given; CPU request 100m, no CPU limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Passed through to the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Passed through to the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Passed through to the pods (in addition to the topology spread below).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Passed through to the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Extra annotations on the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+    /// Extra labels on the pods (the operator's own labels cannot be overridden).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_labels: Option<BTreeMap<String, String>>,
+
+    /// How pods are spread across nodes and zones. Unset means `Preferred`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread: Option<TopologySpread>,
+
+    /// A Prometheus memcached exporter sidecar, its port on the Service, and a
+    /// ServiceMonitor when the Prometheus Operator is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exporter: Option<ExporterSpec>,
+
+    /// SASL authentication (memcached `-S`) with the password database in a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<SaslSpec>,
+
+    /// TLS (memcached `-Z`) with the certificate in a `kubernetes.io/tls` Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// Default cache size in MiB (the seed's `-m 64`).
+pub const DEFAULT_MEMORY_MIB: i32 = 64;
+/// memcached's default connection limit.
+pub const DEFAULT_MAX_CONNECTIONS: i32 = 1024;
+/// memcached's default worker thread count.
+pub const DEFAULT_THREADS: i32 = 4;
+/// memcached's default largest item.
+pub const DEFAULT_MAX_ITEM_SIZE: &str = "1m";
+/// The seed's `-v`.
+pub const DEFAULT_VERBOSITY: i32 = 1;
+/// Default image of the exporter sidecar.
+pub const DEFAULT_EXPORTER_IMAGE: &str = "quay.io/prometheus/memcached-exporter:v0.15.3";
+
+/// memcached settings; each becomes one flag.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedConfig {
+    /// Cache memory in MiB (`-m`).
+    #[serde(default = "default_memory_mib", rename = "memoryMiB")]
+    #[schemars(range(min = 8, max = 65536))]
+    pub memory_mib: i32,
+    /// Simultaneous connections (`-c`).
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 16, max = 65536))]
+    pub max_connections: i32,
+    /// Worker threads (`-t`).
+    #[serde(default = "default_threads")]
+    #[schemars(range(min = 1, max = 64))]
+    pub threads: i32,
+    /// Largest item memcached stores (`-I`): a number of bytes, or with a `k` or `m` suffix
+    /// (`512k`, `2m`), from 1k to 1024m and at most half the cache.
+    #[serde(default = "default_max_item_size")]
+    #[schemars(pattern(r"^[0-9]{1,10}[kKmM]?$"))]
+    pub max_item_size: String,
+    /// 0 (quiet) to 3 (`-vvv`).
+    #[serde(default = "default_verbosity")]
+    #[schemars(range(min = 0, max = 3))]
+    pub verbosity: i32,
+    /// Further flags, appended as given. Flags the operator manages (memory, connections,
+    /// threads, item size, port, listen address, user, verbosity, SASL, TLS, daemon mode)
+    /// are rejected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub extra_args: Vec<String>,
+}
+
+impl Default for MemcachedConfig {
+    fn default() -> Self {
+        Self {
+            memory_mib: DEFAULT_MEMORY_MIB,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            threads: DEFAULT_THREADS,
+            max_item_size: DEFAULT_MAX_ITEM_SIZE.to_string(),
+            verbosity: DEFAULT_VERBOSITY,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+fn default_memory_mib() -> i32 {
+    DEFAULT_MEMORY_MIB
+}
+fn default_max_connections() -> i32 {
+    DEFAULT_MAX_CONNECTIONS
+}
+fn default_threads() -> i32 {
+    DEFAULT_THREADS
+}
+fn default_max_item_size() -> String {
+    DEFAULT_MAX_ITEM_SIZE.to_string()
+}
+fn default_verbosity() -> i32 {
+    DEFAULT_VERBOSITY
+}
+
+/// How strictly pods are spread over nodes (`kubernetes.io/hostname`) and zones
+/// (`topology.kubernetes.io/zone`).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum TopologySpread {
+    /// Spread when possible (`ScheduleAnyway`): losing a node loses as little cache as the
+    /// cluster allows, and a small cluster still schedules every pod.
+    #[default]
+    Preferred,
+    /// Never put two pods on one node or skew zones (`DoNotSchedule`): pods stay Pending
+    /// when there are fewer nodes than pods.
+    Required,
+    /// No spreading rules from the operator.
+    Disabled,
+}
+
+/// The memcached exporter sidecar.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExporterSpec {
+    /// Run the sidecar.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Exporter image; unset means the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), pattern(IMAGE_PATTERN))]
+    pub image: Option<String>,
+}
+
+/// SASL authentication.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SaslSpec {
+    /// Secret in the same namespace with key `sasl-pwdb`: `user:password` lines
+    /// (memcached's built-in password database).
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+}
+
+/// TLS.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// Secret in the same namespace with `tls.crt` and `tls.key` (as cert-manager writes).
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+}
+
+impl MemcachedSpec {
+    /// A spec with `size` pods and every other field unset (the seed's sample).
+    pub fn with_size(size: i32) -> Self {
+        Self {
+            size,
+            container_port: DEFAULT_CONTAINER_PORT,
+            image: None,
+            config: None,
+            resources: None,
+            node_selector: None,
+            tolerations: None,
+            affinity: None,
+            priority_class_name: None,
+            pod_annotations: None,
+            pod_labels: None,
+            topology_spread: None,
+            exporter: None,
+            sasl: None,
+            tls: None,
+        }
+    }
+
+    /// The memcached settings, defaults filled in.
+    pub fn config(&self) -> MemcachedConfig {
+        self.config.clone().unwrap_or_default()
+    }
+
+    /// Whether the exporter sidecar runs.
+    pub fn exporter_enabled(&self) -> bool {
+        self.exporter.as_ref().is_some_and(|e| e.enabled)
+    }
 }
 
 fn default_container_port() -> i32 {
@@ -114,6 +320,10 @@ pub struct MemcachedStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `ip:port` of every ready pod, sorted by pod name, for clients that do their own
+    /// consistent hashing.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
     /// Label selector of the pods, as a string (the scale subresource's selector, for HPA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,

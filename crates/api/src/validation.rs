@@ -262,6 +262,201 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     {
         errors.push(FieldError::invalid("spec.image", image, reason));
     }
+    if let Some(config) = &spec.config {
+        errors.extend(validate_config(config));
+    }
+    if let Some(labels) = &spec.pod_labels {
+        for key in labels
+            .keys()
+            .filter(|k| OPERATOR_LABELS.contains(&k.as_str()))
+        {
+            errors.push(FieldError::invalid(
+                format!("spec.podLabels[{key}]"),
+                key,
+                "is set by the operator (it selects the pods) and cannot be overridden",
+            ));
+        }
+    }
+    if let Some(exporter) = &spec.exporter
+        && let Some(image) = exporter.image.as_deref()
+        && let Err(reason) = validate_image(image)
+    {
+        errors.push(FieldError::invalid("spec.exporter.image", image, reason));
+    }
+    for (field, secret) in [
+        (
+            "spec.sasl.secretName",
+            spec.sasl.as_ref().map(|s| &s.secret_name),
+        ),
+        (
+            "spec.tls.secretName",
+            spec.tls.as_ref().map(|t| &t.secret_name),
+        ),
+    ] {
+        if let Some(name) = secret
+            && !is_dns1123_subdomain(name)
+        {
+            errors.push(FieldError::invalid(
+                field,
+                name,
+                "must be a Secret name: a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters)",
+            ));
+        }
+    }
+    if spec.exporter_enabled() && (spec.sasl.is_some() || spec.tls.is_some()) {
+        errors.push(FieldError::invalid(
+            "spec.exporter.enabled",
+            true,
+            "the memcached exporter cannot authenticate with SASL or speak TLS to memcached; disable the exporter or the SASL/TLS settings",
+        ));
+    }
+    errors
+}
+
+/// Labels the operator sets on every pod; `spec.podLabels` may not override them.
+pub const OPERATOR_LABELS: [&str; 4] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/component",
+];
+
+/// memcached flags the operator sets itself (from the spec) or must not be given
+/// (daemon mode, another user or listen address would break the pod).
+pub const MANAGED_FLAGS: [&str; 26] = [
+    "-m",
+    "--memory-limit",
+    "-c",
+    "--conn-limit",
+    "-t",
+    "--threads",
+    "-I",
+    "--max-item-size",
+    "-p",
+    "--port",
+    "-l",
+    "--listen",
+    "-u",
+    "--user",
+    "-d",
+    "--daemon",
+    "-P",
+    "--pidfile",
+    "-v",
+    "-vv",
+    "-vvv",
+    "-S",
+    "--enable-sasl",
+    "-Z",
+    "--enable-ssl",
+    "-s",
+];
+
+/// Smallest and largest `maxItemSize` memcached accepts.
+pub const MIN_ITEM_SIZE: u64 = 1024;
+pub const MAX_ITEM_SIZE: u64 = 1024 * 1024 * 1024;
+
+/// Parses memcached's `-I` syntax: bytes, or a `k`/`m` suffix (powers of 1024).
+pub fn parse_item_size(value: &str) -> Result<u64, String> {
+    let (digits, unit) = match value.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&value[..i], c.to_ascii_lowercase()),
+        _ => (value, 'b'),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(
+            "must be a number of bytes, optionally with a k or m suffix (e.g. 1m, 512k)".into(),
+        );
+    }
+    let n: u64 = digits.parse().map_err(|_| "is too large".to_string())?;
+    let bytes = match unit {
+        'b' => Some(n),
+        'k' => n.checked_mul(1024),
+        'm' => n.checked_mul(1024 * 1024),
+        _ => return Err(format!("has an unknown unit {unit:?}; use k or m")),
+    };
+    bytes.ok_or_else(|| "is too large".to_string())
+}
+
+fn is_dns1123_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+        })
+}
+
+fn is_managed_flag(arg: &str) -> bool {
+    let flag = arg.split('=').next().unwrap_or(arg);
+    MANAGED_FLAGS.contains(&flag)
+        // Short flags with the value attached (`-m64`, `-vv`).
+        || MANAGED_FLAGS
+            .iter()
+            .any(|f| f.len() == 2 && arg.len() > 2 && arg.starts_with(f) && !arg.starts_with("--"))
+        // TLS settings go through `-o ssl_*`, which the operator writes from `spec.tls`.
+        || arg.contains("ssl_")
+}
+
+/// The checks of `spec.config` (ranges, item size, extra flags).
+pub fn validate_config(config: &crate::MemcachedConfig) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let mut range = |field: &str, value: i32, min: i32, max: i32| {
+        if !(min..=max).contains(&value) {
+            errors.push(FieldError::invalid(
+                format!("spec.config.{field}"),
+                value,
+                format!("must be between {min} and {max}, inclusive"),
+            ));
+        }
+    };
+    range("memoryMiB", config.memory_mib, 8, 65536);
+    range("maxConnections", config.max_connections, 16, 65536);
+    range("threads", config.threads, 1, 64);
+    range("verbosity", config.verbosity, 0, 3);
+    match parse_item_size(&config.max_item_size) {
+        Err(reason) => errors.push(FieldError::invalid(
+            "spec.config.maxItemSize",
+            &config.max_item_size,
+            reason,
+        )),
+        Ok(bytes) if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&bytes) => {
+            errors.push(FieldError::invalid(
+                "spec.config.maxItemSize",
+                &config.max_item_size,
+                "must be between 1k and 1024m",
+            ))
+        }
+        Ok(bytes) if bytes > u64::try_from(config.memory_mib.max(0)).unwrap_or(0) * 1024 * 1024 / 2 => {
+            errors.push(FieldError::invalid(
+                "spec.config.maxItemSize",
+                &config.max_item_size,
+                format!(
+                    "must be at most half of memoryMiB ({} MiB): memcached refuses to start otherwise",
+                    config.memory_mib
+                ),
+            ))
+        }
+        Ok(_) => {}
+    }
+    for (i, arg) in config.extra_args.iter().enumerate() {
+        if is_managed_flag(arg) {
+            errors.push(FieldError::invalid(
+                format!("spec.config.extraArgs[{i}]"),
+                arg,
+                "sets a flag the operator manages; use the matching spec field (config.memoryMiB, maxConnections, threads, maxItemSize, verbosity, containerPort, sasl, tls) instead",
+            ));
+        } else if arg.is_empty() || arg.len() > 256 || arg.chars().any(char::is_control) {
+            errors.push(FieldError::invalid(
+                format!("spec.config.extraArgs[{i}]"),
+                arg,
+                "must be 1 to 256 characters without control characters",
+            ));
+        }
+    }
     errors
 }
 
@@ -642,14 +837,7 @@ mod tests {
     use crate::MemcachedSpec;
 
     fn mc(name: &str, size: i32) -> Memcached {
-        Memcached::new(
-            name,
-            MemcachedSpec {
-                size,
-                container_port: 11211,
-                image: None,
-            },
-        )
+        Memcached::new(name, MemcachedSpec::with_size(size))
     }
 
     const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

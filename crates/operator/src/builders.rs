@@ -1,22 +1,26 @@
 //! Desired state: pure functions from a Memcached (and the operator's settings) to the
-//! Deployment and Service it should own. No client, no clock, no randomness, so they are
-//! unit-tested in microseconds and the reconciler only has to apply what they return.
+//! objects it should own: the Deployment, the client Service, the headless Service, the
+//! PodDisruptionBudget and (with the exporter) the ServiceMonitor. No client, no clock, no
+//! randomness, so they are unit-tested in microseconds and the reconciler only applies
+//! what they return.
 
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
-    TCPSocketAction,
+    Capabilities, Container, ContainerPort, EnvVar, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
-use memcached_api::Memcached;
+use memcached_api::{EXPORTER_PORT, Memcached, MemcachedConfig, TopologySpread};
 
 /// Field manager for every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "memcached-operator";
@@ -24,13 +28,26 @@ pub const FIELD_MANAGER: &str = "memcached-operator";
 pub const MANAGED_BY: &str = "memcached-operator";
 /// Name of the memcached container and of its port (as in the seed).
 pub const CONTAINER_NAME: &str = "memcached";
+/// Name of the exporter sidecar and of its port.
+pub const EXPORTER_NAME: &str = "exporter";
+/// Name of the metrics port (exporter) on the pods and the Service.
+pub const METRICS_PORT_NAME: &str = "metrics";
 /// Annotation holding a hash of the last applied desired object, so a converged object
 /// is recognised without a write (see [`crate::drift`]).
 pub const APPLIED_HASH_ANNOTATION: &str = "memcached.cache.example.com/applied-hash";
+/// Pod template annotation: a hash of the memcached configuration, including the versions
+/// of the Secrets it mounts, so a rotated SASL or TLS Secret rolls the pods.
+pub const CONFIG_HASH_ANNOTATION: &str = "memcached.cache.example.com/config-hash";
 /// UID the memcached images run as (the `memcache` user of the official image).
 pub const MEMCACHED_UID: i64 = 11211;
-/// Cache memory in MiB (`-m`), as in the seed.
-pub const CACHE_MEMORY_MIB: i64 = 64;
+/// UID of the exporter image (`nobody`).
+pub const EXPORTER_UID: i64 = 65534;
+/// Suffix of the headless Service's name.
+pub const HEADLESS_SUFFIX: &str = "-headless";
+/// Key of the SASL password database in its Secret.
+pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
+const SASL_DIR: &str = "/etc/memcached/sasl";
+const TLS_DIR: &str = "/etc/memcached/tls";
 
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
@@ -42,14 +59,25 @@ pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
 pub struct BuildSettings {
     /// Image used when the CR does not name one (`--memcached-image`).
     pub default_image: String,
+    /// Exporter image used when the CR does not name one.
+    pub default_exporter_image: String,
 }
 
 impl Default for BuildSettings {
     fn default() -> Self {
         Self {
             default_image: memcached_api::DEFAULT_IMAGE.to_string(),
+            default_exporter_image: memcached_api::DEFAULT_EXPORTER_IMAGE.to_string(),
         }
     }
+}
+
+/// Versions (`metadata.resourceVersion`) of the Secrets the pods mount, as read by the
+/// reconciler; part of the config hash so that a rotated Secret rolls the pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SecretVersions {
+    pub sasl: Option<String>,
+    pub tls: Option<String>,
 }
 
 /// Why a desired object cannot be built. Only objects that never came from the API server
@@ -69,7 +97,7 @@ pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The recommended labels put on every object the operator creates.
+/// The recommended labels put on every object the operator creates for Memcached `name`.
 pub fn labels(name: &str) -> BTreeMap<String, String> {
     let mut labels = selector_labels(name);
     labels.insert(LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string());
@@ -107,11 +135,11 @@ pub fn owner_reference(mc: &Memcached) -> Result<OwnerReference, BuildError> {
     })
 }
 
-fn child_metadata(mc: &Memcached, name: &str) -> Result<ObjectMeta, BuildError> {
+fn child_metadata(mc: &Memcached, child_name: &str) -> Result<ObjectMeta, BuildError> {
     Ok(ObjectMeta {
-        name: Some(name.to_string()),
+        name: Some(child_name.to_string()),
         namespace: mc.metadata.namespace.clone(),
-        labels: Some(labels(name)),
+        labels: Some(labels(name_of(mc)?)),
         owner_references: Some(vec![owner_reference(mc)?]),
         ..ObjectMeta::default()
     })
@@ -124,26 +152,72 @@ fn name_of(mc: &Memcached) -> Result<&str, BuildError> {
         .ok_or(BuildError::MissingMetadata("name"))
 }
 
-/// The memcached command line. The seed ran `memcached -m=64 -o modern -v`; `-m 64` is the
-/// same setting in the form memcached's option parser reads reliably, and `-p` follows
-/// `spec.containerPort`.
-pub fn memcached_args(port: i32) -> Vec<String> {
-    vec![
+/// The headless Service's name.
+pub fn headless_name(name: &str) -> String {
+    format!("{name}{HEADLESS_SUFFIX}")
+}
+
+/// The memcached command line for `config` on `port`. The seed ran
+/// `memcached -m=64 -o modern -v`, which memcached 1.6 reads as `-m` "=64" (0 MiB) and
+/// refuses to start; `-m 64` is what it meant.
+pub fn memcached_args(config: &MemcachedConfig, port: i32, sasl: bool, tls: bool) -> Vec<String> {
+    let mut args: Vec<String> = vec![
         "memcached".into(),
         "-m".into(),
-        CACHE_MEMORY_MIB.to_string(),
+        config.memory_mib.to_string(),
+        "-c".into(),
+        config.max_connections.to_string(),
+        "-t".into(),
+        config.threads.to_string(),
+        "-I".into(),
+        config.max_item_size.clone(),
         "-p".into(),
         port.to_string(),
         "-o".into(),
         "modern".into(),
-        "-v".into(),
-    ]
+    ];
+    if config.verbosity > 0 {
+        let level = usize::try_from(config.verbosity.min(3)).unwrap_or(1);
+        args.push(format!("-{}", "v".repeat(level)));
+    }
+    if sasl {
+        args.push("-S".into());
+    }
+    if tls {
+        args.push("-Z".into());
+        args.push("-o".into());
+        args.push(format!(
+            "ssl_chain_cert={TLS_DIR}/tls.crt,ssl_key={TLS_DIR}/tls.key"
+        ));
+    }
+    args.extend(config.extra_args.iter().cloned());
+    args
 }
 
-fn tcp_probe(initial_delay: i32, period: i32) -> Probe {
+/// Memory for a cache of `memory_mib`: the cache plus 25% and 32 MiB for connection
+/// buffers, the hash table and the process itself. Used as both request and limit, so the
+/// pod is neither evicted for using what it asked for nor OOM-killed for filling its cache.
+pub fn container_memory_mib(memory_mib: i32) -> i64 {
+    let m = i64::from(memory_mib.max(0));
+    m + (m + 3) / 4 + 32
+}
+
+fn default_resources(config: &MemcachedConfig) -> ResourceRequirements {
+    let memory = Quantity(format!("{}Mi", container_memory_mib(config.memory_mib)));
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("100m".to_string())),
+            ("memory".to_string(), memory.clone()),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), memory)])),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn tcp_probe(port: &str, initial_delay: i32, period: i32) -> Probe {
     Probe {
         tcp_socket: Some(TCPSocketAction {
-            port: IntOrString::String(CONTAINER_NAME.to_string()),
+            port: IntOrString::String(port.to_string()),
             host: None,
         }),
         initial_delay_seconds: Some(initial_delay),
@@ -152,54 +226,168 @@ fn tcp_probe(initial_delay: i32, period: i32) -> Probe {
     }
 }
 
-/// The Deployment that runs `mc.spec.size` memcached pods.
+fn restricted(uid: i64) -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+fn spread_constraints(name: &str, policy: TopologySpread) -> Option<Vec<TopologySpreadConstraint>> {
+    let when = match policy {
+        TopologySpread::Disabled => return None,
+        TopologySpread::Preferred => "ScheduleAnyway",
+        TopologySpread::Required => "DoNotSchedule",
+    };
+    let constraint = |key: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.to_string(),
+        when_unsatisfiable: when.to_string(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(selector_labels(name)),
+            match_expressions: None,
+        }),
+        // Count only the pods of the current ReplicaSet, so a rollout is not skewed by the
+        // old pods it is replacing.
+        match_label_keys: Some(vec!["pod-template-hash".to_string()]),
+        ..TopologySpreadConstraint::default()
+    };
+    Some(vec![
+        constraint("kubernetes.io/hostname"),
+        constraint("topology.kubernetes.io/zone"),
+    ])
+}
+
+fn exporter_container(mc: &Memcached, settings: &BuildSettings) -> Container {
+    let image = mc
+        .spec
+        .exporter
+        .as_ref()
+        .and_then(|e| e.image.clone())
+        .unwrap_or_else(|| settings.default_exporter_image.clone());
+    Container {
+        name: EXPORTER_NAME.to_string(),
+        image: Some(image),
+        args: Some(vec![
+            format!("--memcached.address=localhost:{}", mc.spec.container_port),
+            format!("--web.listen-address=:{EXPORTER_PORT}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.to_string()),
+            container_port: EXPORTER_PORT,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(tcp_probe(METRICS_PORT_NAME, 1, 10)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".to_string())),
+                ("memory".to_string(), Quantity("32Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("64Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted(EXPORTER_UID)),
+        ..Container::default()
+    }
+}
+
+/// A stable hash of everything that configures the memcached process, Secret versions
+/// included.
+pub fn config_hash(args: &[String], secrets: &SecretVersions) -> String {
+    let mut hasher = DefaultHasher::new();
+    args.hash(&mut hasher);
+    secrets.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+/// The Deployment that runs `mc.spec.size` memcached pods, with no Secrets read.
 pub fn desired_deployment(
     mc: &Memcached,
     settings: &BuildSettings,
 ) -> Result<Deployment, BuildError> {
+    desired_deployment_with(mc, settings, &SecretVersions::default())
+}
+
+/// The Deployment that runs `mc.spec.size` memcached pods; `secrets` are the versions of
+/// the SASL and TLS Secrets it mounts.
+pub fn desired_deployment_with(
+    mc: &Memcached,
+    settings: &BuildSettings,
+    secrets: &SecretVersions,
+) -> Result<Deployment, BuildError> {
     let name = name_of(mc)?;
-    let port = mc.spec.container_port;
-    let container = Container {
+    let spec = &mc.spec;
+    let port = spec.container_port;
+    let config = spec.config();
+    let args = memcached_args(&config, port, spec.sasl.is_some(), spec.tls.is_some());
+
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    let mut env = Vec::new();
+    if let Some(sasl) = &spec.sasl {
+        volumes.push(secret_volume("sasl", &sasl.secret_name));
+        mounts.push(mount("sasl", SASL_DIR));
+        env.push(EnvVar {
+            name: "MEMCACHED_SASL_PWDB".to_string(),
+            value: Some(format!("{SASL_DIR}/{SASL_PWDB_KEY}")),
+            value_from: None,
+        });
+    }
+    if let Some(tls) = &spec.tls {
+        volumes.push(secret_volume("tls", &tls.secret_name));
+        mounts.push(mount("tls", TLS_DIR));
+    }
+
+    let memcached = Container {
         name: CONTAINER_NAME.to_string(),
         image: Some(mc.image_or(&settings.default_image).to_string()),
-        command: Some(memcached_args(port)),
+        command: Some(args.clone()),
+        env: (!env.is_empty()).then_some(env),
         ports: Some(vec![ContainerPort {
             name: Some(CONTAINER_NAME.to_string()),
             container_port: port,
             protocol: Some("TCP".to_string()),
             ..ContainerPort::default()
         }]),
-        readiness_probe: Some(tcp_probe(1, 5)),
-        liveness_probe: Some(tcp_probe(10, 10)),
-        resources: Some(ResourceRequirements {
-            // 64 MiB of cache plus connection buffers and the hash table.
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity("50m".to_string())),
-                ("memory".to_string(), Quantity("96Mi".to_string())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("128Mi".to_string()),
-            )])),
-            ..ResourceRequirements::default()
-        }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(MEMCACHED_UID),
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                add: None,
-            }),
-            ..SecurityContext::default()
-        }),
+        readiness_probe: Some(tcp_probe(CONTAINER_NAME, 1, 5)),
+        liveness_probe: Some(tcp_probe(CONTAINER_NAME, 10, 10)),
+        resources: Some(
+            spec.resources
+                .clone()
+                .unwrap_or_else(|| default_resources(&config)),
+        ),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Container::default()
     };
+    let mut containers = vec![memcached];
+    if spec.exporter_enabled() {
+        containers.push(exporter_container(mc, settings));
+    }
+
+    let mut pod_labels = spec.pod_labels.clone().unwrap_or_default();
+    pod_labels.extend(labels(name));
+    let mut annotations = spec.pod_annotations.clone().unwrap_or_default();
+    annotations.insert(
+        CONFIG_HASH_ANNOTATION.to_string(),
+        config_hash(&args, secrets),
+    );
+
     Ok(Deployment {
         metadata: child_metadata(mc, name)?,
         spec: Some(DeploymentSpec {
-            replicas: Some(mc.spec.size),
+            replicas: Some(spec.size),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(name)),
                 match_expressions: None,
@@ -215,11 +403,12 @@ pub fn desired_deployment(
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(name)),
+                    labels: Some(pod_labels),
+                    annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
-                    containers: vec![container],
+                    containers,
                     enable_service_links: Some(false),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
@@ -230,6 +419,15 @@ pub fn desired_deployment(
                         }),
                         ..PodSecurityContext::default()
                     }),
+                    node_selector: spec.node_selector.clone(),
+                    tolerations: spec.tolerations.clone(),
+                    affinity: spec.affinity.clone(),
+                    priority_class_name: spec.priority_class_name.clone(),
+                    topology_spread_constraints: spread_constraints(
+                        name,
+                        spec.topology_spread.unwrap_or_default(),
+                    ),
+                    volumes: (!volumes.is_empty()).then_some(volumes),
                     ..PodSpec::default()
                 }),
             },
@@ -239,7 +437,49 @@ pub fn desired_deployment(
     })
 }
 
-/// The ClusterIP Service in front of the memcached pods, on `spec.containerPort`.
+fn secret_volume(name: &str, secret: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn service_ports(mc: &Memcached) -> Vec<ServicePort> {
+    let mut ports = vec![ServicePort {
+        name: Some(CONTAINER_NAME.to_string()),
+        port: mc.spec.container_port,
+        target_port: Some(IntOrString::String(CONTAINER_NAME.to_string())),
+        protocol: Some("TCP".to_string()),
+        ..ServicePort::default()
+    }];
+    if mc.spec.exporter_enabled() {
+        ports.push(ServicePort {
+            name: Some(METRICS_PORT_NAME.to_string()),
+            port: EXPORTER_PORT,
+            target_port: Some(IntOrString::String(METRICS_PORT_NAME.to_string())),
+            protocol: Some("TCP".to_string()),
+            ..ServicePort::default()
+        });
+    }
+    ports
+}
+
+/// The ClusterIP Service in front of the memcached pods, on `spec.containerPort` (and the
+/// exporter's metrics port when it runs).
 pub fn desired_service(mc: &Memcached) -> Result<Service, BuildError> {
     let name = name_of(mc)?;
     Ok(Service {
@@ -247,17 +487,71 @@ pub fn desired_service(mc: &Memcached) -> Result<Service, BuildError> {
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
             selector: Some(selector_labels(name)),
-            ports: Some(vec![ServicePort {
-                name: Some(CONTAINER_NAME.to_string()),
-                port: mc.spec.container_port,
-                target_port: Some(IntOrString::String(CONTAINER_NAME.to_string())),
-                protocol: Some("TCP".to_string()),
-                ..ServicePort::default()
-            }]),
+            ports: Some(service_ports(mc)),
             ..ServiceSpec::default()
         }),
         status: None,
     })
+}
+
+/// The headless Service `<name>-headless`: DNS returns every ready pod's address, for
+/// clients that hash keys over the pods themselves.
+pub fn desired_headless_service(mc: &Memcached) -> Result<Service, BuildError> {
+    let name = name_of(mc)?;
+    let mut ports = service_ports(mc);
+    ports.truncate(1);
+    Ok(Service {
+        metadata: child_metadata(mc, &headless_name(name))?,
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            cluster_ip: Some("None".to_string()),
+            selector: Some(selector_labels(name)),
+            ports: Some(ports),
+            publish_not_ready_addresses: Some(false),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// A PodDisruptionBudget allowing one voluntary disruption at a time when there are at
+/// least two pods; `None` below that (a budget on one pod would block node drains).
+pub fn desired_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, BuildError> {
+    let name = name_of(mc)?;
+    if mc.spec.size < 2 {
+        return Ok(None);
+    }
+    Ok(Some(PodDisruptionBudget {
+        metadata: child_metadata(mc, name)?,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(name)),
+                match_expressions: None,
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    }))
+}
+
+/// The Prometheus Operator ServiceMonitor scraping the exporter through the client Service,
+/// when the exporter runs.
+pub fn desired_service_monitor(mc: &Memcached) -> Result<Option<serde_json::Value>, BuildError> {
+    let name = name_of(mc)?;
+    if !mc.spec.exporter_enabled() {
+        return Ok(None);
+    }
+    let metadata = child_metadata(mc, name)?;
+    Ok(Some(serde_json::json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": metadata,
+        "spec": {
+            "selector": {"matchLabels": labels(name)},
+            "endpoints": [{"port": METRICS_PORT_NAME, "interval": "30s"}],
+        },
+    })))
 }
 
 #[cfg(test)]
@@ -266,14 +560,7 @@ mod tests {
     use memcached_api::MemcachedSpec;
 
     fn sample(size: i32) -> Memcached {
-        let mut mc = Memcached::new(
-            "memcached-sample",
-            MemcachedSpec {
-                size,
-                container_port: 11211,
-                image: None,
-            },
-        );
+        let mut mc = Memcached::new("memcached-sample", MemcachedSpec::with_size(size));
         mc.metadata.namespace = Some("default".into());
         mc.metadata.uid = Some("uid-1".into());
         mc
@@ -303,7 +590,23 @@ mod tests {
         assert_eq!(
             c.command.as_deref(),
             Some(
-                &["memcached", "-m", "64", "-p", "11211", "-o", "modern", "-v"].map(String::from)[..]
+                &[
+                    "memcached",
+                    "-m",
+                    "64",
+                    "-c",
+                    "1024",
+                    "-t",
+                    "4",
+                    "-I",
+                    "1m",
+                    "-p",
+                    "11211",
+                    "-o",
+                    "modern",
+                    "-v"
+                ]
+                .map(String::from)[..]
             )
         );
         let port = &c.ports.as_ref().expect("ports")[0];
@@ -405,6 +708,7 @@ mod tests {
     fn image_and_port_follow_the_spec_and_settings() {
         let settings = BuildSettings {
             default_image: "registry.local/memcached:1.6".into(),
+            ..BuildSettings::default()
         };
         let mut mc = sample(2);
         let d = desired_deployment(&mc, &settings).expect("builds");

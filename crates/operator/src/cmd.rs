@@ -31,6 +31,9 @@ pub struct RunArgs {
     /// Image for Memcacheds that do not name one.
     #[arg(long, env = "MEMCACHED_IMAGE", default_value = memcached_api::DEFAULT_IMAGE)]
     pub memcached_image: String,
+    /// Image of the memcached exporter sidecar for Memcacheds that enable it without naming one.
+    #[arg(long, env = "EXPORTER_IMAGE", default_value = memcached_api::DEFAULT_EXPORTER_IMAGE)]
+    pub exporter_image: String,
     /// Reconciles running at once (never two for the same object).
     #[arg(long, default_value_t = 4)]
     pub max_concurrent_reconciles: u16,
@@ -280,6 +283,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     let config = ControllerConfig {
         build: BuildSettings {
             default_image: args.memcached_image.clone(),
+            default_exporter_image: args.exporter_image.clone(),
         },
         concurrency: args.max_concurrent_reconciles,
         resync: args.resync_period,

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -29,11 +30,11 @@ use tracing::{Instrument, debug, info, warn};
 
 use crate::builders::{
     self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_INSTANCE,
-    LABEL_MANAGED_BY, MANAGED_BY,
+    LABEL_MANAGED_BY, MANAGED_BY, SecretVersions,
 };
 use crate::drift;
 use crate::informer::Informer;
-use crate::status::{self, Observed, Problem};
+use crate::status::{self, Observed, ObservedPod, Problem};
 
 /// Name under which the controller reports events and metrics.
 pub const CONTROLLER_NAME: &str = "memcached";
@@ -226,8 +227,10 @@ pub struct Context {
     pub memcacheds: Store<Memcached>,
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
+    pub pdbs: Store<PodDisruptionBudget>,
     pub pods: Store<Pod>,
     recorder: Recorder,
+    service_monitors: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
 }
 
@@ -330,15 +333,24 @@ fn replicas(d: &Deployment) -> i32 {
     d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
 }
 
-/// Names of the live pods of `mc` in the pod cache.
-fn pod_names(pods: &Store<Pod>, namespace: &str, name: &str) -> Vec<String> {
+/// The live pods of `mc` in the pod cache.
+fn observed_pods(pods: &Store<Pod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
     pods.state_filter(|p| {
         p.metadata.namespace.as_deref() == Some(namespace)
             && p.metadata.deletion_timestamp.is_none()
             && p.labels().get(LABEL_INSTANCE).map(String::as_str) == Some(name)
     })
     .iter()
-    .map(|p| p.name_any())
+    .map(|p| {
+        let status = p.status.as_ref();
+        ObservedPod {
+            name: p.name_any(),
+            ip: status.and_then(|s| s.pod_ip.clone()),
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        }
+    })
     .collect()
 }
 
@@ -405,9 +417,9 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
                 });
                 let observed = Observed {
                     deployment: deployment.as_deref(),
-                    pod_names: mc
+                    pods: mc
                         .namespace()
-                        .map(|ns| pod_names(&ctx.pods, &ns, &mc.name_any()))
+                        .map(|ns| observed_pods(&ctx.pods, &ns, &mc.name_any()))
                         .unwrap_or_default(),
                     problem: Some(problem),
                 };
@@ -446,7 +458,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
             .get(&ObjectRef::new(&name).within(&namespace));
         let observed = Observed {
             deployment: deployment.as_deref(),
-            pod_names: pod_names(&ctx.pods, &namespace, &name),
+            pods: observed_pods(&ctx.pods, &namespace, &name),
             problem: Some(Problem {
                 reason: "InvalidSpec".into(),
                 message: message.clone(),
@@ -461,12 +473,47 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
         return Ok(Action::await_change());
     }
 
-    let desired =
-        builders::desired_deployment(mc, &ctx.config.build).map_err(|source| Error::Build {
-            kind: "Deployment",
-            object: object.clone(),
+    // The Secrets the pods mount must exist before the pods are rolled to use them; a
+    // missing one is reported, and the running pods are left as they are.
+    let secrets = match referenced_secrets(ctx, mc, &namespace).await? {
+        Ok(versions) => versions,
+        Err(problem) => {
+            warn!(object, message = %problem.message, "referenced Secret unusable");
+            let deployment = ctx
+                .deployments
+                .get(&ObjectRef::new(&name).within(&namespace));
+            let observed = Observed {
+                deployment: deployment.as_deref(),
+                pods: observed_pods(&ctx.pods, &namespace, &name),
+                problem: Some(problem.clone()),
+            };
+            let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+            if write_status_if_changed(&ctx.client, mc, status).await? {
+                ctx.publish(
+                    mc,
+                    EventType::Warning,
+                    &problem.reason,
+                    "ReadSecret",
+                    problem.message,
+                )
+                .await;
+            }
+            // Secrets are not watched (that would cache every Secret of the namespace), so
+            // look again soon.
+            return Ok(Action::requeue(SECRET_RECHECK));
+        }
+    };
+
+    let build = |kind: &'static str| {
+        let object = object.clone();
+        move |source| Error::Build {
+            kind,
+            object,
             source,
-        })?;
+        }
+    };
+    let desired = builders::desired_deployment_with(mc, &ctx.config.build, &secrets)
+        .map_err(build("Deployment"))?;
     let want_replicas = replicas(&desired);
     let deployment =
         match apply_if_changed(&ctx.client, &ctx.deployments, desired, "Deployment").await? {
@@ -510,40 +557,27 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
             }
         };
 
-    let desired = builders::desired_service(mc).map_err(|source| Error::Build {
-        kind: "Service",
-        object: object.clone(),
-        source,
-    })?;
-    match apply_if_changed(&ctx.client, &ctx.services, desired, "Service").await? {
-        Applied::Unchanged(_) => {}
-        Applied::Created(_) => {
-            info!(object, "created Service");
-            ctx.publish(
-                mc,
-                EventType::Normal,
-                "Created",
-                "CreateService",
-                format!("Created Service {name}"),
-            )
-            .await;
-        }
-        Applied::Updated { .. } => {
-            info!(object, "updated Service");
-            ctx.publish(
-                mc,
-                EventType::Normal,
-                "Updated",
-                "UpdateService",
-                format!("Updated Service {name} to the desired spec"),
-            )
-            .await;
-        }
+    for desired in [
+        builders::desired_service(mc).map_err(build("Service"))?,
+        builders::desired_headless_service(mc).map_err(build("Service"))?,
+    ] {
+        let applied = apply_if_changed(&ctx.client, &ctx.services, desired, "Service").await?;
+        report_child(ctx, mc, "Service", &applied).await;
     }
 
+    match builders::desired_pdb(mc).map_err(build("PodDisruptionBudget"))? {
+        Some(desired) => {
+            let applied =
+                apply_if_changed(&ctx.client, &ctx.pdbs, desired, "PodDisruptionBudget").await?;
+            report_child(ctx, mc, "PodDisruptionBudget", &applied).await;
+        }
+        None => delete_if_cached::<PodDisruptionBudget>(ctx, mc, &ctx.pdbs, &name).await?,
+    }
+
+    reconcile_service_monitor(ctx, mc, &namespace, &name).await?;
     let observed = Observed {
         deployment: Some(deployment.as_ref()),
-        pod_names: pod_names(&ctx.pods, &namespace, &name),
+        pods: observed_pods(&ctx.pods, &namespace, &name),
         problem: None,
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
@@ -551,6 +585,238 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
         debug!(object, "status updated");
     }
     Ok(Action::requeue(ctx.config.resync))
+}
+
+/// How soon a Memcached waiting for a missing Secret is looked at again.
+const SECRET_RECHECK: Duration = Duration::from_secs(15);
+/// How long the answer to "is the Prometheus Operator installed?" is trusted.
+const DISCOVERY_TTL: Duration = Duration::from_secs(60);
+
+/// Reads the SASL and TLS Secrets `mc` references. `Ok(Err(problem))` when one is missing
+/// or lacks a key; `Err` only for API errors other than NotFound.
+async fn referenced_secrets(
+    ctx: &Context,
+    mc: &Memcached,
+    namespace: &str,
+) -> Result<Result<SecretVersions, Problem>, Error> {
+    let mut versions = SecretVersions::default();
+    let wanted = [
+        (
+            "spec.sasl.secretName",
+            mc.spec.sasl.as_ref().map(|s| s.secret_name.as_str()),
+            &[builders::SASL_PWDB_KEY][..],
+        ),
+        (
+            "spec.tls.secretName",
+            mc.spec.tls.as_ref().map(|t| t.secret_name.as_str()),
+            &["tls.crt", "tls.key"][..],
+        ),
+    ];
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    for (i, (field, secret, keys)) in wanted.into_iter().enumerate() {
+        let Some(secret) = secret else { continue };
+        let found = api.get_opt(secret).await.map_err(|source| Error::Apply {
+            kind: "Secret",
+            object: format!("{namespace}/{secret}"),
+            source,
+        })?;
+        let Some(found) = found else {
+            return Ok(Err(Problem {
+                reason: "SecretNotFound".into(),
+                message: format!(
+                    "Secret \"{secret}\" ({field}) not found in namespace {namespace}"
+                ),
+            }));
+        };
+        let data = found.data.as_ref();
+        if let Some(key) = keys
+            .iter()
+            .find(|k| data.is_none_or(|d| !d.contains_key(**k)))
+        {
+            return Ok(Err(Problem {
+                reason: "SecretInvalid".into(),
+                message: format!("Secret \"{secret}\" ({field}) has no key \"{key}\""),
+            }));
+        }
+        let version = found.metadata.resource_version.clone();
+        if i == 0 {
+            versions.sasl = version;
+        } else {
+            versions.tls = version;
+        }
+    }
+    Ok(Ok(versions))
+}
+
+/// Logs and records an event for a child that was created or updated.
+async fn report_child<T: Resource>(
+    ctx: &Context,
+    mc: &Memcached,
+    kind: &str,
+    applied: &Applied<T>,
+) {
+    let (reason, verb, child) = match applied {
+        Applied::Unchanged(_) => return,
+        Applied::Created(after) => ("Created", "Created", after.meta().name.clone()),
+        Applied::Updated { after, .. } => ("Updated", "Updated", after.meta().name.clone()),
+    };
+    let child = child.unwrap_or_default();
+    info!(object = %object_key(mc), kind, child, "{} {kind}", verb.to_lowercase());
+    let note = match applied {
+        Applied::Updated { .. } => format!("{verb} {kind} {child} to the desired spec"),
+        _ => format!("{verb} {kind} {child}"),
+    };
+    ctx.publish(
+        mc,
+        EventType::Normal,
+        reason,
+        &format!("{verb}{kind}"),
+        note,
+    )
+    .await;
+}
+
+/// Deletes our child `name` of kind `K` if the cache has it (so a resync costs no call).
+async fn delete_if_cached<K>(
+    ctx: &Context,
+    mc: &Memcached,
+    cache: &Store<K>,
+    name: &str,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    if cache
+        .get(&ObjectRef::new(name).within(&namespace))
+        .is_none()
+    {
+        return Ok(());
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let kind = K::kind(&()).into_owned();
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {
+            info!(object = %object_key(mc), kind, name, "deleted");
+            ctx.publish(
+                mc,
+                EventType::Normal,
+                "Deleted",
+                &format!("Delete{kind}"),
+                format!("Deleted {kind} {name}: no longer needed"),
+            )
+            .await;
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(Error::Apply {
+            kind: "PodDisruptionBudget",
+            object: format!("{namespace}/{name}"),
+            source,
+        }),
+    }
+}
+
+fn service_monitor_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    )
+}
+
+/// Whether the API server serves ServiceMonitors (the Prometheus Operator is installed),
+/// asked at most once per [`DISCOVERY_TTL`].
+async fn service_monitors_served(ctx: &Context) -> bool {
+    let mut cached = ctx.service_monitors.lock().await;
+    if let Some((at, served)) = *cached
+        && at.elapsed() < DISCOVERY_TTL
+    {
+        return served;
+    }
+    let served = match ctx
+        .client
+        .list_api_group_resources("monitoring.coreos.com/v1")
+        .await
+    {
+        Ok(list) => list.resources.iter().any(|r| r.name == "servicemonitors"),
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(e) => {
+            debug!(error = %e, "could not ask whether ServiceMonitors are served");
+            false
+        }
+    };
+    *cached = Some((std::time::Instant::now(), served));
+    served
+}
+
+/// Applies the ServiceMonitor when the exporter runs and the Prometheus Operator is
+/// installed; deletes ours when the exporter is switched off.
+async fn reconcile_service_monitor(
+    ctx: &Context,
+    mc: &Memcached,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error> {
+    if !service_monitors_served(ctx).await {
+        return Ok(());
+    }
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &service_monitor_resource());
+    let err = |source| Error::Apply {
+        kind: "ServiceMonitor",
+        object: format!("{namespace}/{name}"),
+        source,
+    };
+    let desired = builders::desired_service_monitor(mc).map_err(|source| Error::Build {
+        kind: "ServiceMonitor",
+        object: format!("{namespace}/{name}"),
+        source,
+    })?;
+    let live = api.get_opt(name).await.map_err(err)?;
+    let ours = live.as_ref().is_some_and(|l| {
+        l.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| Some(&o.uid) == mc.metadata.uid.as_ref())
+    });
+    match desired {
+        Some(mut desired) => {
+            let hash = drift::desired_hash(&desired);
+            desired["metadata"]["annotations"] =
+                serde_json::json!({ APPLIED_HASH_ANNOTATION: hash });
+            let live_json = live.as_ref().and_then(|l| serde_json::to_value(l).ok());
+            if live_json
+                .as_ref()
+                .is_some_and(|l| drift::is_converged(&desired, Some(l)))
+            {
+                return Ok(());
+            }
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            api.patch(name, &params, &Patch::Apply(&desired))
+                .await
+                .map_err(err)?;
+            let verb = if live.is_some() { "Updated" } else { "Created" };
+            ctx.publish(
+                mc,
+                EventType::Normal,
+                verb,
+                &format!("{verb}ServiceMonitor"),
+                format!("{verb} ServiceMonitor {name}"),
+            )
+            .await;
+        }
+        None if ours => match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => return Err(err(source)),
+        },
+        None => {}
+    }
+    Ok(())
 }
 
 /// Retry a failed object with per-object exponential backoff.
@@ -599,8 +865,14 @@ fn slim<K: Resource>(obj: &mut K) {
 
 fn slim_pod(pod: &mut Pod) {
     slim(pod);
-    // The reconciler reads names, labels and deletion state only.
+    // The reconciler reads names, labels, deletion state, the pod IP and the Ready
+    // condition only.
     pod.spec = None;
+    if let Some(status) = pod.status.as_mut() {
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+        status.ephemeral_container_statuses = None;
+    }
 }
 
 /// The informers the controller reads from, for one scope (a namespace or the cluster).
@@ -609,6 +881,7 @@ pub struct Caches {
     pub memcacheds: Informer<Memcached>,
     pub deployments: Informer<Deployment>,
     pub services: Informer<Service>,
+    pub pdbs: Informer<PodDisruptionBudget>,
     pub pods: Informer<Pod>,
 }
 
@@ -625,6 +898,7 @@ impl Caches {
             ),
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pods: Informer::start(scoped(client, namespace), owned, slim_pod),
         }
     }
@@ -635,6 +909,7 @@ impl Caches {
             self.memcacheds.wait_synced(),
             self.deployments.wait_synced(),
             self.services.wait_synced(),
+            self.pdbs.wait_synced(),
             self.pods.wait_synced()
         );
     }
@@ -672,7 +947,8 @@ pub async fn run_controller(
         });
     let q2 = queued.clone();
     let q3 = queued.clone();
-    let q4 = queued;
+    let q4 = queued.clone();
+    let q5 = queued;
 
     let reporter = Reporter {
         controller: MANAGED_BY.to_string(),
@@ -684,7 +960,9 @@ pub async fn run_controller(
         memcacheds: caches.memcacheds.store(),
         deployments: caches.deployments.store(),
         services: caches.services.store(),
+        pdbs: caches.pdbs.store(),
         pods: caches.pods.store(),
+        service_monitors: tokio::sync::Mutex::new(None),
         failures: Mutex::new(HashMap::new()),
         config: config.clone(),
     });
@@ -697,6 +975,9 @@ pub async fn run_controller(
             q3(controller_owner(&s))
         })
         .watches_stream(caches.pods.subscribe(), move |p: Pod| q4(pod_owner(&p)))
+        .watches_stream(caches.pdbs.subscribe(), move |p: PodDisruptionBudget| {
+            q5(controller_owner(&p))
+        })
         .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -112,7 +112,9 @@ where
     }
 }
 
-fn tokio_stream_from<K: Send + 'static>(mut rx: mpsc::UnboundedReceiver<K>) -> impl Stream<Item = K> {
+fn tokio_stream_from<K: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<K>,
+) -> impl Stream<Item = K> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 

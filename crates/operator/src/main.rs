@@ -89,15 +89,13 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Run(args) => {
-            match cmd::run(*args).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    error!("{e}");
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+        Command::Run(args) => match cmd::run(*args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                error!("{e}");
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
             }
-        }
+        },
     }
 }

@@ -67,6 +67,28 @@ pub const MANAGER_RULES: &[Rule] = &[
         resources: &["services"],
         verbs: &["create", "list", "patch", "watch"],
     },
+    // controller::run: PodDisruptionBudget watcher; apply_if_changed (patch, create when
+    // missing) at size >= 2; delete_if_cached when the size drops below 2.
+    Rule {
+        api_groups: &["policy"],
+        resources: &["poddisruptionbudgets"],
+        verbs: &["create", "delete", "list", "patch", "watch"],
+    },
+    // controller::referenced_secrets: reads the SASL and TLS Secrets a Memcached names
+    // (get only: Secrets are never listed or watched, so the operator holds none in memory).
+    Rule {
+        api_groups: &[""],
+        resources: &["secrets"],
+        verbs: &["get"],
+    },
+    // controller::reconcile_service_monitor: the exporter's ServiceMonitor (get to compare,
+    // server-side apply, delete when the exporter is switched off), only when the
+    // Prometheus Operator's CRD is served.
+    Rule {
+        api_groups: &["monitoring.coreos.com"],
+        resources: &["servicemonitors"],
+        verbs: &["create", "delete", "get", "patch"],
+    },
     // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness.
     Rule {
         api_groups: &[""],

@@ -19,12 +19,32 @@ pub struct Problem {
     pub message: String,
 }
 
+/// One pod, as the status needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObservedPod {
+    pub name: String,
+    /// `status.podIP`, once assigned.
+    pub ip: Option<String>,
+    /// The pod's `Ready` condition is `True`.
+    pub ready: bool,
+}
+
+impl ObservedPod {
+    /// A pod with a name only (not ready, no IP).
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+}
+
 /// What the reconciler saw, as plain values.
 #[derive(Clone, Debug, Default)]
 pub struct Observed<'a> {
     pub deployment: Option<&'a Deployment>,
-    /// Names of the pods of this Memcached that are not being deleted, in any order.
-    pub pod_names: Vec<String>,
+    /// The pods of this Memcached that are not being deleted, in any order.
+    pub pods: Vec<ObservedPod>,
     pub problem: Option<Problem>,
 }
 
@@ -71,9 +91,23 @@ pub fn desired_status(
 ) -> MemcachedStatus {
     let size = mc.spec.size;
     let name = mc.metadata.name.clone().unwrap_or_default();
-    let mut nodes = observed.pod_names.clone();
-    nodes.sort();
-    nodes.dedup();
+    let mut pods = observed.pods.clone();
+    pods.sort_by(|a, b| a.name.cmp(&b.name));
+    pods.dedup_by(|a, b| a.name == b.name);
+    let nodes: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
+    let port = mc.spec.container_port;
+    let endpoints: Vec<String> = pods
+        .iter()
+        .filter(|p| p.ready)
+        .filter_map(|p| p.ip.as_deref())
+        .map(|ip| {
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        })
+        .collect();
 
     let (replicas, ready, available_cond, progressing_cond) = match observed.deployment {
         None => (
@@ -177,6 +211,7 @@ pub fn desired_status(
 
     MemcachedStatus {
         nodes,
+        endpoints,
         replicas,
         ready_replicas: ready,
         observed_generation: generation,
@@ -192,14 +227,7 @@ mod tests {
     use memcached_api::MemcachedSpec;
 
     fn mc(size: i32, generation: i64) -> Memcached {
-        let mut mc = Memcached::new(
-            "m",
-            MemcachedSpec {
-                size,
-                container_port: 11211,
-                image: None,
-            },
-        );
+        let mut mc = Memcached::new("m", MemcachedSpec::with_size(size));
         mc.metadata.generation = Some(generation);
         mc
     }
@@ -316,11 +344,28 @@ mod tests {
         let d = deployment(1, 1, 3, 3, 2);
         let observed = Observed {
             deployment: Some(&d),
-            pod_names: vec!["m-abc-3".into(), "m-abc-1".into(), "m-abc-2".into()],
+            pods: vec![
+                ObservedPod {
+                    name: "m-abc-3".into(),
+                    ip: Some("10.0.0.3".into()),
+                    ready: true,
+                },
+                ObservedPod::named("m-abc-1"),
+                ObservedPod {
+                    name: "m-abc-2".into(),
+                    ip: Some("fd00::2".into()),
+                    ready: true,
+                },
+            ],
             problem: None,
         };
         let s = desired_status(&mc(3, 4), &observed, t(100));
         assert_eq!(s.nodes, ["m-abc-1", "m-abc-2", "m-abc-3"]);
+        assert_eq!(
+            s.endpoints,
+            ["[fd00::2]:11211", "10.0.0.3:11211"],
+            "ready pods with an IP, in pod-name order"
+        );
         assert_eq!(
             (s.replicas, s.ready_replicas, s.observed_generation),
             (3, 2, Some(4))

@@ -724,7 +724,23 @@ impl std::fmt::Debug for Json<'_> {
 }
 
 const TOP_LEVEL_FIELDS: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
-const SPEC_FIELDS: [&str; 3] = ["size", "containerPort", "image"];
+const SPEC_FIELDS: [&str; 15] = [
+    "size",
+    "containerPort",
+    "image",
+    "config",
+    "resources",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "priorityClassName",
+    "podAnnotations",
+    "podLabels",
+    "topologySpread",
+    "exporter",
+    "sasl",
+    "tls",
+];
 
 /// An integer field: `Ok(None)` when absent or null.
 fn integer(
@@ -852,7 +868,10 @@ fn decode_spec(
     for key in spec.keys().filter(|k| !SPEC_FIELDS.contains(&k.as_str())) {
         errors.push(FieldError::forbidden(
             format!("spec.{key}"),
-            format!("unknown field {key:?}; the fields of spec are size, containerPort and image"),
+            format!(
+                "unknown field {key:?}; the fields of spec are {}",
+                SPEC_FIELDS.join(", ")
+            ),
         ));
     }
     let size_rule = format!("must be between 0 and {}", memcached_api::MAX_SIZE);
@@ -892,10 +911,28 @@ fn decode_spec(
             return None;
         }
     };
+    // The remaining fields are typed objects; serde names the first problem precisely.
+    let mut rest = spec.clone();
+    for handled in ["size", "containerPort", "image"] {
+        rest.remove(handled);
+    }
+    rest.insert("size".into(), Value::from(size));
+    let typed = match serde_json::from_value::<MemcachedSpec>(Value::Object(rest)) {
+        Ok(typed) => typed,
+        Err(e) => {
+            errors.push(FieldError::invalid(
+                "spec",
+                Json(&Value::Object(spec.clone())),
+                format!("is not a valid Memcached spec: {e}"),
+            ));
+            return None;
+        }
+    };
     (errors.len() == before).then_some(MemcachedSpec {
         size,
         container_port,
         image,
+        ..typed
     })
 }
 
@@ -1130,10 +1167,21 @@ mod tests {
 
     #[test]
     fn schema_defaults_are_exactly_the_crds() {
-        assert_eq!(
-            schema_defaults(),
-            &[("/spec/containerPort".to_string(), Value::from(11211))]
-        );
+        // Nested defaults apply only inside objects the user wrote (`spec.config`,
+        // `spec.exporter`), as the API server's structural defaulting does.
+        let want: Vec<(String, Value)> = [
+            ("/spec/config/maxConnections", Value::from(1024)),
+            ("/spec/config/maxItemSize", Value::from("1m")),
+            ("/spec/config/memoryMiB", Value::from(64)),
+            ("/spec/config/threads", Value::from(4)),
+            ("/spec/config/verbosity", Value::from(1)),
+            ("/spec/containerPort", Value::from(11211)),
+            ("/spec/exporter/enabled", Value::from(false)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(schema_defaults(), want.as_slice());
     }
 
     #[test]

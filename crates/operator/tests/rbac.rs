@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::{Api, Client, CustomResourceExt};
 use manager::leader::{self, LeaderElectionConfig};
 use manager::metrics_server::{CachingAuthorizer, Decision, KubeAuthorizer};
@@ -48,6 +51,14 @@ struct Request {
 }
 
 /// Parses a Kubernetes API request path into (group, resource, namespace, has name).
+fn is_discovery(path: &str) -> bool {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    matches!(
+        segs.as_slice(),
+        ["api"] | ["apis"] | ["api", _] | ["apis", _, _]
+    )
+}
+
 fn parse_path(path: &str) -> Option<(String, String, String, bool)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, rest) = match segs.as_slice() {
@@ -114,6 +125,12 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
+            // API discovery (`GET /apis/<group>/<version>`, asked before using the optional
+            // ServiceMonitor kind) is granted to every authenticated user by the built-in
+            // `system:discovery` ClusterRole; the operator's roles need not grant it.
+            if method == http::Method::GET && is_discovery(&path) {
+                return Ok(resp);
+            }
             let (group, resource, namespace, has_name) = parse_path(&path)
                 .unwrap_or_else(|| panic!("the operator called a non-resource path: {path}"));
             log.lock().expect("log").push(Request {
@@ -285,6 +302,81 @@ async fn scenario(driver: &Client) {
     })
     .await;
 
+    // Scaled below two pods, the PodDisruptionBudget is deleted.
+    apply(1).await;
+    converged(1).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(driver.clone());
+    wait_for("PodDisruptionBudget deleted", || async {
+        pdbs.get_opt("memcached-sample")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // SASL from a Secret: the operator reads it.
+    let secrets: Api<Secret> = Api::default_namespaced(driver.clone());
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "memcached-auth"},
+        "stringData": {"sasl-pwdb": "app:secret\n"}
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("Secret created");
+    let secured: Memcached = serde_json::from_value(json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "secured"},
+        "spec": {"size": 1, "sasl": {"secretName": "memcached-auth"}}
+    }))
+    .expect("secured");
+    memcacheds
+        .patch(
+            "secured",
+            &PatchParams::apply("kubectl"),
+            &Patch::Apply(&secured),
+        )
+        .await
+        .expect("secured applies");
+    wait_for("secured Deployment", || async {
+        deployments.get_opt("secured").await.ok()??;
+        Some(())
+    })
+    .await;
+
+    // The exporter with the Prometheus Operator installed: a ServiceMonitor, removed again
+    // when the exporter is switched off.
+    let monitors: Api<DynamicObject> = Api::default_namespaced_with(
+        driver.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+            "servicemonitors",
+        ),
+    );
+    for enabled in [true, false] {
+        let metered: Memcached = serde_json::from_value(json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": "metered"},
+            "spec": {"size": 1, "exporter": {"enabled": enabled}}
+        }))
+        .expect("metered");
+        memcacheds
+            .patch(
+                "metered",
+                &PatchParams::apply("kubectl"),
+                &Patch::Apply(&metered),
+            )
+            .await
+            .expect("metered applies");
+        wait_for("ServiceMonitor follows the exporter", || async {
+            let present = monitors.get_opt("metered").await.ok()?.is_some();
+            (present == enabled).then_some(())
+        })
+        .await;
+    }
+
     // The CR is deleted; its children go with it.
     memcacheds
         .delete("memcached-sample", &DeleteParams::default())
@@ -312,6 +404,24 @@ async fn every_request_of_the_operator_is_allowed_by_the_generated_roles() {
         .create(&PostParams::default(), &Memcached::crd())
         .await
         .expect("CRD installs");
+    // The Prometheus Operator's ServiceMonitor kind, so the exporter path is exercised.
+    let service_monitors: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com", "scope": "Namespaced",
+            "names": {"plural": "servicemonitors", "singular": "servicemonitor",
+                      "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]
+        }
+    }))
+    .expect("ServiceMonitor CRD");
+    Api::<CustomResourceDefinition>::all(driver.clone())
+        .create(&PostParams::default(), &service_monitors)
+        .await
+        .expect("ServiceMonitor CRD installs");
     let ns: Namespace =
         serde_json::from_value(json!({"metadata": {"name": OPERATOR_NAMESPACE}})).expect("ns");
     Api::<Namespace>::all(driver.clone())

@@ -1256,9 +1256,9 @@ mod fuzz {
                     ..ObjectMeta::default()
                 },
                 spec: MemcachedSpec {
-                    size: if use_small { small_size } else { size },
                     container_port: port,
                     image,
+                    ..MemcachedSpec::with_size(if use_small { small_size } else { size })
                 },
                 status: None,
             };
