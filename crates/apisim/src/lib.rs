@@ -349,7 +349,9 @@ impl ApiServer {
         self.inner.state.lock().rv
     }
 
-    /// One stored object (`api_version` like "v1" or "apps/v1", `kind_plural` like "deployments").
+    /// One stored object (`api_version` like "v1" or "apps/v1", `kind_plural` like
+    /// "deployments"; `namespace` None means "default" for namespaced kinds and is ignored
+    /// for cluster-scoped ones).
     pub fn get_object(
         &self,
         api_version: &str,
