@@ -1087,4 +1087,162 @@ mod tests {
             }
         }
     }
+
+    fn with(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
+        let mut m = mc("cache", 3);
+        edit(&mut m.spec);
+        m
+    }
+
+    fn cfg(edit: impl FnOnce(&mut crate::MemcachedConfig)) -> Option<crate::MemcachedConfig> {
+        let mut c = crate::MemcachedConfig::default();
+        edit(&mut c);
+        Some(c)
+    }
+
+    #[test]
+    fn bad_production_settings_are_rejected_naming_the_field() {
+        let cases: Vec<(Memcached, &str)> = vec![
+            (
+                with(|s| s.config = cfg(|c| c.memory_mib = 4)),
+                "spec.config.memoryMiB",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.max_connections = 1)),
+                "spec.config.maxConnections",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.threads = 0)),
+                "spec.config.threads",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.verbosity = 9)),
+                "spec.config.verbosity",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.max_item_size = "1g".into())),
+                "spec.config.maxItemSize",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.max_item_size = "12".into())),
+                "spec.config.maxItemSize",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.max_item_size = "64m".into())),
+                "spec.config.maxItemSize",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.extra_args = vec!["-m".into(), "9".into()])),
+                "spec.config.extraArgs[0]",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.extra_args = vec!["--memory-limit=9".into()])),
+                "spec.config.extraArgs[0]",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.extra_args = vec!["-vv".into()])),
+                "spec.config.extraArgs[0]",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.extra_args = vec!["-c4096".into()])),
+                "spec.config.extraArgs[0]",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.extra_args = vec!["-o".into(), "ssl_key=/x".into()])),
+                "spec.config.extraArgs[1]",
+            ),
+            (
+                with(|s| s.config = cfg(|c| c.extra_args = vec![String::new()])),
+                "spec.config.extraArgs[0]",
+            ),
+            (
+                with(|s| {
+                    s.pod_labels =
+                        Some([("app.kubernetes.io/instance".to_string(), "x".to_string())].into())
+                }),
+                "spec.podLabels[app.kubernetes.io/instance]",
+            ),
+            (
+                with(|s| {
+                    s.sasl = Some(crate::SaslSpec {
+                        secret_name: "Bad_Name".into(),
+                    })
+                }),
+                "spec.sasl.secretName",
+            ),
+            (
+                with(|s| {
+                    s.tls = Some(crate::TlsSpec {
+                        secret_name: "-x".into(),
+                    })
+                }),
+                "spec.tls.secretName",
+            ),
+            (
+                with(|s| {
+                    s.exporter = Some(crate::ExporterSpec {
+                        enabled: true,
+                        image: None,
+                    });
+                    s.tls = Some(crate::TlsSpec {
+                        secret_name: "certs".into(),
+                    });
+                }),
+                "spec.exporter.enabled",
+            ),
+            (
+                with(|s| {
+                    s.exporter = Some(crate::ExporterSpec {
+                        enabled: true,
+                        image: Some("Bad Image".into()),
+                    })
+                }),
+                "spec.exporter.image",
+            ),
+        ];
+        for (m, field) in cases {
+            let errors = validate(&m).expect_err(field);
+            assert!(
+                errors.0.iter().any(|e| e.field == field),
+                "{field}: {errors}"
+            );
+        }
+    }
+
+    #[test]
+    fn good_production_settings_pass() {
+        let good = with(|s| {
+            s.config = cfg(|c| {
+                c.memory_mib = 4096;
+                c.max_connections = 8192;
+                c.threads = 8;
+                c.max_item_size = "2m".into();
+                c.verbosity = 0;
+                c.extra_args = vec![
+                    "-o".into(),
+                    "lru_crawler,lru_maintainer".into(),
+                    "-R".into(),
+                    "40".into(),
+                ];
+            });
+            s.exporter = Some(crate::ExporterSpec {
+                enabled: true,
+                image: None,
+            });
+            s.pod_labels = Some([("tier".to_string(), "gold".to_string())].into());
+        });
+        assert_eq!(validate(&good), Ok(()));
+    }
+
+    #[test]
+    fn item_sizes_parse_like_memcached() {
+        assert_eq!(parse_item_size("1m"), Ok(1024 * 1024));
+        assert_eq!(parse_item_size("512k"), Ok(512 * 1024));
+        assert_eq!(parse_item_size("2048"), Ok(2048));
+        assert_eq!(parse_item_size("3M"), Ok(3 * 1024 * 1024));
+        assert!(parse_item_size("").is_err());
+        assert!(parse_item_size("m").is_err());
+        assert!(parse_item_size("1.5m").is_err());
+        assert!(parse_item_size("99999999999999999999m").is_err());
+    }
 }

@@ -759,4 +759,417 @@ mod tests {
             Some(BuildError::MissingMetadata("uid"))
         );
     }
+
+    fn with_spec(edit: impl FnOnce(&mut memcached_api::MemcachedSpec)) -> Memcached {
+        let mut mc = sample(3);
+        edit(&mut mc.spec);
+        mc
+    }
+
+    fn pod_spec(d: &Deployment) -> &PodSpec {
+        d.spec
+            .as_ref()
+            .expect("spec")
+            .template
+            .spec
+            .as_ref()
+            .expect("pod spec")
+    }
+
+    fn deployment(mc: &Memcached) -> Deployment {
+        desired_deployment(mc, &BuildSettings::default()).expect("builds")
+    }
+
+    fn config(edit: impl FnOnce(&mut MemcachedConfig)) -> Option<MemcachedConfig> {
+        let mut c = MemcachedConfig::default();
+        edit(&mut c);
+        Some(c)
+    }
+
+    fn has_pair(args: &[String], flag: &str, value: &str) -> bool {
+        args.windows(2).any(|w| w[0] == flag && w[1] == value)
+    }
+
+    #[test]
+    fn every_tuning_field_becomes_its_flag() {
+        // (what changed, the config, the flag, its value)
+        let cases: Vec<(&str, Option<MemcachedConfig>, &str, &str)> = vec![
+            ("defaults", None, "-m", "64"),
+            ("defaults", None, "-c", "1024"),
+            ("defaults", None, "-t", "4"),
+            ("defaults", None, "-I", "1m"),
+            ("memory", config(|c| c.memory_mib = 2048), "-m", "2048"),
+            (
+                "connections",
+                config(|c| c.max_connections = 4096),
+                "-c",
+                "4096",
+            ),
+            ("threads", config(|c| c.threads = 8), "-t", "8"),
+            (
+                "item size",
+                config(|c| c.max_item_size = "4m".into()),
+                "-I",
+                "4m",
+            ),
+        ];
+        for (what, cfg, flag, value) in cases {
+            let mc = with_spec(|s| s.config = cfg);
+            let args = container(&deployment(&mc))
+                .command
+                .clone()
+                .expect("command");
+            assert!(
+                has_pair(&args, flag, value),
+                "{what}: {flag} {value} in {args:?}"
+            );
+            assert_eq!(args[0], "memcached");
+        }
+    }
+
+    #[test]
+    fn verbosity_and_extra_args() {
+        for (level, flag) in [
+            (0, None),
+            (1, Some("-v")),
+            (2, Some("-vv")),
+            (3, Some("-vvv")),
+        ] {
+            let args = memcached_args(
+                &config(|c| c.verbosity = level).expect("config"),
+                11211,
+                false,
+                false,
+            );
+            let verbose: Vec<&String> = args.iter().filter(|a| a.starts_with("-v")).collect();
+            assert_eq!(
+                verbose.first().map(|s| s.as_str()),
+                flag,
+                "verbosity {level}"
+            );
+            assert!(verbose.len() <= 1);
+        }
+        let args = memcached_args(
+            &config(|c| c.extra_args = vec!["-o".into(), "lru_crawler".into()]).expect("config"),
+            11211,
+            false,
+            false,
+        );
+        assert_eq!(
+            &args[args.len() - 2..],
+            ["-o", "lru_crawler"],
+            "extra args come last"
+        );
+    }
+
+    #[test]
+    fn container_memory_follows_the_cache_size_unless_resources_are_given() {
+        for (cache, want) in [(64, "112Mi"), (1024, "1312Mi"), (8, "42Mi")] {
+            let mc = with_spec(|s| s.config = config(|c| c.memory_mib = cache));
+            let r = container(&deployment(&mc))
+                .resources
+                .clone()
+                .expect("resources");
+            let req = r.requests.expect("requests");
+            let lim = r.limits.expect("limits");
+            assert_eq!(
+                req.get("memory").map(|q| q.0.as_str()),
+                Some(want),
+                "cache {cache}"
+            );
+            assert_eq!(lim.get("memory"), req.get("memory"), "request = limit");
+            assert!(
+                !lim.contains_key("cpu"),
+                "no CPU limit (throttling hurts latency)"
+            );
+        }
+        let custom = ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("1Gi".into()),
+            )])),
+            ..ResourceRequirements::default()
+        };
+        let mc = with_spec(|s| s.resources = Some(custom.clone()));
+        assert_eq!(container(&deployment(&mc)).resources, Some(custom));
+    }
+
+    #[test]
+    fn scheduling_fields_pass_through() {
+        use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, Toleration};
+        let tolerations = vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Equal".into()),
+            value: Some("cache".into()),
+            effect: Some("NoSchedule".into()),
+            ..Toleration::default()
+        }];
+        let affinity = Affinity {
+            node_affinity: Some(NodeAffinity::default()),
+            ..Affinity::default()
+        };
+        let mc = with_spec(|s| {
+            s.node_selector = Some(BTreeMap::from([("pool".into(), "cache".into())]));
+            s.tolerations = Some(tolerations.clone());
+            s.affinity = Some(affinity.clone());
+            s.priority_class_name = Some("high".into());
+            s.pod_annotations = Some(BTreeMap::from([("team".into(), "infra".into())]));
+            s.pod_labels = Some(BTreeMap::from([
+                ("tier".into(), "gold".into()),
+                (LABEL_INSTANCE.into(), "hijack".into()),
+            ]));
+        });
+        let d = deployment(&mc);
+        let pod = pod_spec(&d);
+        assert_eq!(
+            pod.node_selector
+                .as_ref()
+                .and_then(|n| n.get("pool"))
+                .map(String::as_str),
+            Some("cache")
+        );
+        assert_eq!(pod.tolerations.as_ref(), Some(&tolerations));
+        assert_eq!(pod.affinity.as_ref(), Some(&affinity));
+        assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+        let meta = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.clone())
+            .expect("template meta");
+        let labels = meta.labels.expect("labels");
+        assert_eq!(labels.get("tier").map(String::as_str), Some("gold"));
+        assert_eq!(
+            labels.get(LABEL_INSTANCE).map(String::as_str),
+            Some("memcached-sample"),
+            "the operator's selector labels win"
+        );
+        let annotations = meta.annotations.expect("annotations");
+        assert_eq!(annotations.get("team").map(String::as_str), Some("infra"));
+        assert!(annotations.contains_key(CONFIG_HASH_ANNOTATION));
+    }
+
+    #[test]
+    fn topology_spread_by_policy() {
+        let cases = [
+            (None, Some("ScheduleAnyway")),
+            (Some(TopologySpread::Preferred), Some("ScheduleAnyway")),
+            (Some(TopologySpread::Required), Some("DoNotSchedule")),
+            (Some(TopologySpread::Disabled), None),
+        ];
+        for (policy, when) in cases {
+            let mc = with_spec(|s| s.topology_spread = policy);
+            let d = deployment(&mc);
+            let constraints = pod_spec(&d).topology_spread_constraints.clone();
+            match when {
+                None => assert!(constraints.is_none(), "{policy:?}"),
+                Some(when) => {
+                    let c = constraints.expect("constraints");
+                    let keys: Vec<&str> = c.iter().map(|c| c.topology_key.as_str()).collect();
+                    assert_eq!(
+                        keys,
+                        ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+                    );
+                    assert!(
+                        c.iter()
+                            .all(|c| c.when_unsatisfiable == when && c.max_skew == 1)
+                    );
+                    assert!(c.iter().all(|c| {
+                        c.label_selector
+                            .as_ref()
+                            .and_then(|s| s.match_labels.clone())
+                            == Some(selector_labels("memcached-sample"))
+                    }));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rolling_updates_never_drop_below_size_ready_pods() {
+        let d = deployment(&sample(3));
+        let strategy = d.spec.and_then(|s| s.strategy).expect("strategy");
+        let rolling = strategy.rolling_update.expect("rolling update");
+        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+        assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+    }
+
+    #[test]
+    fn pdb_only_from_two_pods() {
+        for (size, want) in [(0, false), (1, false), (2, true), (5, true)] {
+            let pdb = desired_pdb(&sample(size)).expect("builds");
+            assert_eq!(pdb.is_some(), want, "size {size}");
+            if let Some(pdb) = pdb {
+                let spec = pdb.spec.expect("spec");
+                assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+                assert_eq!(
+                    spec.selector.and_then(|s| s.match_labels),
+                    Some(selector_labels("memcached-sample"))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn headless_service_exposes_pod_addresses() {
+        let s = desired_headless_service(&with_spec(|s| {
+            s.exporter = Some(memcached_api::ExporterSpec {
+                enabled: true,
+                image: None,
+            })
+        }))
+        .expect("builds");
+        assert_eq!(
+            s.metadata.name.as_deref(),
+            Some("memcached-sample-headless")
+        );
+        assert_eq!(
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_INSTANCE))
+                .map(String::as_str),
+            Some("memcached-sample"),
+            "labelled for the Memcached, not for its own name"
+        );
+        let spec = s.spec.expect("spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        let ports: Vec<i32> = spec.ports.expect("ports").iter().map(|p| p.port).collect();
+        assert_eq!(
+            ports,
+            [11211],
+            "memcached only; metrics are scraped via the client Service"
+        );
+    }
+
+    #[test]
+    fn exporter_sidecar_port_and_monitor_only_when_enabled() {
+        let off = sample(2);
+        assert_eq!(pod_spec(&deployment(&off)).containers.len(), 1);
+        assert_eq!(
+            desired_service(&off)
+                .expect("svc")
+                .spec
+                .and_then(|s| s.ports)
+                .map(|p| p.len()),
+            Some(1)
+        );
+        assert!(desired_service_monitor(&off).expect("builds").is_none());
+
+        let on = with_spec(|s| {
+            s.exporter = Some(memcached_api::ExporterSpec {
+                enabled: true,
+                image: Some("registry.local/exporter:v1".into()),
+            })
+        });
+        let d = deployment(&on);
+        let exporter = &pod_spec(&d).containers[1];
+        assert_eq!(exporter.name, EXPORTER_NAME);
+        assert_eq!(
+            exporter.image.as_deref(),
+            Some("registry.local/exporter:v1")
+        );
+        assert_eq!(
+            exporter.ports.as_ref().expect("ports")[0].container_port,
+            EXPORTER_PORT
+        );
+        assert!(
+            exporter
+                .args
+                .as_ref()
+                .expect("args")
+                .contains(&"--memcached.address=localhost:11211".to_string())
+        );
+        assert_eq!(
+            exporter
+                .security_context
+                .as_ref()
+                .and_then(|s| s.read_only_root_filesystem),
+            Some(true)
+        );
+        let ports = desired_service(&on)
+            .expect("svc")
+            .spec
+            .and_then(|s| s.ports)
+            .expect("ports");
+        assert_eq!(ports[1].name.as_deref(), Some(METRICS_PORT_NAME));
+        let monitor = desired_service_monitor(&on)
+            .expect("builds")
+            .expect("monitor");
+        assert_eq!(monitor["kind"], "ServiceMonitor");
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"], METRICS_PORT_NAME);
+        assert_eq!(monitor["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    }
+
+    #[test]
+    fn sasl_and_tls_mount_their_secrets_and_set_flags() {
+        let mc = with_spec(|s| {
+            s.sasl = Some(memcached_api::SaslSpec {
+                secret_name: "auth".into(),
+            });
+            s.tls = Some(memcached_api::TlsSpec {
+                secret_name: "certs".into(),
+            });
+        });
+        let d = deployment(&mc);
+        let c = container(&d);
+        let args = c.command.clone().expect("command");
+        assert!(args.contains(&"-S".to_string()));
+        assert!(args.contains(&"-Z".to_string()));
+        assert!(
+            args.iter()
+                .any(|a| a.starts_with("ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key="))
+        );
+        let env = c.env.clone().expect("env");
+        assert_eq!(env[0].name, "MEMCACHED_SASL_PWDB");
+        assert_eq!(
+            env[0].value.as_deref(),
+            Some("/etc/memcached/sasl/sasl-pwdb")
+        );
+        let volumes = pod_spec(&d).volumes.clone().expect("volumes");
+        let secrets: Vec<Option<String>> = volumes
+            .iter()
+            .map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+            .collect();
+        assert_eq!(
+            secrets,
+            [Some("auth".to_string()), Some("certs".to_string())]
+        );
+        let mounts = c.volume_mounts.clone().expect("mounts");
+        assert!(mounts.iter().all(|m| m.read_only == Some(true)));
+    }
+
+    #[test]
+    fn the_config_hash_changes_with_the_config_and_rotated_secrets_only() {
+        let hash = |mc: &Memcached, secrets: &SecretVersions| {
+            desired_deployment_with(mc, &BuildSettings::default(), secrets)
+                .expect("builds")
+                .spec
+                .and_then(|s| s.template.metadata)
+                .and_then(|m| m.annotations)
+                .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+                .expect("hash")
+        };
+        let base = sample(3);
+        let none = SecretVersions::default();
+        assert_eq!(
+            hash(&base, &none),
+            hash(&sample(5), &none),
+            "size does not roll pods"
+        );
+        let tuned = with_spec(|s| s.config = config(|c| c.threads = 8));
+        assert_ne!(hash(&base, &none), hash(&tuned, &none));
+        let v1 = SecretVersions {
+            sasl: Some("1".into()),
+            tls: None,
+        };
+        let v2 = SecretVersions {
+            sasl: Some("2".into()),
+            tls: None,
+        };
+        assert_ne!(
+            hash(&base, &v1),
+            hash(&base, &v2),
+            "a rotated Secret rolls the pods"
+        );
+    }
 }

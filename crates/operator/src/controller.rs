@@ -83,6 +83,9 @@ pub struct ControllerConfig {
     pub counters: Arc<ReconcileCounters>,
     /// Prometheus metrics, when the manager serves them.
     pub telemetry: Option<Telemetry>,
+    /// How soon a Memcached waiting for a missing Secret is looked at again (Secrets are
+    /// not watched).
+    pub secret_recheck: Duration,
 }
 
 /// How many reconciles ran, how they ended, and how many ran at once.
@@ -143,6 +146,7 @@ impl Default for ControllerConfig {
             instance: None,
             counters: Arc::default(),
             telemetry: None,
+            secret_recheck: Duration::from_secs(15),
         }
     }
 }
@@ -500,7 +504,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
             }
             // Secrets are not watched (that would cache every Secret of the namespace), so
             // look again soon.
-            return Ok(Action::requeue(SECRET_RECHECK));
+            return Ok(Action::requeue(ctx.config.secret_recheck));
         }
     };
 
@@ -587,8 +591,6 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
     Ok(Action::requeue(ctx.config.resync))
 }
 
-/// How soon a Memcached waiting for a missing Secret is looked at again.
-const SECRET_RECHECK: Duration = Duration::from_secs(15);
 /// How long the answer to "is the Prometheus Operator installed?" is trusted.
 const DISCOVERY_TTL: Duration = Duration::from_secs(60);
 

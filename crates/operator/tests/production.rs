@@ -1,0 +1,462 @@
+//! What a team running memcached in production needs, end to end through the real
+//! controller on the in-memory API server: disruption budgets, the headless Service and
+//! endpoints, spreading, rollouts shown in status, Secrets reported rather than crashed on,
+//! and the exporter with its ServiceMonitor only when asked.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use apisim::ApiServer;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::{Api, Client, CustomResourceExt};
+use memcached_api::{Memcached, condition};
+use memcached_operator::controller::{self, ControllerConfig};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct Env {
+    client: Client,
+    _server: ApiServer,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(pod_ready_delay: Duration, with_service_monitor_crd: bool) -> Env {
+    let server = ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(pod_ready_delay)
+        .build();
+    let client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Memcached::crd())
+        .await
+        .expect("CRD");
+    if with_service_monitor_crd {
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                "names": {"plural": "servicemonitors", "singular": "servicemonitor",
+                          "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
+        }))
+        .expect("crd");
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("ServiceMonitor CRD");
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let config = ControllerConfig {
+        secret_recheck: Duration::from_millis(100),
+        ..ControllerConfig::default()
+    };
+    tokio::spawn(controller::run(client.clone(), config, async {
+        let _ = rx.await;
+    }));
+    Env {
+        client,
+        _server: server,
+        _stop: tx,
+    }
+}
+
+impl Env {
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::default_namespaced(self.client.clone())
+    }
+
+    async fn apply(&self, name: &str, spec: Value) {
+        let mc = json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": name}, "spec": spec
+        });
+        self.api::<Memcached>()
+            .patch(
+                name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&mc),
+            )
+            .await
+            .expect("apply");
+    }
+
+    async fn converged(&self, name: &str, size: usize) -> Memcached {
+        let api = self.api::<Memcached>();
+        wait_for(&format!("{name} converged at {size}"), || async {
+            let mc = api.get_opt(name).await.ok().flatten()?;
+            let available = mc.condition(condition::AVAILABLE)?.status == "True";
+            let settled = mc.condition(condition::PROGRESSING)?.status == "False";
+            let status = mc.status.as_ref()?;
+            (available
+                && settled
+                && status.nodes.len() == size
+                && status.observed_generation == mc.metadata.generation)
+                .then_some(mc)
+        })
+        .await
+    }
+}
+
+#[tokio::test]
+async fn a_disruption_budget_exists_from_two_pods_and_goes_below() {
+    let env = start(Duration::from_millis(20), false).await;
+    let pdbs = env.api::<PodDisruptionBudget>();
+    env.apply("budget", json!({"size": 1})).await;
+    env.converged("budget", 1).await;
+    assert!(
+        pdbs.get_opt("budget").await.expect("get").is_none(),
+        "no budget for one pod"
+    );
+
+    env.apply("budget", json!({"size": 2})).await;
+    env.converged("budget", 2).await;
+    let pdb = wait_for("budget created", || async {
+        pdbs.get_opt("budget").await.ok().flatten()
+    })
+    .await;
+    let spec = pdb.spec.expect("spec");
+    assert_eq!(
+        spec.max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+
+    env.apply("budget", json!({"size": 1})).await;
+    env.converged("budget", 1).await;
+    wait_for("budget deleted", || async {
+        pdbs.get_opt("budget").await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_headless_service_and_status_endpoints_list_the_ready_pods() {
+    let env = start(Duration::from_millis(20), false).await;
+    env.apply("hashed", json!({"size": 3, "containerPort": 11311}))
+        .await;
+    let mc = env.converged("hashed", 3).await;
+    let headless = env
+        .api::<Service>()
+        .get("hashed-headless")
+        .await
+        .expect("headless Service");
+    let spec = headless.spec.expect("spec");
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.ports.expect("ports")[0].port, 11311);
+
+    let status = mc.status.expect("status");
+    let pods = env
+        .api::<Pod>()
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=hashed"))
+        .await
+        .expect("pods");
+    let mut want: Vec<(String, String)> = pods
+        .items
+        .iter()
+        .map(|p| {
+            let ip = p
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .expect("pod IP");
+            (
+                p.metadata.name.clone().expect("name"),
+                format!("{ip}:11311"),
+            )
+        })
+        .collect();
+    want.sort();
+    assert_eq!(
+        status.endpoints,
+        want.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn pods_are_spread_over_nodes_and_zones_by_default() {
+    let env = start(Duration::from_millis(20), false).await;
+    env.apply("spread", json!({"size": 2})).await;
+    env.apply("strict", json!({"size": 2, "topologySpread": "Required"}))
+        .await;
+    env.apply("packed", json!({"size": 2, "topologySpread": "Disabled"}))
+        .await;
+    for (name, want) in [
+        ("spread", Some("ScheduleAnyway")),
+        ("strict", Some("DoNotSchedule")),
+        ("packed", None),
+    ] {
+        env.converged(name, 2).await;
+        let d = env.api::<Deployment>().get(name).await.expect("Deployment");
+        let constraints = d
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.topology_spread_constraints);
+        match want {
+            None => assert!(constraints.is_none(), "{name}"),
+            Some(when) => {
+                let c = constraints.expect("constraints");
+                assert_eq!(c.len(), 2, "{name}: hostname and zone");
+                assert!(c.iter().all(|c| c.when_unsatisfiable == when), "{name}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_image_change_rolls_the_pods_and_shows_progress_until_done() {
+    // Slow readiness so the rollout is long enough to watch.
+    let env = start(Duration::from_millis(300), false).await;
+    env.apply(
+        "rolling",
+        json!({"size": 2, "image": "memcached:1.6.38-alpine"}),
+    )
+    .await;
+    env.converged("rolling", 2).await;
+
+    env.apply(
+        "rolling",
+        json!({"size": 2, "image": "memcached:1.6.39-alpine"}),
+    )
+    .await;
+    let api = env.api::<Memcached>();
+    let mut reasons: Vec<String> = Vec::new();
+    let deadline = Instant::now() + DEADLINE;
+    let done = loop {
+        let mc = api.get("rolling").await.expect("get");
+        if let Some(progressing) = mc.condition(condition::PROGRESSING).cloned() {
+            if reasons.last() != Some(&progressing.reason) {
+                reasons.push(progressing.reason.clone());
+            }
+            let observed = mc.status.as_ref().and_then(|s| s.observed_generation);
+            if progressing.status == "False" && observed == mc.metadata.generation {
+                break mc;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rollout did not complete: {reasons:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        reasons.iter().any(|r| r == "RollingUpdate"
+            || r == "WaitingForReadyPods"
+            || r == "DeploymentUpdated"),
+        "Progressing was shown during the rollout: {reasons:?}"
+    );
+    assert_eq!(
+        reasons.last().map(String::as_str),
+        Some("RolloutComplete"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        done.condition(condition::AVAILABLE)
+            .map(|c| c.status.as_str()),
+        Some("True")
+    );
+    let pods = env
+        .api::<Pod>()
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=rolling"))
+        .await
+        .expect("pods");
+    let images: Vec<String> = pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
+        .collect();
+    assert_eq!(
+        images,
+        ["memcached:1.6.39-alpine", "memcached:1.6.39-alpine"]
+    );
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers() {
+    let env = start(Duration::from_millis(20), false).await;
+    env.apply(
+        "locked",
+        json!({"size": 1, "sasl": {"secretName": "memcached-auth"}}),
+    )
+    .await;
+    let api = env.api::<Memcached>();
+    let mc = wait_for("Degraded for the missing Secret", || async {
+        let mc = api.get("locked").await.ok()?;
+        (mc.condition(condition::DEGRADED)?.status == "True").then_some(mc)
+    })
+    .await;
+    let degraded = mc.condition(condition::DEGRADED).expect("condition");
+    assert_eq!(degraded.reason, "SecretNotFound");
+    assert!(
+        degraded.message.contains("memcached-auth")
+            && degraded.message.contains("spec.sasl.secretName")
+    );
+    assert!(
+        env.api::<Deployment>()
+            .get_opt("locked")
+            .await
+            .expect("get")
+            .is_none(),
+        "no pods that cannot start"
+    );
+
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "memcached-auth"},
+        "stringData": {"sasl-pwdb": "app:secret\n"}
+    }))
+    .expect("secret");
+    env.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create Secret");
+    let mc = env.converged("locked", 1).await;
+    assert_eq!(
+        mc.condition(condition::DEGRADED).map(|c| c.status.as_str()),
+        Some("False")
+    );
+    let d = env
+        .api::<Deployment>()
+        .get("locked")
+        .await
+        .expect("Deployment");
+    let container = &d
+        .spec
+        .and_then(|s| s.template.spec)
+        .expect("pod spec")
+        .containers[0];
+    assert!(
+        container
+            .command
+            .as_ref()
+            .expect("command")
+            .contains(&"-S".to_string())
+    );
+}
+
+#[tokio::test]
+async fn the_exporter_and_its_service_monitor_appear_only_when_asked() {
+    let env = start(Duration::from_millis(20), true).await;
+    let monitors: Api<DynamicObject> = Api::default_namespaced_with(
+        env.client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+            "servicemonitors",
+        ),
+    );
+    env.apply("watched", json!({"size": 1})).await;
+    env.converged("watched", 1).await;
+    let containers = |d: Deployment| {
+        d.spec
+            .and_then(|s| s.template.spec)
+            .map(|p| p.containers.len())
+    };
+    assert_eq!(
+        containers(env.api::<Deployment>().get("watched").await.expect("d")),
+        Some(1)
+    );
+    assert!(monitors.get_opt("watched").await.expect("get").is_none());
+
+    env.apply("watched", json!({"size": 1, "exporter": {"enabled": true}}))
+        .await;
+    env.converged("watched", 1).await;
+    let monitor = wait_for("ServiceMonitor", || async {
+        monitors.get_opt("watched").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(monitor.data["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(
+        containers(env.api::<Deployment>().get("watched").await.expect("d")),
+        Some(2)
+    );
+    let ports = env
+        .api::<Service>()
+        .get("watched")
+        .await
+        .expect("svc")
+        .spec
+        .and_then(|s| s.ports)
+        .expect("ports");
+    assert!(
+        ports
+            .iter()
+            .any(|p| p.name.as_deref() == Some("metrics") && p.port == 9150)
+    );
+
+    env.apply(
+        "watched",
+        json!({"size": 1, "exporter": {"enabled": false}}),
+    )
+    .await;
+    wait_for("ServiceMonitor removed", || async {
+        monitors
+            .get_opt("watched")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    wait_for("sidecar removed", || async {
+        (containers(env.api::<Deployment>().get("watched").await.ok()?) == Some(1)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_seed_sample_still_means_three_pods_named_in_status() {
+    let env = start(Duration::from_millis(20), false).await;
+    let sample: Memcached =
+        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("sample");
+    env.api::<Memcached>()
+        .patch(
+            "memcached-sample",
+            &PatchParams::apply("kubectl"),
+            &Patch::Apply(&sample),
+        )
+        .await
+        .expect("apply");
+    let mc = env.converged("memcached-sample", 3).await;
+    let status = mc.status.expect("status");
+    assert_eq!(status.nodes.len(), 3);
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|n| n.starts_with("memcached-sample-"))
+    );
+    let stored = env
+        .api::<Memcached>()
+        .get("memcached-sample")
+        .await
+        .expect("get");
+    assert_eq!(
+        stored.spec.config, None,
+        "nothing added to the seed's spec but the port default"
+    );
+    assert_eq!(stored.spec.container_port, 11211);
+}

@@ -1,0 +1,215 @@
+//! Keeps the flags honest: the exact argument list the Deployment builder produces starts a
+//! real memcached (Debian's package; `.ci/run` installs it) that reports the configured
+//! limits in `stats settings`. Without a `memcached` binary the tests say so and pass,
+//! except under CI (`CI` set), where that is a failure.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use memcached_api::{Memcached, MemcachedConfig, MemcachedSpec};
+use memcached_operator::builders::{self, BuildSettings};
+
+fn memcached_binary() -> Option<String> {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/bin", "/usr/local/bin"])
+    {
+        let path = format!("{dir}/memcached");
+        if std::path::Path::new(&path).is_file() {
+            return Some(path);
+        }
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "memcached is not installed; CI must install Debian's memcached package (.ci/run does)"
+    );
+    eprintln!("memcached is not installed (apt-get install memcached): skipping");
+    None
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `args` (argv[0] replaced by the binary) on loopback. memcached refuses to run as
+/// root without `-u`, so a root test run adds `-u nobody`; in the pod it runs as UID 11211.
+fn start(binary: &str, args: &[String]) -> Running {
+    let mut cmd = Command::new(binary);
+    cmd.args(&args[1..]).args(["-l", "127.0.0.1"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.args(["-u", "nobody"]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("memcached starts");
+    Running(child)
+}
+
+fn stats_settings(port: u16, running: &mut Running) -> std::collections::HashMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            break s;
+        }
+        if let Ok(Some(status)) = running.0.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = running.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("memcached exited ({status}): {err}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "memcached did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    stream.write_all(b"stats settings\r\n").expect("send");
+    let mut out = std::collections::HashMap::new();
+    for line in BufReader::new(stream).lines() {
+        let line = line.expect("read");
+        if line == "END" {
+            break;
+        }
+        let mut parts = line.splitn(3, ' ');
+        if let (Some("STAT"), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) {
+            out.insert(k.to_string(), v.to_string());
+        }
+    }
+    out
+}
+
+fn deployment_args(config: Option<MemcachedConfig>, port: u16) -> Vec<String> {
+    let mut mc = Memcached::new(
+        "real",
+        MemcachedSpec {
+            container_port: i32::from(port),
+            config,
+            ..MemcachedSpec::with_size(1)
+        },
+    );
+    mc.metadata.namespace = Some("default".into());
+    mc.metadata.uid = Some("u".into());
+    let d = builders::desired_deployment(&mc, &BuildSettings::default()).expect("builds");
+    d.spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.containers.into_iter().next())
+        .and_then(|c| c.command)
+        .expect("command")
+}
+
+#[test]
+fn the_builders_flags_configure_a_real_memcached() {
+    let Some(binary) = memcached_binary() else {
+        return;
+    };
+    let port = free_port();
+    let config = MemcachedConfig {
+        memory_mib: 48,
+        max_connections: 300,
+        threads: 3,
+        max_item_size: "2m".into(),
+        verbosity: 0,
+        extra_args: vec!["-R".into(), "30".into()],
+    };
+    let args = deployment_args(Some(config), port);
+    let mut running = start(&binary, &args);
+    let stats = stats_settings(port, &mut running);
+    assert_eq!(
+        stats.get("maxbytes").map(String::as_str),
+        Some("50331648"),
+        "{args:?}"
+    );
+    assert_eq!(stats.get("maxconns").map(String::as_str), Some("300"));
+    assert_eq!(stats.get("num_threads").map(String::as_str), Some("3"));
+    assert_eq!(
+        stats.get("item_size_max").map(String::as_str),
+        Some("2097152")
+    );
+    assert_eq!(
+        stats.get("reqs_per_event").map(String::as_str),
+        Some("30"),
+        "extra args reach memcached"
+    );
+    assert_eq!(
+        stats.get("tcpport").map(String::as_str),
+        Some(port.to_string().as_str())
+    );
+}
+
+#[test]
+fn the_seed_samples_defaults_give_the_seeds_64_mib() {
+    let Some(binary) = memcached_binary() else {
+        return;
+    };
+    let port = free_port();
+    let args = deployment_args(None, port);
+    let mut running = start(&binary, &args);
+    let stats = stats_settings(port, &mut running);
+    assert_eq!(stats.get("maxbytes").map(String::as_str), Some("67108864"));
+    assert_eq!(stats.get("maxconns").map(String::as_str), Some("1024"));
+    assert_eq!(stats.get("num_threads").map(String::as_str), Some("4"));
+    assert_eq!(
+        stats.get("item_size_max").map(String::as_str),
+        Some("1048576")
+    );
+}
+
+#[test]
+fn the_seeds_literal_command_does_not_give_64_mib() {
+    // Why the builder writes `-m 64`: memcached reads the seed's `-m=64` as "=64".
+    let Some(binary) = memcached_binary() else {
+        return;
+    };
+    let port = free_port();
+    let seed: Vec<String> = [
+        "memcached",
+        "-m=64",
+        "-o",
+        "modern",
+        "-v",
+        "-p",
+        &port.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut running = start(&binary, &seed);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(Some(status)) = running.0.try_wait() {
+            assert!(!status.success(), "memcached refuses the seed's command");
+            return;
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let stats = stats_settings(port, &mut running);
+            assert_ne!(stats.get("maxbytes").map(String::as_str), Some("67108864"));
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "memcached neither started nor exited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
