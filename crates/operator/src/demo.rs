@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
@@ -219,6 +220,25 @@ pub async fn run<W: Write + Send + 'static>(
             .unwrap_or("?")
     ));
     p.line(format!("converged: {}", summary(&mc)));
+    let owned_services: Vec<String> = services
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=memcached-sample"))
+        .await
+        .map_err(api_err("listing the Services"))?
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client.clone());
+    let budget = pdbs
+        .get_opt("memcached-sample")
+        .await
+        .map_err(api_err("reading the PodDisruptionBudget"))?
+        .is_some();
+    p.line(format!(
+        "also owned: Services {owned_services:?} (client and headless), PodDisruptionBudget: {}; endpoints {:?}",
+        if budget { "maxUnavailable 1" } else { "none" },
+        mc.status.as_ref().map(|s| s.endpoints.clone()).unwrap_or_default()
+    ));
 
     p.line("kubectl scale memcached/memcached-sample --replicas=5");
     let scale = serde_json::json!({"spec": {"replicas": 5}});
