@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -877,6 +878,70 @@ fn slim_pod(pod: &mut Pod) {
     }
 }
 
+/// Hash of what the reconciler reads of an owned object's metadata: labels and
+/// annotations (the drift check), ownership and deletion.
+fn metadata_outcome<K: Resource>(obj: &K, hasher: &mut DefaultHasher) {
+    let meta = obj.meta();
+    meta.labels.hash(hasher);
+    meta.annotations.hash(hasher);
+    meta.deletion_timestamp.is_some().hash(hasher);
+    for owner in meta.owner_references.iter().flatten() {
+        owner.uid.hash(hasher);
+    }
+}
+
+/// The Deployment's spec (through its generation) and the status fields the Memcached's
+/// status is computed from.
+fn deployment_outcome(d: &Deployment) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    metadata_outcome(d, &mut h);
+    d.metadata.generation.hash(&mut h);
+    if let Some(s) = &d.status {
+        (
+            s.observed_generation,
+            s.replicas,
+            s.updated_replicas,
+            s.ready_replicas,
+            s.available_replicas,
+        )
+            .hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+/// A Service's spec (Services have no generation); its status is never read.
+fn service_outcome(s: &Service) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    metadata_outcome(s, &mut h);
+    serde_json::to_string(&s.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    Some(h.finish())
+}
+
+/// A budget's spec (through its generation); its disruption counts are never read.
+fn pdb_outcome(p: &PodDisruptionBudget) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    metadata_outcome(p, &mut h);
+    p.metadata.generation.hash(&mut h);
+    Some(h.finish())
+}
+
+/// What `status.nodes` and `status.endpoints` are made of: the pod's name, labels,
+/// deletion, IP and readiness (not restarts, container states or other conditions).
+fn pod_outcome(p: &Pod) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    p.metadata.labels.hash(&mut h);
+    p.metadata.deletion_timestamp.is_some().hash(&mut h);
+    let status = p.status.as_ref();
+    status.and_then(|s| s.pod_ip.as_ref()).hash(&mut h);
+    status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .hash(&mut h);
+    Some(h.finish())
+}
+
 /// The informers the controller reads from, for one scope (a namespace or the cluster).
 /// They run whether or not this process leads, so a standby takes over with a warm cache.
 pub struct Caches {
@@ -969,17 +1034,30 @@ pub async fn run_controller(
         config: config.clone(),
     });
 
+    // Owned objects trigger a reconcile only when something the reconciler reads changed
+    // (status churn it never reads, such as a Service's load balancer status or a budget's
+    // disruption counts, is filtered).
+    let deployments = caches
+        .deployments
+        .subscribe()
+        .predicate_filter(deployment_outcome, Default::default());
+    let services = caches
+        .services
+        .subscribe()
+        .predicate_filter(service_outcome, Default::default());
+    let pods = caches
+        .pods
+        .subscribe()
+        .predicate_filter(pod_outcome, Default::default());
+    let pdbs = caches
+        .pdbs
+        .subscribe()
+        .predicate_filter(pdb_outcome, Default::default());
     Controller::for_stream(memcacheds, caches.memcacheds.store())
-        .watches_stream(caches.deployments.subscribe(), move |d: Deployment| {
-            q2(controller_owner(&d))
-        })
-        .watches_stream(caches.services.subscribe(), move |s: Service| {
-            q3(controller_owner(&s))
-        })
-        .watches_stream(caches.pods.subscribe(), move |p: Pod| q4(pod_owner(&p)))
-        .watches_stream(caches.pdbs.subscribe(), move |p: PodDisruptionBudget| {
-            q5(controller_owner(&p))
-        })
+        .watches_stream(deployments, move |d: Deployment| q2(controller_owner(&d)))
+        .watches_stream(services, move |s: Service| q3(controller_owner(&s)))
+        .watches_stream(pods, move |p: Pod| q4(pod_owner(&p)))
+        .watches_stream(pdbs, move |p: PodDisruptionBudget| q5(controller_owner(&p)))
         .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -12,6 +12,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -49,16 +50,27 @@ where
                 .default_backoff()
                 .modify(slim)
                 .reflect(writer)
-                .touched_objects()
                 .boxed();
             while let Some(event) = events.next().await {
-                match event {
-                    Ok(obj) => {
-                        let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
-                        subs.retain(|tx| tx.send(obj.clone()).is_ok());
+                let obj = match event {
+                    Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => obj,
+                    // A deleted object is passed on marked as being deleted, so predicates
+                    // that look at the deletion state let it through (a deleted child must
+                    // trigger its owner, to be recreated).
+                    Ok(watcher::Event::Delete(mut obj)) => {
+                        obj.meta_mut()
+                            .deletion_timestamp
+                            .get_or_insert_with(|| Time(jiff::Timestamp::now()));
+                        obj
                     }
-                    Err(e) => warn!(kind, error = %e, "watch failed; retrying with backoff"),
-                }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                    Err(e) => {
+                        warn!(kind, error = %e, "watch failed; retrying with backoff");
+                        continue;
+                    }
+                };
+                let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
+                subs.retain(|tx| tx.send(obj.clone()).is_ok());
             }
         });
         Self {

@@ -238,3 +238,75 @@ async fn status_and_metadata_churn_do_not_trigger_reconciles() {
     converged(&client, "default", "calm", 2).await;
     assert!(counters.reconciles() > before, "a spec change reconciles");
 }
+
+#[tokio::test]
+async fn status_churn_of_owned_objects_that_cannot_change_the_outcome_is_filtered() {
+    let (_server, client) = cluster(&[]).await;
+    let counters = Arc::new(ReconcileCounters::default());
+    let _stop = spawn(
+        &client,
+        ControllerConfig {
+            counters: counters.clone(),
+            ..ControllerConfig::default()
+        },
+    );
+    apply(&client, "default", "churned", 2).await;
+    converged(&client, "default", "churned", 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = counters.reconciles();
+
+    use k8s_openapi::api::core::v1::{Pod, Service};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let services: Api<Service> = Api::default_namespaced(client.clone());
+    services
+        .patch_status(
+            "churned",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}})),
+        )
+        .await
+        .expect("Service status");
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client.clone());
+    pdbs.patch_status(
+        "churned",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"disruptionsAllowed": 0, "currentHealthy": 1,
+            "desiredHealthy": 1, "expectedPods": 2}}),
+        ),
+    )
+    .await
+    .expect("PDB status");
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pod = pods
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=churned"))
+        .await
+        .expect("pods")
+        .items
+        .remove(0);
+    pods.patch_status(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"containerStatuses": [{"name": "memcached", "image": "x",
+            "imageID": "", "ready": true, "restartCount": 3, "state": {"running": {}}}]}}),
+        ),
+    )
+    .await
+    .expect("pod status");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        counters.reconciles(),
+        before,
+        "status the reconciler never reads does not trigger it"
+    );
+
+    // A change it does read: a pod deleted (and replaced) changes status.nodes.
+    pods.delete(&pod.name_any(), &Default::default())
+        .await
+        .expect("delete pod");
+    wait_for("a reconcile for the deleted pod", || async {
+        (counters.reconciles() > before).then_some(())
+    })
+    .await;
+}
