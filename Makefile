@@ -39,7 +39,7 @@ lint: ## Lint the code (clippy, warnings are errors).
 
 .PHONY: test
 test: ## Run all tests (no cluster needed; config/ is checked against the code).
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --locked
 
 .PHONY: e2e
 e2e: ## Run the end-to-end tests against a real cluster: make e2e E2E_KUBECONFIG=~/.kube/config
