@@ -50,6 +50,14 @@ e2e: ## Run the end-to-end tests against a real cluster: make e2e E2E_KUBECONFIG
 demo: ## Run the operator against the in-memory API server and narrate what it does.
 	$(CARGO) run -p memcached-operator -- demo
 
+# Benchmark sizes and extra flags: make bench BENCH_N=100,1000 BENCH_ARGS="--concurrency 8"
+BENCH_N ?= 100,1000,5000
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: ## Benchmark (release build; not part of the tests): convergence vs raw writes, steady state, latency, memory.
+	$(CARGO) run --release -p memcached-operator -- bench --n $(BENCH_N) $(BENCH_ARGS)
+
 ##@ Build
 
 .PHONY: build

@@ -2,6 +2,7 @@
 //! computation (pure) and the controller that applies them, plus the `demo` that runs it all
 //! against the in-memory API server.
 
+pub mod bench;
 pub mod builders;
 pub mod cmd;
 pub mod controller;

@@ -1,0 +1,960 @@
+//! `memcached-operator bench`: how fast the operator converges compared with the fewest API
+//! writes that could do the same job, what it costs at rest, how quickly it reacts and how
+//! much memory it holds. Not part of the test suite; see BENCHMARKS.md for results.
+//!
+//! For each N it runs, on a fresh in-memory API server served over HTTP (workload simulator
+//! on: 3 pods per Memcached) or, with `--kubeconfig`, in fresh namespaces of a real cluster:
+//! 1. the raw-write bound: a bare client creates N Memcacheds (untimed), then creates their
+//!    Deployments and Services (the operator's own builders) and patches their statuses (the
+//!    operator's own status function), C requests in flight;
+//! 2. the operator as a separate process (this binary's `run`), so its resident memory can
+//!    be read from `/proc/PID/status`: idle memory, event→reconcile latency at idle, N
+//!    Memcacheds created at once (convergence time and latency under that load), memory
+//!    when converged and with every pod cached, then API requests during a resync window.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use memcached_api::Memcached;
+use serde_json::json;
+
+use crate::builders::{self, BuildSettings, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::cmd::parse_duration;
+use crate::status::{self, Observed};
+
+/// Flags of `memcached-operator bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Numbers of Memcacheds to run with (comma-separated), one full run each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+    pub n: Vec<usize>,
+    /// Requests in flight of the raw-write client (and of the client creating the CRs).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// The operator's `--max-concurrent-reconciles` (comma-separated: one operator run each).
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    pub max_concurrent_reconciles: Vec<u16>,
+    /// Run against this cluster (a namespace per run, deleted afterwards) instead of the
+    /// in-memory API server. The CRD must be installed.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The operator binary to run (default: this one).
+    #[arg(long)]
+    pub operator_bin: Option<PathBuf>,
+    /// Extra flag for the operator's `run` (repeatable), e.g. `--operator-arg=--foo=1`.
+    #[arg(long = "operator-arg", allow_hyphen_values = true)]
+    pub operator_args: Vec<String>,
+    /// The operator's `--resync-period` (short, so the steady-state window sees resyncs).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub resync_period: Duration,
+    /// How long API requests are counted once everything has converged.
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    pub steady_window: Duration,
+    /// Spec changes timed for the event→reconcile latency (at idle; at most as many under load).
+    #[arg(long, default_value_t = 50)]
+    pub latency_samples: usize,
+    /// How long simulated pods stay Pending (in-memory server only).
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub pod_ready_delay: Duration,
+    /// Skip the raw-write bound (for sweeps of the operator alone).
+    #[arg(long)]
+    pub skip_bound: bool,
+    /// Longest wait for any one phase.
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Result<T, E = BoxError> = std::result::Result<T, E>;
+
+const SIZE: i32 = 3;
+const LATENCY_CR: &str = "latency";
+const PREFIX: &str = "bench-";
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!(
+        "[bench {}] {}",
+        jiff::Timestamp::now().strftime("%H:%M:%S"),
+        msg.as_ref()
+    );
+}
+
+/// Where a phase runs: a fresh in-memory server, or a fresh namespace of a real cluster.
+struct Env {
+    client: Client,
+    namespace: String,
+    kubeconfig: PathBuf,
+    /// The in-memory server (None on a real cluster).
+    server: Option<apisim::ApiServer>,
+    _handle: Option<apisim::ServeHandle>,
+    cluster: bool,
+}
+
+impl Env {
+    async fn new(args: &BenchArgs, dir: &Path, tag: &str) -> Result<Env> {
+        if let Some(path) = &args.kubeconfig {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+            let config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?;
+            let client = Client::try_from(config)?;
+            crate::crd::check_installed(&client, None).await?;
+            let namespace = format!(
+                "mc-bench-{tag}-{}",
+                jiff::Timestamp::now().as_second() % 1_000_000
+            );
+            create_namespace(&client, &namespace).await?;
+            return Ok(Env {
+                client,
+                namespace,
+                kubeconfig: path.clone(),
+                server: None,
+                _handle: None,
+                cluster: true,
+            });
+        }
+        let server = apisim::ApiServer::builder()
+            .workload_simulator(true)
+            .pod_ready_delay(args.pod_ready_delay)
+            .build();
+        let handle = server.serve().await?;
+        let kubeconfig = dir.join(format!("kubeconfig-{tag}"));
+        handle.write_kubeconfig(&kubeconfig)?;
+        let client = Client::try_from(kube::Config::new(handle.url().parse()?))?;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &Memcached::crd())
+            .await?;
+        let namespace = "bench".to_string();
+        create_namespace(&client, &namespace).await?;
+        Ok(Env {
+            client,
+            namespace,
+            kubeconfig,
+            server: Some(server),
+            _handle: Some(handle),
+            cluster: false,
+        })
+    }
+
+    fn memcacheds(&self) -> Api<Memcached> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn cleanup(&self) {
+        if self.cluster {
+            let namespaces: Api<Namespace> = Api::all(self.client.clone());
+            if let Err(e) = namespaces
+                .delete(&self.namespace, &DeleteParams::background())
+                .await
+            {
+                log(format!(
+                    "could not delete namespace {}: {e}",
+                    self.namespace
+                ));
+            }
+        }
+    }
+}
+
+async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn memcached(name: &str, size: i32) -> Result<Memcached> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "memcached.cache.example.com/v1",
+        "kind": "Memcached",
+        "metadata": {"name": name},
+        "spec": {"size": size},
+    }))?)
+}
+
+fn cr_name(i: usize) -> String {
+    format!("{PREFIX}{i:05}")
+}
+
+/// Creates `names` as Memcacheds of size 3, `concurrency` at a time.
+async fn create_crs(
+    api: &Api<Memcached>,
+    names: Vec<String>,
+    concurrency: usize,
+) -> Result<Vec<Memcached>> {
+    futures::stream::iter(names)
+        .map(|name| async move {
+            let mc = memcached(&name, SIZE)?;
+            Ok::<_, BoxError>(api.create(&PostParams::default(), &mc).await?)
+        })
+        .buffer_unordered(concurrency.max(1))
+        .try_collect()
+        .await
+}
+
+/// The raw-write bound: for each of `n` Memcacheds, a create of every child the operator
+/// creates for it (Deployment, Service, headless Service and, from size 2, the
+/// PodDisruptionBudget, all from the operator's own builders) and one status patch (the
+/// operator's own status function).
+async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<Duration> {
+    let api = env.memcacheds();
+    let crs = create_crs(&api, (0..n).map(cr_name).collect(), concurrency).await?;
+    let settings = BuildSettings::default();
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.namespace);
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
+    let started = Instant::now();
+    futures::stream::iter(crs)
+        .map(|mc| {
+            let (api, deployments, services, pdbs, settings) =
+                (&api, &deployments, &services, &pdbs, &settings);
+            async move {
+                let pp = PostParams::default();
+                let deployment = deployments
+                    .create(&pp, &builders::desired_deployment(&mc, settings)?)
+                    .await?;
+                services
+                    .create(&pp, &builders::desired_service(&mc)?)
+                    .await?;
+                services
+                    .create(&pp, &builders::desired_headless_service(&mc)?)
+                    .await?;
+                if let Some(pdb) = builders::desired_pdb(&mc)? {
+                    pdbs.create(&pp, &pdb).await?;
+                }
+                let observed = Observed {
+                    deployment: Some(&deployment),
+                    pods: Vec::new(),
+                    problem: None,
+                };
+                let status = status::desired_status(&mc, &observed, jiff::Timestamp::now());
+                api.patch_status(
+                    &mc.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await?;
+                Ok::<_, BoxError>(())
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// Resident and peak memory of a process, in KiB, from `/proc/PID/status`.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// CPU time (user + system) of a process so far.
+fn cpu_time(pid: u32) -> Duration {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may contain spaces) start at state, field 3.
+    let after = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// The operator as a child process, killed on drop.
+struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    async fn start(args: &BenchArgs, env: &Env, dir: &Path, reconciles: u16) -> Result<Operator> {
+        let bin = match &args.operator_bin {
+            Some(bin) => bin.clone(),
+            None => std::env::current_exe()?,
+        };
+        let log = dir.join(format!(
+            "operator-{}.log",
+            jiff::Timestamp::now().as_millisecond()
+        ));
+        let file = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("run")
+            .arg("--metrics-bind-address=0")
+            .arg("--health-probe-bind-address=0")
+            .arg(format!(
+                "--resync-period={}ms",
+                args.resync_period.as_millis()
+            ))
+            .arg(format!("--max-concurrent-reconciles={reconciles}"))
+            .args(&args.operator_args)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_OPERATOR_LOG")
+                    .unwrap_or_else(|_| "warn,memcached_operator::cmd=info".into()),
+            )
+            // Out of a cluster there is no serving certificate; the webhooks are not measured.
+            .env("ENABLE_WEBHOOKS", "false")
+            .env_remove("WATCH_NAMESPACE")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            // The operator logs to stdout, its start-up errors go to stderr.
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        if env.cluster {
+            cmd.arg(format!("--namespace={}", env.namespace));
+        }
+        let mut child = cmd.spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("caches synced") {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                return Err(format!(
+                    "the operator exited ({status}) before its caches synced:\n{text}"
+                )
+                .into());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(
+                    format!("the operator's caches did not sync within 20s:\n{text}").into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(Operator { child, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn memory(&self) -> (u64, u64) {
+        memory_kib(self.pid())
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            return Err(format!("the operator exited ({status}):\n{text}").into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Convergence as seen through watches: which `bench-*` Memcacheds have their children and
+/// an up-to-date status, and which report all their pods ready.
+#[derive(Default)]
+struct Progress {
+    deployments: HashSet<String>,
+    services: HashSet<String>,
+    /// name → (generation == observedGeneration, all pods ready in status)
+    statuses: HashMap<String, (bool, bool)>,
+    children_and_status: HashSet<String>,
+    pods_ready: HashSet<String>,
+    children_and_status_at: Option<Instant>,
+    pods_ready_at: Option<Instant>,
+}
+
+impl Progress {
+    fn update(&mut self, name: &str, n: usize) {
+        let (current, ready) = self.statuses.get(name).copied().unwrap_or_default();
+        let children = self.deployments.contains(name) && self.services.contains(name);
+        if children && current {
+            self.children_and_status.insert(name.to_string());
+        } else {
+            self.children_and_status.remove(name);
+        }
+        if children && current && ready {
+            self.pods_ready.insert(name.to_string());
+        } else {
+            self.pods_ready.remove(name);
+        }
+        if self.children_and_status.len() == n && self.children_and_status_at.is_none() {
+            self.children_and_status_at = Some(Instant::now());
+        }
+        if self.pods_ready.len() == n && self.pods_ready_at.is_none() {
+            self.pods_ready_at = Some(Instant::now());
+        }
+    }
+}
+
+enum Seen {
+    /// name, status describes the current generation, status shows every pod ready
+    Memcached(String, bool, bool),
+    Deployment(String),
+    Service(String),
+}
+
+fn applied<K: Clone>(event: watcher::Event<K>) -> Option<K> {
+    match event {
+        watcher::Event::Apply(k) | watcher::Event::InitApply(k) => Some(k),
+        _ => None,
+    }
+}
+
+fn summary(mc: &Memcached) -> Seen {
+    let status = mc.status.clone().unwrap_or_default();
+    let current = status.observed_generation.is_some()
+        && status.observed_generation == mc.metadata.generation;
+    let ready =
+        status.nodes.len() == mc.spec.size as usize && status.ready_replicas == mc.spec.size;
+    Seen::Memcached(mc.name_any(), current, ready)
+}
+
+/// Watches the namespace and records when all `n` Memcacheds got there.
+fn track(env: &Env, n: usize) -> (Arc<Mutex<Progress>>, tokio::task::JoinHandle<()>) {
+    let progress = Arc::new(Mutex::new(Progress::default()));
+    let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let mcs = watcher(env.memcacheds(), watcher::Config::default())
+        .filter_map(|e| async move { e.ok().and_then(applied).map(|mc| summary(&mc)) })
+        .boxed();
+    let deployments = watcher(
+        Api::<Deployment>::namespaced(env.client.clone(), &env.namespace),
+        owned.clone(),
+    )
+    .filter_map(|e| async move {
+        e.ok()
+            .and_then(applied)
+            .map(|d| Seen::Deployment(d.name_any()))
+    })
+    .boxed();
+    let services = watcher(
+        Api::<Service>::namespaced(env.client.clone(), &env.namespace),
+        owned,
+    )
+    .filter_map(|e| async move {
+        e.ok()
+            .and_then(applied)
+            .map(|s| Seen::Service(s.name_any()))
+    })
+    .boxed();
+    let mut all = futures::stream::select_all([mcs, deployments, services]);
+    let shared = progress.clone();
+    let task = tokio::spawn(async move {
+        while let Some(seen) = all.next().await {
+            let mut p = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let name = match seen {
+                Seen::Memcached(name, current, ready) => {
+                    p.statuses.insert(name.clone(), (current, ready));
+                    name
+                }
+                Seen::Deployment(name) => {
+                    p.deployments.insert(name.clone());
+                    name
+                }
+                Seen::Service(name) => {
+                    p.services.insert(name.clone());
+                    name
+                }
+            };
+            if name.starts_with(PREFIX) {
+                p.update(&name, n);
+            }
+        }
+    });
+    (progress, task)
+}
+
+/// Latency percentiles of a set of samples.
+#[derive(Clone, Debug, Default)]
+struct Latency {
+    samples: Vec<Duration>,
+}
+
+impl Latency {
+    fn percentile(&self, p: f64) -> Option<Duration> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let mut v = self.samples.clone();
+        v.sort();
+        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        Some(v[rank.clamp(1, v.len()) - 1])
+    }
+
+    fn show(&self) -> String {
+        match (self.percentile(50.0), self.percentile(99.0)) {
+            (Some(p50), Some(p99)) => {
+                format!("{} / {} (n={})", ms(p50), ms(p99), self.samples.len())
+            }
+            _ => "no samples".into(),
+        }
+    }
+}
+
+/// Waits until the `latency` Deployment has `replicas`; returns false on timeout.
+async fn deployment_reaches(env: &Env, replicas: i64, timeout: Duration) -> Result<bool> {
+    if let Some(server) = &env.server {
+        // Poll the store directly from a thread: sub-millisecond resolution, no HTTP.
+        let (server, ns) = (server.clone(), env.namespace.clone());
+        return Ok(tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + timeout;
+            while Instant::now() < deadline {
+                let live = server.get_object("apps/v1", "deployments", Some(&ns), LATENCY_CR);
+                if live.as_ref().and_then(|d| d["spec"]["replicas"].as_i64()) == Some(replicas) {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            false
+        })
+        .await?);
+    }
+    let api: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    let cond = move |d: Option<&Deployment>| {
+        d.and_then(|d| d.spec.as_ref())
+            .and_then(|s| s.replicas)
+            .map(i64::from)
+            == Some(replicas)
+    };
+    Ok(tokio::time::timeout(
+        timeout,
+        kube::runtime::wait::await_condition(api, LATENCY_CR, cond),
+    )
+    .await
+    .is_ok())
+}
+
+/// Times `samples` spec changes of the `latency` Memcached (size 3 ↔ 4) until its Deployment
+/// shows them, pausing between changes; stops early when `stop` says so.
+async fn measure_latency(env: &Env, samples: usize, stop: impl Fn() -> bool) -> Result<Latency> {
+    let api = env.memcacheds();
+    let mut latency = Latency::default();
+    for i in 0..samples {
+        if stop() {
+            break;
+        }
+        let size = if i % 2 == 0 { SIZE + 1 } else { SIZE };
+        let started = Instant::now();
+        api.patch(
+            LATENCY_CR,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": size}})),
+        )
+        .await?;
+        if !deployment_reaches(env, i64::from(size), Duration::from_secs(120)).await? {
+            return Err(
+                format!("the latency Deployment did not reach {size} replicas in 120s").into(),
+            );
+        }
+        latency.samples.push(started.elapsed());
+        // Pauses of 50–150 ms, not in step with anything periodic.
+        tokio::time::sleep(Duration::from_millis(50 + (i as u64 * 37) % 100)).await;
+    }
+    Ok(latency)
+}
+
+/// API requests by verb (in-memory server only).
+#[derive(Clone, Debug, Default)]
+struct Requests {
+    by_verb: BTreeMap<String, u64>,
+    writes: u64,
+}
+
+impl Requests {
+    fn show(&self) -> String {
+        if self.by_verb.is_empty() {
+            return "none".into();
+        }
+        self.by_verb
+            .iter()
+            .map(|(v, c)| format!("{v} {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Everything measured for one N and one `--max-concurrent-reconciles`.
+#[derive(Clone, Debug, Default)]
+struct Row {
+    n: usize,
+    reconciles: u16,
+    bound: Option<Duration>,
+    create_crs: Duration,
+    children_and_status: Duration,
+    pods_ready: Duration,
+    steady: Option<Requests>,
+    /// Requests from the start of the creation until children + status (every client).
+    converging: Option<Requests>,
+    steady_cpu: Duration,
+    latency_idle: Latency,
+    latency_load: Latency,
+    rss_idle: u64,
+    rss_converged: u64,
+    rss_pods: u64,
+    rss_peak: u64,
+    wall: Duration,
+}
+
+async fn wait_progress(
+    progress: &Arc<Mutex<Progress>>,
+    op: &mut Operator,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&Progress) -> Option<Instant>,
+) -> Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        {
+            let p = progress.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(at) = done(&p) {
+                return Ok(at);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{what}: timed out after {timeout:?} ({} with children and status, {} with pods ready)",
+                    p.children_and_status.len(),
+                    p.pods_ready.len()
+                )
+                .into());
+            }
+        }
+        op.check_alive()?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn operator_run(
+    args: &BenchArgs,
+    dir: &Path,
+    n: usize,
+    reconciles: u16,
+    row: &mut Row,
+) -> Result<()> {
+    let env = Env::new(args, dir, "op").await?;
+    let result = operator_phases(args, &env, dir, n, reconciles, row).await;
+    env.cleanup().await;
+    result
+}
+
+async fn operator_phases(
+    args: &BenchArgs,
+    env: &Env,
+    dir: &Path,
+    n: usize,
+    reconciles: u16,
+    row: &mut Row,
+) -> Result<()> {
+    let mut op = Operator::start(args, env, dir, reconciles).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    row.rss_idle = op.memory().0;
+    log(format!(
+        "operator idle: {} (pid {})",
+        mib(row.rss_idle),
+        op.pid()
+    ));
+
+    // Idle latency, on a Memcached of its own.
+    let api = env.memcacheds();
+    api.create(&PostParams::default(), &memcached(LATENCY_CR, SIZE)?)
+        .await?;
+    if !deployment_reaches(env, i64::from(SIZE), Duration::from_secs(60)).await? {
+        return Err("the latency Memcached got no Deployment within 60s".into());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    row.latency_idle = measure_latency(env, args.latency_samples, || false).await?;
+    log(format!(
+        "latency at idle p50/p99: {}",
+        row.latency_idle.show()
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // N at once, with latency measured while they are being reconciled.
+    let (progress, tracker) = track(env, n);
+    // Let the watches list before the clock starts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(server) = &env.server {
+        server.reset_request_counts();
+    }
+    let started = Instant::now();
+    let create = async {
+        let created = create_crs(&api, (0..n).map(cr_name).collect(), args.concurrency).await;
+        (created, started.elapsed())
+    };
+    let converged = || {
+        progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .children_and_status_at
+            .is_some()
+    };
+    let under_load = measure_latency(env, args.latency_samples, converged);
+    let ((created, create_time), latency_load) = futures::join!(create, under_load);
+    created?;
+    row.create_crs = create_time;
+    row.latency_load = latency_load?;
+    let at = wait_progress(
+        &progress,
+        &mut op,
+        args.timeout,
+        "children and status",
+        |p| p.children_and_status_at,
+    )
+    .await?;
+    row.children_and_status = at - started;
+    if let Some(server) = &env.server {
+        let counts = server.request_counts();
+        row.converging = Some(Requests {
+            by_verb: counts.by_verb(),
+            writes: counts.writes(),
+        });
+        log(format!(
+            "N={n}: requests while converging (all clients):\n{counts}"
+        ));
+    }
+    row.rss_converged = op.memory().0;
+    log(format!(
+        "N={n}: CRs created in {}, children and status in {}, {}",
+        secs(row.create_crs),
+        secs(row.children_and_status),
+        mib(row.rss_converged)
+    ));
+    let at = wait_progress(&progress, &mut op, args.timeout, "pods ready", |p| {
+        p.pods_ready_at
+    })
+    .await?;
+    row.pods_ready = at - started;
+    tracker.abort();
+    let _ = tracker.await;
+    // Let the last status writes and events settle, then count a resync window.
+    tokio::time::sleep(args.resync_period + Duration::from_secs(1)).await;
+    row.rss_pods = op.memory().0;
+    log(format!(
+        "N={n}: pods ready in {}, {}",
+        secs(row.pods_ready),
+        mib(row.rss_pods)
+    ));
+    if let Some(server) = &env.server {
+        server.reset_request_counts();
+    }
+    let cpu_before = cpu_time(op.pid());
+    tokio::time::sleep(args.steady_window).await;
+    row.steady_cpu = cpu_time(op.pid()).saturating_sub(cpu_before);
+    if let Some(server) = &env.server {
+        let counts = server.request_counts();
+        row.steady = Some(Requests {
+            by_verb: counts.by_verb(),
+            writes: counts.writes(),
+        });
+        log(format!(
+            "N={n}: requests in {}: {} (operator CPU {})",
+            secs(args.steady_window),
+            row.steady.as_ref().map(Requests::show).unwrap_or_default(),
+            secs(row.steady_cpu)
+        ));
+    }
+    let (rss, peak) = op.memory();
+    row.rss_pods = row.rss_pods.max(rss);
+    row.rss_peak = peak;
+    op.check_alive()?;
+    Ok(())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn ratio(a: Duration, b: Option<Duration>) -> String {
+    match b {
+        Some(b) if !b.is_zero() => format!("{:.2}×", a.as_secs_f64() / b.as_secs_f64()),
+        _ => "–".into(),
+    }
+}
+
+/// The results as one Markdown table, a column per run.
+fn table(args: &BenchArgs, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let header: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            if args.max_concurrent_reconciles.len() > 1 {
+                format!("N={} (reconciles {})", r.n, r.reconciles)
+            } else {
+                format!("N={}", r.n)
+            }
+        })
+        .collect();
+    let _ = writeln!(out, "| | {} |", header.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---:|".repeat(rows.len()));
+    let mut line = |label: &str, cell: &dyn Fn(&Row) -> String| {
+        let cells: Vec<String> = rows.iter().map(cell).collect();
+        let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
+    };
+    line(
+        &format!(
+            "raw-write bound (creates of Deployment, 2 Services, PDB + status patch; {} in flight)",
+            args.concurrency
+        ),
+        &|r| r.bound.map(secs).unwrap_or_else(|| "–".into()),
+    );
+    line("creating the N Memcacheds (client)", &|r| {
+        secs(r.create_crs)
+    });
+    line("convergence: children + status", &|r| {
+        secs(r.children_and_status)
+    });
+    line("  ratio to the bound", &|r| {
+        ratio(r.children_and_status, r.bound)
+    });
+    line("requests until then, all clients (writes)", &|r| {
+        r.converging
+            .as_ref()
+            .map(|s| format!("{} ({})", s.show(), s.writes))
+            .unwrap_or_else(|| "n/a".into())
+    });
+    line("convergence: all pods ready in status", &|r| {
+        secs(r.pods_ready)
+    });
+    line(
+        &format!(
+            "steady state: writes in {} (resync {})",
+            secs(args.steady_window),
+            secs(args.resync_period)
+        ),
+        &|r| {
+            r.steady
+                .as_ref()
+                .map(|s| s.writes.to_string())
+                .unwrap_or_else(|| "n/a".into())
+        },
+    );
+    line("steady state: requests by verb", &|r| {
+        r.steady
+            .as_ref()
+            .map(Requests::show)
+            .unwrap_or_else(|| "n/a".into())
+    });
+    line("steady state: operator CPU in the window", &|r| {
+        secs(r.steady_cpu)
+    });
+    line("event→reconcile p50 / p99, idle", &|r| {
+        r.latency_idle.show()
+    });
+    line(
+        "event→reconcile p50 / p99, under the N-object load",
+        &|r| r.latency_load.show(),
+    );
+    line("operator RSS idle (caches synced, no CRs)", &|r| {
+        mib(r.rss_idle)
+    });
+    line("operator RSS, N converged", &|r| mib(r.rss_converged));
+    line("operator RSS, N converged + 3N pods cached", &|r| {
+        mib(r.rss_pods)
+    });
+    line("operator peak RSS (VmHWM)", &|r| mib(r.rss_peak));
+    line("wall time of this column", &|r| secs(r.wall));
+    out
+}
+
+/// Runs the benchmark and prints the table to stdout (progress goes to stderr).
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("mc-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(&args, &dir).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows = result?;
+    println!("{}", table(&args, &rows));
+    Ok(())
+}
+
+async fn run_in(args: &BenchArgs, dir: &Path) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &n in &args.n {
+        let bound = if args.skip_bound {
+            None
+        } else {
+            let started = Instant::now();
+            let env = Env::new(args, dir, "raw").await?;
+            let bound = raw_write_bound(&env, n, args.concurrency).await;
+            env.cleanup().await;
+            drop(env);
+            let bound = bound?;
+            log(format!(
+                "N={n}: raw-write bound {} ({} in flight; phase took {})",
+                secs(bound),
+                args.concurrency,
+                secs(started.elapsed())
+            ));
+            Some(bound)
+        };
+        for &reconciles in &args.max_concurrent_reconciles {
+            let started = Instant::now();
+            let mut row = Row {
+                n,
+                reconciles,
+                bound,
+                ..Row::default()
+            };
+            operator_run(args, dir, n, reconciles, &mut row).await?;
+            row.wall = started.elapsed();
+            log(format!(
+                "N={n} reconciles={reconciles}: done in {}",
+                secs(row.wall)
+            ));
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let l = Latency {
+            samples: (1..=100).map(Duration::from_millis).collect(),
+        };
+        assert_eq!(l.percentile(50.0), Some(Duration::from_millis(50)));
+        assert_eq!(l.percentile(99.0), Some(Duration::from_millis(99)));
+        assert_eq!(Latency::default().percentile(50.0), None);
+    }
+}
