@@ -5,9 +5,8 @@
 //! children for it, must mark it `Degraded` with reason `InvalidSpec` naming the field,
 //! and must keep converging the valid objects beside it.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,7 +19,9 @@ use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileC
 use memcached_operator::webhook::{self, Endpoint};
 use serde_json::{Value, json};
 
-const DEADLINE: Duration = Duration::from_secs(30);
+mod common;
+use common::wait_for;
+
 const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
 fn memcached(name: &str, spec: Value) -> Value {
@@ -56,21 +57,6 @@ fn dynamic(client: &Client) -> Api<DynamicObject> {
 async fn create_raw(client: &Client, object: &Value) -> Result<DynamicObject, kube::Error> {
     let obj: DynamicObject = serde_json::from_value(object.clone()).expect("a DynamicObject");
     dynamic(client).create(&PostParams::default(), &obj).await
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The webhook's verdict on an object, for comparison with the schema's.

@@ -1,9 +1,8 @@
 //! The Memcached controller end to end, through the real kube-runtime `Controller`, against
 //! the in-memory API server with its workload simulator (Deployment → ReplicaSet → Pods).
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apisim::{ApiServer, Fault};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,7 +16,8 @@ use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileC
 use memcached_operator::demo::SEED_SAMPLE;
 use serde_json::json;
 
-const DEADLINE: Duration = Duration::from_secs(30);
+mod common;
+use common::wait_for;
 
 struct Env {
     server: ApiServer,
@@ -122,21 +122,6 @@ impl Drop for Env {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-    }
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

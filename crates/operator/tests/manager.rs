@@ -20,6 +20,9 @@ use kube::{Api, CustomResourceExt};
 use memcached_api::{Memcached, condition};
 use serde_json::json;
 
+mod common;
+use common::wait_for_within;
+
 const BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
 const LEASE: &str = "memcached-operator.cache.example.com";
 const LEASE_DURATION: Duration = Duration::from_secs(3);
@@ -129,7 +132,7 @@ impl Cluster {
 
     async fn converged(&self, name: &str, size: usize) {
         let api = self.memcacheds();
-        wait_for(
+        wait_for_within(
             &format!("{name} at {size} ready pods"),
             Duration::from_secs(30),
             || async {
@@ -227,24 +230,6 @@ impl Drop for Operator {
     }
 }
 
-async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
     listener.local_addr().expect("local addr").port()
@@ -254,7 +239,7 @@ fn free_port() -> u16 {
 async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
     let cluster = Cluster::start(true).await;
     let first = Operator::spawn_candidate(&cluster, "op-1");
-    wait_for("op-1 leads", Duration::from_secs(20), || async {
+    wait_for_within("op-1 leads", Duration::from_secs(20), || async {
         (cluster.lease_holder().await.as_deref() == Some("op-1")).then_some(())
     })
     .await;
@@ -277,7 +262,7 @@ async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
     // SIGKILL: nothing is released; a standby takes over once the lease runs out.
     let killed_at = Instant::now();
     first.signal(libc::SIGKILL);
-    let second = wait_for(
+    let second = wait_for_within(
         "a standby leads after SIGKILL",
         LEASE_DURATION * 3,
         || async { cluster.lease_holder().await.filter(|h| h != "op-1") },
@@ -309,7 +294,7 @@ async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
     let remaining = standbys.pop().expect("one standby left");
     let termed_at = Instant::now();
     leader.signal(libc::SIGTERM);
-    wait_for(
+    wait_for_within(
         "the last standby leads after SIGTERM",
         Duration::from_secs(10),
         || async {
@@ -357,7 +342,7 @@ async fn a_leader_cut_off_from_the_api_stops_before_its_lease_can_expire() {
         ],
     );
     let cut_lease = Duration::from_secs(4);
-    wait_for("op-cut leads", Duration::from_secs(20), || async {
+    wait_for_within("op-cut leads", Duration::from_secs(20), || async {
         (cluster.lease_holder().await.as_deref() == Some("op-cut")).then_some(())
     })
     .await;
@@ -399,7 +384,9 @@ async fn a_leader_cut_off_from_the_api_stops_before_its_lease_can_expire() {
     );
 }
 
-fn https_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+/// A TLS connection to `addr` that accepts any certificate (the servers under test use
+/// self-signed ones).
+fn tls_connect(addr: SocketAddr) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -412,8 +399,11 @@ fn https_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String)
     let server_name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     let conn = rustls::ClientConnection::new(Arc::new(config), server_name).expect("tls client");
     let sock = TcpStream::connect(addr).expect("connect");
-    let mut tls = rustls::StreamOwned::new(conn, sock);
-    http_exchange(&mut tls, path, token)
+    rustls::StreamOwned::new(conn, sock)
+}
+
+fn https_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    http_exchange(&mut tls_connect(addr), path, token)
 }
 
 fn http_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
@@ -434,6 +424,11 @@ fn http_exchange(
         "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n"
     )
     .expect("write request");
+    read_response(stream)
+}
+
+/// Status code and body of an HTTP/1.1 response read to the end.
+fn read_response(stream: &mut impl Read) -> (u16, String) {
     let mut response = Vec::new();
     // A TLS peer closing without close_notify shows up as an error after the data; keep what was read.
     let _ = stream.read_to_end(&mut response);
@@ -548,17 +543,18 @@ async fn metrics_need_an_authorized_token_unless_insecure() {
     cluster.apply("metered", 1).await;
     cluster.converged("metered", 1).await;
 
-    let (code, body) = wait_for("secure metrics answer", Duration::from_secs(20), || async {
-        let r = tokio::task::spawn_blocking(move || {
-            TcpStream::connect(secure).ok()?;
-            Some(https_get(secure, "/metrics", Some("prometheus-token")))
+    let (code, body) =
+        wait_for_within("secure metrics answer", Duration::from_secs(20), || async {
+            let r = tokio::task::spawn_blocking(move || {
+                TcpStream::connect(secure).ok()?;
+                Some(https_get(secure, "/metrics", Some("prometheus-token")))
+            })
+            .await
+            .ok()
+            .flatten()?;
+            (r.0 != 0).then_some(r)
         })
-        .await
-        .ok()
-        .flatten()?;
-        (r.0 != 0).then_some(r)
-    })
-    .await;
+        .await;
     assert_eq!(code, 200, "{body}");
     for name in [
         "controller_runtime_reconcile_total{",
@@ -594,7 +590,7 @@ async fn metrics_need_an_authorized_token_unless_insecure() {
         .expect("join");
     assert_eq!(forged.0, 401);
 
-    let insecure = wait_for(
+    let insecure = wait_for_within(
         "insecure metrics answer",
         Duration::from_secs(20),
         || async {
@@ -636,7 +632,7 @@ async fn readyz_turns_ready_once_caches_sync() {
         .ok()
         .flatten()
     };
-    let first = wait_for("probe server up", Duration::from_secs(20), || {
+    let first = wait_for_within("probe server up", Duration::from_secs(20), || {
         get("/readyz?verbose")
     })
     .await;
@@ -652,7 +648,7 @@ async fn readyz_turns_ready_once_caches_sync() {
         "alive while syncing"
     );
     cluster.server.set_latency(Duration::ZERO);
-    wait_for("ready after sync", Duration::from_secs(20), || async {
+    wait_for_within("ready after sync", Duration::from_secs(20), || async {
         (get("/readyz").await?.0 == 200).then_some(())
     })
     .await;
@@ -714,38 +710,14 @@ async fn a_missing_crd_or_an_unreachable_cluster_is_a_one_line_error() {
 }
 
 fn https_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(AcceptAnyCert))
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let server_name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    let conn = rustls::ClientConnection::new(Arc::new(config), server_name).expect("tls client");
-    let sock = TcpStream::connect(addr).expect("connect");
-    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let mut tls = tls_connect(addr);
     write!(
         tls,
         "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("write request");
-    let mut response = Vec::new();
-    let _ = tls.read_to_end(&mut response);
-    let text = String::from_utf8_lossy(&response).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
+    read_response(&mut tls)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -810,7 +782,7 @@ async fn webhooks_need_a_certificate_and_then_reject_bad_objects() {
         }
     })
     .to_string();
-    let (code, body) = wait_for("webhook answers", Duration::from_secs(20), || {
+    let (code, body) = wait_for_within("webhook answers", Duration::from_secs(20), || {
         let review = review.clone();
         async move {
             tokio::task::spawn_blocking(move || {

@@ -3,38 +3,22 @@
 //! endpoints, spreading, rollouts shown in status, Secrets reported rather than crashed on,
 //! and the exporter with its ServiceMonitor only when asked.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client};
 use memcached_api::{Memcached, condition};
 use memcached_operator::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 
-const DEADLINE: Duration = Duration::from_secs(30);
-
-async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+mod common;
+use common::wait_for;
 
 struct Env {
     client: Client,
@@ -48,26 +32,7 @@ async fn start(pod_ready_delay: Duration, with_service_monitor_crd: bool) -> Env
         .pod_ready_delay(pod_ready_delay)
         .build();
     let client = server.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &Memcached::crd())
-        .await
-        .expect("CRD");
-    if with_service_monitor_crd {
-        let crd: CustomResourceDefinition = serde_json::from_value(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                "names": {"plural": "servicemonitors", "singular": "servicemonitor",
-                          "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
-                "versions": [{"name": "v1", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}
-        }))
-        .expect("crd");
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("ServiceMonitor CRD");
-    }
+    common::install_crds(&client, with_service_monitor_crd).await;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let config = ControllerConfig {
         secret_recheck: Duration::from_millis(100),
@@ -245,7 +210,7 @@ async fn an_image_change_rolls_the_pods_and_shows_progress_until_done() {
     .await;
     let api = env.api::<Memcached>();
     let mut reasons: Vec<String> = Vec::new();
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + common::DEADLINE;
     let done = loop {
         let mc = api.get("rolling").await.expect("get");
         if let Some(progressing) = mc.condition(condition::PROGRESSING).cloned() {

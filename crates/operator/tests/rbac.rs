@@ -12,7 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -33,9 +33,11 @@ use memcached_operator::{crd, manifests, rbac};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+mod common;
+use common::wait_for;
+
 /// The namespace config/default deploys the operator (and its Lease) to.
 const OPERATOR_NAMESPACE: &str = manifests::NAMESPACE;
-const DEADLINE: Duration = Duration::from_secs(30);
 
 /// One request as the API server's authorizer sees it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -211,21 +213,6 @@ fn generated_roles_have_no_wildcards() {
                 }
             }
         }
-    }
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -405,21 +392,8 @@ async fn every_request_of_the_operator_is_allowed_by_the_generated_roles() {
         .await
         .expect("CRD installs");
     // The Prometheus Operator's ServiceMonitor kind, so the exporter path is exercised.
-    let service_monitors: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com", "scope": "Namespaced",
-            "names": {"plural": "servicemonitors", "singular": "servicemonitor",
-                      "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]
-        }
-    }))
-    .expect("ServiceMonitor CRD");
     Api::<CustomResourceDefinition>::all(driver.clone())
-        .create(&PostParams::default(), &service_monitors)
+        .create(&PostParams::default(), &common::service_monitor_crd())
         .await
         .expect("ServiceMonitor CRD installs");
     let ns: Namespace =

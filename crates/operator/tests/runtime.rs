@@ -2,9 +2,8 @@
 //! cache holds, bounded concurrency with one reconcile per object at a time, and predicates
 //! that keep status and metadata churn from causing reconciles.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -16,22 +15,8 @@ use memcached_api::{Memcached, condition};
 use memcached_operator::controller::{self, Caches, ControllerConfig, ReconcileCounters};
 use serde_json::json;
 
-const DEADLINE: Duration = Duration::from_secs(30);
-
-async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+mod common;
+use common::wait_for;
 
 async fn cluster(namespaces: &[&str]) -> (ApiServer, Client) {
     let server = ApiServer::builder()
