@@ -556,7 +556,12 @@ async fn deployment_reaches(env: &Env, replicas: i64, timeout: Duration) -> Resu
 
 /// Times `samples` spec changes of the `latency` Memcached (size 3 ↔ 4) until its Deployment
 /// shows them, pausing between changes; stops early when `stop` says so.
-async fn measure_latency(env: &Env, samples: usize, stop: impl Fn() -> bool) -> Result<Latency> {
+async fn measure_latency(
+    env: &Env,
+    samples: usize,
+    timeout: Duration,
+    stop: impl Fn() -> bool,
+) -> Result<Latency> {
     let api = env.memcacheds();
     let mut latency = Latency::default();
     for i in 0..samples {
@@ -571,10 +576,11 @@ async fn measure_latency(env: &Env, samples: usize, stop: impl Fn() -> bool) -> 
             &Patch::Merge(json!({"spec": {"size": size}})),
         )
         .await?;
-        if !deployment_reaches(env, i64::from(size), Duration::from_secs(120)).await? {
-            return Err(
-                format!("the latency Deployment did not reach {size} replicas in 120s").into(),
-            );
+        if !deployment_reaches(env, i64::from(size), timeout).await? {
+            return Err(format!(
+                "the latency Deployment did not reach {size} replicas in {timeout:?}"
+            )
+            .into());
         }
         latency.samples.push(started.elapsed());
         // Pauses of 50–150 ms, not in step with anything periodic.
@@ -691,7 +697,8 @@ async fn operator_phases(
         return Err("the latency Memcached got no Deployment within 60s".into());
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    row.latency_idle = measure_latency(env, args.latency_samples, || false).await?;
+    row.latency_idle =
+        measure_latency(env, args.latency_samples, Duration::from_secs(60), || false).await?;
     log(format!(
         "latency at idle p50/p99: {}",
         row.latency_idle.show()
@@ -717,7 +724,8 @@ async fn operator_phases(
             .children_and_status_at
             .is_some()
     };
-    let under_load = measure_latency(env, args.latency_samples, converged);
+    // Under load a change waits behind the backlog: as long as the whole phase, if need be.
+    let under_load = measure_latency(env, args.latency_samples, args.timeout, converged);
     let ((created, create_time), latency_load) = futures::join!(create, under_load);
     created?;
     row.create_crs = create_time;

@@ -6,15 +6,18 @@
 //! kube-runtime's own shared streams (`Writer::subscribe`) do not pass deletions on, and a
 //! deleted child must trigger its owner at once, so the fan-out here is ours; the watching,
 //! backoff and caching are kube-runtime's.
+//!
+//! An informer can also keep an [`Index`]: the cached objects grouped by a key (the pods of
+//! one Memcached), so a reader finds its few objects without scanning the whole cache.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
-use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -23,14 +26,133 @@ use tracing::warn;
 
 type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<K>>>>;
 
+/// The key an object is indexed under (`None`: not indexed).
+pub type IndexKey<K> = fn(&K) -> Option<String>;
+
+/// Keys → object references, with the reverse map to move or drop an object when it changes.
+struct IndexMaps<K: Resource<DynamicType = ()>> {
+    by_key: HashMap<String, HashSet<ObjectRef<K>>>,
+    key_of: HashMap<ObjectRef<K>, String>,
+}
+
+impl<K: Resource<DynamicType = ()>> Default for IndexMaps<K> {
+    fn default() -> Self {
+        Self {
+            by_key: HashMap::new(),
+            key_of: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> IndexMaps<K> {
+    fn remove(&mut self, obj: &ObjectRef<K>) {
+        if let Some(old) = self.key_of.remove(obj)
+            && let Some(set) = self.by_key.get_mut(&old)
+        {
+            set.remove(obj);
+            if set.is_empty() {
+                self.by_key.remove(&old);
+            }
+        }
+    }
+
+    fn insert(&mut self, obj: ObjectRef<K>, key: Option<String>) {
+        self.remove(&obj);
+        if let Some(key) = key {
+            self.by_key
+                .entry(key.clone())
+                .or_default()
+                .insert(obj.clone());
+            self.key_of.insert(obj, key);
+        }
+    }
+}
+
+struct IndexState<K: Resource<DynamicType = ()>> {
+    live: IndexMaps<K>,
+    /// Built during a re-list and swapped in when it ends, as the reflector does its store.
+    relist: Option<IndexMaps<K>>,
+}
+
+/// The cached objects of an informer grouped by a key; a cheap handle (clone it freely).
+/// Lookups cost the size of the group, not of the cache.
+pub struct Index<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    key: IndexKey<K>,
+    state: Arc<RwLock<IndexState<K>>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Index<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            key: self.key,
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Index<K> {
+    fn new(store: Store<K>, key: IndexKey<K>) -> Self {
+        Self {
+            store,
+            key,
+            state: Arc::new(RwLock::new(IndexState {
+                live: IndexMaps::default(),
+                relist: None,
+            })),
+        }
+    }
+
+    /// The cached objects under `key`, in no particular order.
+    pub fn get(&self, key: &str) -> Vec<Arc<K>> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state
+            .live
+            .by_key
+            .get(key)
+            .map(|refs| refs.iter().filter_map(|r| self.store.get(r)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of keys with at least one object.
+    pub fn keys(&self) -> usize {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.live.by_key.len()
+    }
+
+    fn apply(&self, event: &watcher::Event<K>) {
+        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(obj) => {
+                state.live.insert(ObjectRef::from_obj(obj), (self.key)(obj))
+            }
+            watcher::Event::Delete(obj) => state.live.remove(&ObjectRef::from_obj(obj)),
+            watcher::Event::Init => state.relist = Some(IndexMaps::default()),
+            watcher::Event::InitApply(obj) => {
+                let key = (self.key)(obj);
+                state
+                    .relist
+                    .get_or_insert_with(IndexMaps::default)
+                    .insert(ObjectRef::from_obj(obj), key);
+            }
+            watcher::Event::InitDone => {
+                if let Some(fresh) = state.relist.take() {
+                    state.live = fresh;
+                }
+            }
+        }
+    }
+}
+
 /// A running watch + cache of one kind, in one scope (a namespace or the cluster).
 pub struct Informer<K>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: Resource<DynamicType = ()> + Clone + 'static,
 {
     store: Store<K>,
     subscribers: Subscribers<K>,
+    index: Option<Index<K>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -41,7 +163,28 @@ where
     /// Starts watching `api` with `config`; `slim` trims each object before it is cached
     /// (drop what no reader needs, to keep memory small).
     pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K)) -> Self {
+        Self::start_with(api, config, slim, None)
+    }
+
+    /// [`Informer::start`], also keeping an [`Index`] of the cache by `key`.
+    pub fn start_indexed(
+        api: Api<K>,
+        config: watcher::Config,
+        slim: fn(&mut K),
+        key: IndexKey<K>,
+    ) -> Self {
+        Self::start_with(api, config, slim, Some(key))
+    }
+
+    fn start_with(
+        api: Api<K>,
+        config: watcher::Config,
+        slim: fn(&mut K),
+        key: Option<IndexKey<K>>,
+    ) -> Self {
         let (store, writer) = reflector::store::<K>();
+        let index = key.map(|key| Index::new(store.clone(), key));
+        let indexer = index.clone();
         let subscribers: Subscribers<K> = Arc::default();
         let fan_out = subscribers.clone();
         let kind = K::kind(&()).into_owned();
@@ -52,6 +195,11 @@ where
                 .reflect(writer)
                 .boxed();
             while let Some(event) = events.next().await {
+                // The store has the change already; the index follows before anyone is
+                // told, so a reconcile it triggers sees both.
+                if let (Some(index), Ok(event)) = (&indexer, &event) {
+                    index.apply(event);
+                }
                 let obj = match event {
                     Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => obj,
                     // A deleted object is passed on marked as being deleted, so predicates
@@ -76,8 +224,14 @@ where
         Self {
             store,
             subscribers,
+            index,
             task,
         }
+    }
+
+    /// The index, when started with [`Informer::start_indexed`].
+    pub fn index(&self) -> Option<Index<K>> {
+        self.index.clone()
     }
 
     /// The cache (read-only view).
@@ -132,10 +286,65 @@ fn tokio_stream_from<K: Send + 'static>(
 
 impl<K> Drop for Informer<K>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: Resource<DynamicType = ()> + Clone + 'static,
 {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(name: &str, instance: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": {"instance": instance}}
+        }))
+        .expect("valid pod")
+    }
+
+    fn key(p: &Pod) -> Option<String> {
+        p.labels().get("instance").cloned()
+    }
+
+    fn names(index: &Index<Pod>, key: &str) -> Vec<String> {
+        let mut names: Vec<String> = index.get(key).iter().map(|p| p.name_any()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn index_follows_changes_deletions_and_relists() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let index = Index::new(store, key);
+        let mut apply = |event: watcher::Event<Pod>| {
+            writer.apply_watcher_event(&event);
+            index.apply(&event);
+        };
+        apply(watcher::Event::Apply(pod("a", "x")));
+        apply(watcher::Event::Apply(pod("b", "x")));
+        apply(watcher::Event::Apply(pod("c", "y")));
+        assert_eq!(names(&index, "x"), ["a", "b"]);
+        assert_eq!(names(&index, "y"), ["c"]);
+
+        // Relabelled: moves to its new key.
+        apply(watcher::Event::Apply(pod("a", "y")));
+        assert_eq!(names(&index, "x"), ["b"]);
+        assert_eq!(names(&index, "y"), ["a", "c"]);
+
+        apply(watcher::Event::Delete(pod("b", "x")));
+        assert!(index.get("x").is_empty());
+        assert_eq!(index.keys(), 1);
+
+        // A re-list replaces everything once it is complete, as the store does.
+        apply(watcher::Event::Init);
+        apply(watcher::Event::InitApply(pod("d", "z")));
+        assert_eq!(names(&index, "y"), ["a", "c"]);
+        apply(watcher::Event::InitDone);
+        assert!(index.get("y").is_empty());
+        assert_eq!(names(&index, "z"), ["d"]);
+        assert_eq!(index.keys(), 1);
     }
 }
