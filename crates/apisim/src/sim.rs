@@ -202,9 +202,16 @@ pub async fn run(weak: Weak<Inner>, mut rx: broadcast::Receiver<Arc<Event>>, del
         if !go {
             continue;
         }
-        let Some(inner) = weak.upgrade() else { return };
-        let mut st = inner.state.lock();
-        sim.reconcile(&mut st);
+        let started = std::time::Instant::now();
+        {
+            let Some(inner) = weak.upgrade() else { return };
+            let mut st = inner.state.lock();
+            sim.reconcile(&mut st);
+        }
+        // A pass costs O(all objects) and its own writes trigger the next one: pause for
+        // twice its cost, so the simulator takes at most a third of a core under load (and
+        // the server's requests, which need the same lock, get through).
+        tokio::time::sleep(started.elapsed() * 2).await;
     }
 }
 
@@ -313,9 +320,13 @@ impl Sim {
             }
         }
         if let Some(pdbrt) = st.rt("policy", "poddisruptionbudgets") {
-            for pdb in st.list(&pdbrt.key(), None) {
-                if !deleting(&pdb) {
-                    Self::pdb_status(st, &pdbrt, &prt, &pdb, &ctx);
+            let pdbs = st.list(&pdbrt.key(), None);
+            if !pdbs.is_empty() {
+                let by_label = Self::pods_by_label(st, &prt);
+                for pdb in pdbs {
+                    if !deleting(&pdb) {
+                        Self::pdb_status(st, &pdbrt, &prt, &by_label, &pdb, &ctx);
+                    }
                 }
             }
         }
@@ -326,13 +337,30 @@ impl Sim {
         st: &mut State,
         pdbrt: &ResourceType,
         prt: &ResourceType,
+        by_label: &HashMap<(String, String), Vec<Arc<Value>>>,
         pdb: &Value,
         ctx: &WriteCtx,
     ) {
         let ns = meta_str(pdb, "namespace").to_string();
         let sel = crate::util::LabelSelector::from_object(&pdb["spec"]["selector"]);
-        let pods: Vec<Arc<Value>> = st
-            .list(&prt.key(), Some(&ns))
+        // Candidates: the pods carrying the rarest of the selector's matchLabels (every
+        // match must carry all of them); without matchLabels, every pod of the namespace.
+        let rarest = pdb["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?)))
+            .map(|kv| {
+                by_label
+                    .get(&(ns.clone(), kv))
+                    .map_or(&[][..], Vec::as_slice)
+            })
+            .min_by_key(|c| c.len());
+        let candidates: Vec<Arc<Value>> = match rarest {
+            Some(c) => c.to_vec(),
+            None => st.list(&prt.key(), Some(&ns)),
+        };
+        let pods: Vec<Arc<Value>> = candidates
             .into_iter()
             .filter(|p| !deleting(p) && sel.matches(p))
             .collect();
@@ -374,6 +402,25 @@ impl Sim {
             n["status"] = status;
             let _ = st.update(pdbrt, &ns, meta_str(pdb, "name"), "status", n, ctx);
         }
+    }
+
+    /// Non-deleting pods grouped by (namespace, "key=value") for each of their labels.
+    fn pods_by_label(st: &State, prt: &ResourceType) -> HashMap<(String, String), Vec<Arc<Value>>> {
+        let mut m: HashMap<(String, String), Vec<Arc<Value>>> = HashMap::new();
+        for p in st.list(&prt.key(), None) {
+            if deleting(&p) {
+                continue;
+            }
+            let ns = meta_str(&p, "namespace");
+            for (k, v) in p["metadata"]["labels"].as_object().into_iter().flatten() {
+                if let Some(v) = v.as_str() {
+                    m.entry((ns.to_string(), format!("{k}={v}")))
+                        .or_default()
+                        .push(p.clone());
+                }
+            }
+        }
+        m
     }
 
     /// Non-deleting objects of a kind grouped by their controller's uid.

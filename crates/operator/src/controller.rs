@@ -34,7 +34,7 @@ use crate::builders::{
     LABEL_MANAGED_BY, MANAGED_BY, SecretVersions,
 };
 use crate::drift;
-use crate::informer::Informer;
+use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
 
 /// Name under which the controller reports events and metrics.
@@ -141,7 +141,7 @@ impl Default for ControllerConfig {
         Self {
             namespace: None,
             build: BuildSettings::default(),
-            concurrency: 4,
+            concurrency: 16,
             resync: Duration::from_secs(300),
             backoff: Backoff::default(),
             instance: None,
@@ -162,6 +162,7 @@ pub struct Telemetry {
     /// Keys waiting for a reconcile (the work queue's content, for `workqueue_depth`).
     pending: Arc<Mutex<std::collections::HashSet<ObjectRef<Memcached>>>>,
     instances_by_scope: Arc<Mutex<HashMap<String, i64>>>,
+    instances_at: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 impl Telemetry {
@@ -178,6 +179,7 @@ impl Telemetry {
             managed_instances,
             pending: Arc::default(),
             instances_by_scope: Arc::default(),
+            instances_at: Arc::default(),
         }
     }
 
@@ -192,6 +194,16 @@ impl Telemetry {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.remove(key);
         self.controller.set_queue_depth(pending.len() as i64);
+    }
+
+    fn instances_due(&self) -> bool {
+        let now = std::time::Instant::now();
+        let mut last = self.instances_at.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     fn set_instances(&self, scope: &str, count: usize) {
@@ -234,6 +246,8 @@ pub struct Context {
     pub services: Store<Service>,
     pub pdbs: Store<PodDisruptionBudget>,
     pub pods: Store<Pod>,
+    /// The pod cache by `namespace/instance` (the pods of one Memcached).
+    pub pod_index: Index<Pod>,
     recorder: Recorder,
     service_monitors: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
@@ -267,9 +281,14 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &mc.object_ref(&())).await {
-            warn!(error = %e, reason, "could not publish event");
-        }
+        // Events are informational: publish them off the reconcile's critical path.
+        let (recorder, reference) = (self.recorder.clone(), mc.object_ref(&()));
+        let reason = reason.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                warn!(error = %e, reason, "could not publish event");
+            }
+        });
     }
 }
 
@@ -338,25 +357,31 @@ fn replicas(d: &Deployment) -> i32 {
     d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
 }
 
+/// Index key of a pod: the Memcached it belongs to, as `namespace/instance`.
+fn pod_index_key(pod: &Pod) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref()?,
+        pod.labels().get(LABEL_INSTANCE)?
+    ))
+}
+
 /// The live pods of `mc` in the pod cache.
-fn observed_pods(pods: &Store<Pod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
-    pods.state_filter(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace)
-            && p.metadata.deletion_timestamp.is_none()
-            && p.labels().get(LABEL_INSTANCE).map(String::as_str) == Some(name)
-    })
-    .iter()
-    .map(|p| {
-        let status = p.status.as_ref();
-        ObservedPod {
-            name: p.name_any(),
-            ip: status.and_then(|s| s.pod_ip.clone()),
-            ready: status
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        }
-    })
-    .collect()
+fn observed_pods(pods: &Index<Pod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
+    pods.get(&format!("{namespace}/{name}"))
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let status = p.status.as_ref();
+            ObservedPod {
+                name: p.name_any(),
+                ip: status.and_then(|s| s.pod_ip.clone()),
+                ready: status
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            }
+        })
+        .collect()
 }
 
 async fn write_status_if_changed(
@@ -389,8 +414,11 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     let telemetry = ctx.config.telemetry.as_ref();
     let timer = telemetry.map(|t| {
         t.started(&key);
-        let scope = ctx.config.namespace.as_deref().unwrap_or("");
-        t.set_instances(scope, ctx.memcacheds.state().len());
+        // Counting the cache copies it, so the gauge is refreshed at most once a second.
+        if t.instances_due() {
+            let scope = ctx.config.namespace.as_deref().unwrap_or("");
+            t.set_instances(scope, ctx.memcacheds.state().len());
+        }
         t.controller.reconcile_started()
     });
     let counters = &ctx.config.counters;
@@ -424,7 +452,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
                     deployment: deployment.as_deref(),
                     pods: mc
                         .namespace()
-                        .map(|ns| observed_pods(&ctx.pods, &ns, &mc.name_any()))
+                        .map(|ns| observed_pods(&ctx.pod_index, &ns, &mc.name_any()))
                         .unwrap_or_default(),
                     problem: Some(problem),
                 };
@@ -463,7 +491,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
             .get(&ObjectRef::new(&name).within(&namespace));
         let observed = Observed {
             deployment: deployment.as_deref(),
-            pods: observed_pods(&ctx.pods, &namespace, &name),
+            pods: observed_pods(&ctx.pod_index, &namespace, &name),
             problem: Some(Problem {
                 reason: "InvalidSpec".into(),
                 message: message.clone(),
@@ -489,7 +517,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
                 .get(&ObjectRef::new(&name).within(&namespace));
             let observed = Observed {
                 deployment: deployment.as_deref(),
-                pods: observed_pods(&ctx.pods, &namespace, &name),
+                pods: observed_pods(&ctx.pod_index, &namespace, &name),
                 problem: Some(problem.clone()),
             };
             let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
@@ -582,7 +610,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
     reconcile_service_monitor(ctx, mc, &namespace, &name).await?;
     let observed = Observed {
         deployment: Some(deployment.as_ref()),
-        pods: observed_pods(&ctx.pods, &namespace, &name),
+        pods: observed_pods(&ctx.pod_index, &namespace, &name),
         problem: None,
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
@@ -966,7 +994,12 @@ impl Caches {
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
-            pods: Informer::start(scoped(client, namespace), owned, slim_pod),
+            pods: Informer::start_indexed(
+                scoped(client, namespace),
+                owned,
+                slim_pod,
+                pod_index_key,
+            ),
         }
     }
 
@@ -1029,6 +1062,7 @@ pub async fn run_controller(
         services: caches.services.store(),
         pdbs: caches.pdbs.store(),
         pods: caches.pods.store(),
+        pod_index: caches.pods.index().expect("the pod informer is indexed"),
         service_monitors: tokio::sync::Mutex::new(None),
         failures: Mutex::new(HashMap::new()),
         config: config.clone(),
