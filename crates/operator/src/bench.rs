@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
     /// The operator's `--max-concurrent-reconciles` (comma-separated: one operator run each).
-    #[arg(long, value_delimiter = ',', default_value = "4")]
+    #[arg(long, value_delimiter = ',', default_value = "16")]
     pub max_concurrent_reconciles: Vec<u16>,
     /// Run against this cluster (a namespace per run, deleted afterwards) instead of the
     /// in-memory API server. The CRD must be installed.
