@@ -20,8 +20,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 use rustls::ServerConfig;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{CONTENT_TYPE, Metrics};
@@ -34,8 +33,6 @@ pub const DEFAULT_SECURE_BIND: SocketAddr =
 pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(10);
 /// At most this many cached decisions are kept.
 const AUTH_CACHE_MAX: usize = 1024;
-/// A TLS handshake must finish within this time.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of the metrics server, naming the step.
 #[derive(Debug, thiserror::Error)]
@@ -470,79 +467,12 @@ pub async fn serve_metrics_on(
             .await
             .map_err(Error::Serve),
         Some(tls) => {
-            let listener = TlsListener::new(listener, tls, shutdown.clone());
+            let listener = webhook_tls::TlsListener::new(listener, tls, shutdown.clone());
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await
                 .map_err(Error::Serve)
         }
-    }
-}
-
-/// Accepts TCP connections and completes TLS handshakes in their own tasks (so one
-/// slow client cannot stall others), handing finished streams to axum.
-struct TlsListener {
-    rx: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    fn new(listener: TcpListener, tls: Arc<ServerConfig>, shutdown: CancellationToken) -> Self {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
-        let (tx, rx) = mpsc::channel(64);
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = listener.accept() => match r {
-                        Ok(x) => x,
-                        Err(err) => {
-                            tracing::debug!(%err, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = tx.send((stream, peer)).await;
-                        }
-                        Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Self { rx, local, task }
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }
 

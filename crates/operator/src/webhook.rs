@@ -45,8 +45,7 @@ use manager::webhook_tls::{self, CertWatcher};
 use memcached_api::validation::{self, FieldError, ValidationErrors};
 use memcached_api::{GROUP, Memcached, MemcachedSpec, VERSION};
 use serde_json::Value;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Path of the mutating (defaulting) webhook, as Kubebuilder names it.
@@ -72,8 +71,6 @@ pub const VALIDATING_CONFIGURATION_NAME: &str =
 pub const TIMEOUT_SECONDS: i32 = 10;
 /// The cert-manager annotation that injects the CA bundle into webhook configurations.
 pub const CA_INJECTION_ANNOTATION: &str = "cert-manager.io/inject-ca-from";
-/// A TLS handshake must finish within this time.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request body must arrive within this time (the API server gives up after
 /// [`TIMEOUT_SECONDS`] anyway), so a slow client cannot hold a handler.
 const BODY_TIMEOUT: Duration = Duration::from_secs(TIMEOUT_SECONDS as u64);
@@ -212,7 +209,7 @@ impl WebhookServer {
         );
         let addr = self.local_addr()?;
         tracing::info!(%addr, mutate = MUTATE_PATH, validate = VALIDATE_PATH, "serving admission webhooks");
-        let listener = TlsListener::new(self.listener, tls, shutdown.clone());
+        let listener = webhook_tls::TlsListener::new(self.listener, tls, shutdown.clone());
         let result = axum::serve(listener, router(self.default_image))
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await
@@ -1072,78 +1069,6 @@ pub fn webhook_configurations(
         }]),
     };
     (mutating, validating)
-}
-
-/// Accepts TCP connections and completes TLS handshakes in their own tasks (so one slow
-/// client cannot stall others), handing finished streams to axum. (The same as the
-/// metrics server's, which is private to the manager crate.)
-struct TlsListener {
-    rx: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    fn new(
-        listener: TcpListener,
-        tls: Arc<rustls::ServerConfig>,
-        shutdown: CancellationToken,
-    ) -> Self {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
-        let (tx, rx) = mpsc::channel(64);
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = listener.accept() => match r {
-                        Ok(x) => x,
-                        Err(err) => {
-                            tracing::debug!(%err, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = tx.send((stream, peer)).await;
-                        }
-                        Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Self { rx, local, task }
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]
