@@ -92,8 +92,8 @@ pub struct ControllerConfig {
 /// How many reconciles ran, how they ended, and how many ran at once.
 #[derive(Debug, Default)]
 pub struct ReconcileCounters {
-    pub reconciles: AtomicU64,
-    pub failures: AtomicU64,
+    reconciles: AtomicU64,
+    failures: AtomicU64,
     in_flight: Mutex<std::collections::HashSet<ObjectRef<Memcached>>>,
     max_in_flight: AtomicU64,
     same_object_overlaps: AtomicU64,
@@ -231,6 +231,12 @@ pub enum Error {
         object: String,
         source: kube::Error,
     },
+    #[error("deleting {kind} {object}: {source}")]
+    Delete {
+        kind: String,
+        object: String,
+        source: kube::Error,
+    },
     #[error("writing the status of Memcached {object}: {source}")]
     Status { object: String, source: kube::Error },
     #[error("Memcached has no namespace (it is a namespaced kind)")]
@@ -245,7 +251,6 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
     pub pdbs: Store<PodDisruptionBudget>,
-    pub pods: Store<Pod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<Pod>,
     recorder: Recorder,
@@ -408,6 +413,23 @@ async fn write_status_if_changed(
     Ok(true)
 }
 
+/// Writes `mc`'s status with `problem` as its `Degraded` condition, the rest computed from
+/// the cache as usual. Returns whether the status changed (the caller then emits an event).
+async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Result<bool, Error> {
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    let name = mc.name_any();
+    let deployment = ctx
+        .deployments
+        .get(&ObjectRef::new(&name).within(&namespace));
+    let observed = Observed {
+        deployment: deployment.as_deref(),
+        pods: observed_pods(&ctx.pod_index, &namespace, &name),
+        problem: Some(problem),
+    };
+    let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+    write_status_if_changed(&ctx.client, mc, status).await
+}
+
 /// Reconciles one Memcached: idempotent, level-triggered, reads from the caches.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = ObjectRef::from_obj(mc.as_ref());
@@ -444,20 +466,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
                     reason: "ReconcileFailed".into(),
                     message: err.to_string(),
                 };
-                let deployment = mc.namespace().and_then(|ns| {
-                    ctx.deployments
-                        .get(&ObjectRef::new(&mc.name_any()).within(&ns))
-                });
-                let observed = Observed {
-                    deployment: deployment.as_deref(),
-                    pods: mc
-                        .namespace()
-                        .map(|ns| observed_pods(&ctx.pod_index, &ns, &mc.name_any()))
-                        .unwrap_or_default(),
-                    problem: Some(problem),
-                };
-                let status = status::desired_status(&mc, &observed, jiff::Timestamp::now());
-                if let Err(e) = write_status_if_changed(&ctx.client, &mc, status).await {
+                if let Err(e) = record_problem(&ctx, &mc, problem).await {
                     debug!(error = %e, "could not record the failure in status");
                 }
             }
@@ -486,19 +495,11 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
     if let Err(errors) = validation::validate(mc) {
         let message = errors.to_string();
         warn!(object, %message, "invalid Memcached: not creating children");
-        let deployment = ctx
-            .deployments
-            .get(&ObjectRef::new(&name).within(&namespace));
-        let observed = Observed {
-            deployment: deployment.as_deref(),
-            pods: observed_pods(&ctx.pod_index, &namespace, &name),
-            problem: Some(Problem {
-                reason: "InvalidSpec".into(),
-                message: message.clone(),
-            }),
+        let problem = Problem {
+            reason: "InvalidSpec".into(),
+            message: message.clone(),
         };
-        let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
-        if write_status_if_changed(&ctx.client, mc, status).await? {
+        if record_problem(ctx, mc, problem).await? {
             ctx.publish(mc, EventType::Warning, "InvalidSpec", "Validate", message)
                 .await;
         }
@@ -512,16 +513,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
         Ok(versions) => versions,
         Err(problem) => {
             warn!(object, message = %problem.message, "referenced Secret unusable");
-            let deployment = ctx
-                .deployments
-                .get(&ObjectRef::new(&name).within(&namespace));
-            let observed = Observed {
-                deployment: deployment.as_deref(),
-                pods: observed_pods(&ctx.pod_index, &namespace, &name),
-                problem: Some(problem.clone()),
-            };
-            let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
-            if write_status_if_changed(&ctx.client, mc, status).await? {
+            if record_problem(ctx, mc, problem.clone()).await? {
                 ctx.publish(
                     mc,
                     EventType::Warning,
@@ -743,8 +735,8 @@ where
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(source) => Err(Error::Apply {
-            kind: "PodDisruptionBudget",
+        Err(source) => Err(Error::Delete {
+            kind,
             object: format!("{namespace}/{name}"),
             source,
         }),
@@ -978,6 +970,8 @@ pub struct Caches {
     pub services: Informer<Service>,
     pub pdbs: Informer<PodDisruptionBudget>,
     pub pods: Informer<Pod>,
+    /// The pod cache by `namespace/instance` (the pods of one Memcached).
+    pub pod_index: Index<Pod>,
 }
 
 impl Caches {
@@ -985,6 +979,12 @@ impl Caches {
     /// (`app.kubernetes.io/managed-by=memcached-operator`), so the cache holds only ours.
     pub fn start(client: &Client, namespace: Option<&str>) -> Self {
         let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+        let (pods, pod_index) = Informer::start_indexed(
+            scoped(client, namespace),
+            owned.clone(),
+            slim_pod,
+            pod_index_key,
+        );
         Self {
             memcacheds: Informer::start(
                 scoped(client, namespace),
@@ -994,12 +994,8 @@ impl Caches {
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
-            pods: Informer::start_indexed(
-                scoped(client, namespace),
-                owned,
-                slim_pod,
-                pod_index_key,
-            ),
+            pods,
+            pod_index,
         }
     }
 
@@ -1061,8 +1057,7 @@ pub async fn run_controller(
         deployments: caches.deployments.store(),
         services: caches.services.store(),
         pdbs: caches.pdbs.store(),
-        pods: caches.pods.store(),
-        pod_index: caches.pods.index().expect("the pod informer is indexed"),
+        pod_index: caches.pod_index.clone(),
         service_monitors: tokio::sync::Mutex::new(None),
         failures: Mutex::new(HashMap::new()),
         config: config.clone(),

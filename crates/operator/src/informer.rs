@@ -152,7 +152,6 @@ where
 {
     store: Store<K>,
     subscribers: Subscribers<K>,
-    index: Option<Index<K>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -163,7 +162,8 @@ where
     /// Starts watching `api` with `config`; `slim` trims each object before it is cached
     /// (drop what no reader needs, to keep memory small).
     pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K)) -> Self {
-        Self::start_with(api, config, slim, None)
+        let (store, writer) = reflector::store::<K>();
+        Self::spawn(api, config, slim, store, writer, None)
     }
 
     /// [`Informer::start`], also keeping an [`Index`] of the cache by `key`.
@@ -172,19 +172,21 @@ where
         config: watcher::Config,
         slim: fn(&mut K),
         key: IndexKey<K>,
-    ) -> Self {
-        Self::start_with(api, config, slim, Some(key))
+    ) -> (Self, Index<K>) {
+        let (store, writer) = reflector::store::<K>();
+        let index = Index::new(store.clone(), key);
+        let informer = Self::spawn(api, config, slim, store, writer, Some(index.clone()));
+        (informer, index)
     }
 
-    fn start_with(
+    fn spawn(
         api: Api<K>,
         config: watcher::Config,
         slim: fn(&mut K),
-        key: Option<IndexKey<K>>,
+        store: Store<K>,
+        writer: reflector::store::Writer<K>,
+        indexer: Option<Index<K>>,
     ) -> Self {
-        let (store, writer) = reflector::store::<K>();
-        let index = key.map(|key| Index::new(store.clone(), key));
-        let indexer = index.clone();
         let subscribers: Subscribers<K> = Arc::default();
         let fan_out = subscribers.clone();
         let kind = K::kind(&()).into_owned();
@@ -224,14 +226,8 @@ where
         Self {
             store,
             subscribers,
-            index,
             task,
         }
-    }
-
-    /// The index, when started with [`Informer::start_indexed`].
-    pub fn index(&self) -> Option<Index<K>> {
-        self.index.clone()
     }
 
     /// The cache (read-only view).

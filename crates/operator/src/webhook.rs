@@ -545,19 +545,30 @@ fn check_target(req: &AdmissionRequest<DynamicObject>) -> Result<bool, String> {
     Ok(relevant)
 }
 
+/// The object both webhooks look at, or the answer when there is nothing to look at: a
+/// request for another resource is denied, a subresource or DELETE is allowed unchanged,
+/// and a missing object is denied.
+fn object_to_review(review: &DecodedReview) -> Result<&Value, Box<AdmissionResponse>> {
+    let req = &review.request;
+    match check_target(req) {
+        Err(message) => return Err(Box::new(deny_request(req, message))),
+        Ok(false) => return Err(Box::new(AdmissionResponse::from(req))),
+        Ok(true) => {}
+    }
+    review.object.as_ref().ok_or_else(|| {
+        Box::new(deny_request(
+            req,
+            format!("request.object is required for {:?}", req.operation),
+        ))
+    })
+}
+
 /// The defaulting webhook: the CRD schema's defaults as a JSON patch.
 pub fn mutate(review: &DecodedReview) -> AdmissionResponse {
     let req = &review.request;
-    match check_target(req) {
-        Err(message) => return deny_request(req, message),
-        Ok(false) => return AdmissionResponse::from(req),
-        Ok(true) => {}
-    }
-    let Some(object) = review.object.as_ref() else {
-        return deny_request(
-            req,
-            format!("request.object is required for {:?}", req.operation),
-        );
+    let object = match object_to_review(review) {
+        Ok(object) => object,
+        Err(answer) => return *answer,
     };
     // Only what can be understood is defaulted; structural problems are answered here
     // (mutating webhooks run first) with the same field errors the validator gives.
@@ -579,16 +590,9 @@ pub fn mutate(review: &DecodedReview) -> AdmissionResponse {
 /// The validating webhook.
 pub fn validate(review: &DecodedReview, default_image: &str) -> AdmissionResponse {
     let req = &review.request;
-    match check_target(req) {
-        Err(message) => return deny_request(req, message),
-        Ok(false) => return AdmissionResponse::from(req),
-        Ok(true) => {}
-    }
-    let Some(object) = review.object.as_ref() else {
-        return deny_request(
-            req,
-            format!("request.object is required for {:?}", req.operation),
-        );
+    let object = match object_to_review(review) {
+        Ok(object) => object,
+        Err(answer) => return *answer,
     };
     let name = object_name(req, object);
     let mut mc = match decode_memcached(object) {

@@ -179,20 +179,35 @@ async fn concurrency_is_bounded_and_one_object_never_reconciles_twice_at_once() 
     assert_eq!(counters.same_object_overlaps(), 0);
 }
 
-#[tokio::test]
-async fn status_and_metadata_churn_do_not_trigger_reconciles() {
-    let (_server, client) = cluster(&[]).await;
+/// A controller counting its reconciles, with one Memcached converged and quiet.
+async fn settled(
+    name: &str,
+    size: usize,
+) -> (
+    ApiServer,
+    Client,
+    Arc<ReconcileCounters>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let (server, client) = cluster(&[]).await;
     let counters = Arc::new(ReconcileCounters::default());
-    let _stop = spawn(
+    let stop = spawn(
         &client,
         ControllerConfig {
             counters: counters.clone(),
             ..ControllerConfig::default()
         },
     );
-    apply(&client, "default", "calm", 1).await;
-    converged(&client, "default", "calm", 1).await;
+    apply(&client, "default", name, size as i32).await;
+    converged(&client, "default", name, size).await;
+    // Let the last status write's watch event and anything it triggers settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    (server, client, counters, stop)
+}
+
+#[tokio::test]
+async fn status_and_metadata_churn_do_not_trigger_reconciles() {
+    let (_server, client, counters, _stop) = settled("calm", 1).await;
     let before = counters.reconciles();
 
     let api: Api<Memcached> = Api::default_namespaced(client.clone());
@@ -226,18 +241,7 @@ async fn status_and_metadata_churn_do_not_trigger_reconciles() {
 
 #[tokio::test]
 async fn status_churn_of_owned_objects_that_cannot_change_the_outcome_is_filtered() {
-    let (_server, client) = cluster(&[]).await;
-    let counters = Arc::new(ReconcileCounters::default());
-    let _stop = spawn(
-        &client,
-        ControllerConfig {
-            counters: counters.clone(),
-            ..ControllerConfig::default()
-        },
-    );
-    apply(&client, "default", "churned", 2).await;
-    converged(&client, "default", "churned", 2).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_server, client, counters, _stop) = settled("churned", 2).await;
     let before = counters.reconciles();
 
     use k8s_openapi::api::core::v1::{Pod, Service};
