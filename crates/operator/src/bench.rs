@@ -213,13 +213,15 @@ async fn create_crs(
 /// creates for it (Deployment, Service, headless Service and, from size 2, the
 /// PodDisruptionBudget, all from the operator's own builders) and one status patch (the
 /// operator's own status function).
-async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<Duration> {
+/// Returns the time taken and the CPU time this process (server and client) used.
+async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Duration, Duration)> {
     let api = env.memcacheds();
     let crs = create_crs(&api, (0..n).map(cr_name).collect(), concurrency).await?;
     let settings = BuildSettings::default();
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
     let services: Api<Service> = Api::namespaced(env.client.clone(), &env.namespace);
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
+    let cpu_before = cpu_time(std::process::id());
     let started = Instant::now();
     futures::stream::iter(crs)
         .map(|mc| {
@@ -257,7 +259,10 @@ async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<Dura
         .buffer_unordered(concurrency.max(1))
         .try_collect::<Vec<()>>()
         .await?;
-    Ok(started.elapsed())
+    Ok((
+        started.elapsed(),
+        cpu_time(std::process::id()).saturating_sub(cpu_before),
+    ))
 }
 
 /// Resident and peak memory of a process, in KiB, from `/proc/PID/status`.
@@ -615,6 +620,8 @@ struct Row {
     n: usize,
     reconciles: u16,
     bound: Option<Duration>,
+    /// CPU time of this process (API server, simulator, client) during the bound.
+    bound_cpu: Duration,
     create_crs: Duration,
     children_and_status: Duration,
     pods_ready: Duration,
@@ -622,6 +629,14 @@ struct Row {
     /// Requests from the start of the creation until children + status (every client).
     converging: Option<Requests>,
     steady_cpu: Duration,
+    /// CPU time while converging: the operator, and this process (the in-memory API server,
+    /// its simulator and the bench's clients).
+    converging_cpu: (Duration, Duration),
+    /// The N Memcacheds created before the operator starts: from its start to children +
+    /// status for all (start-up and cache sync included), the writes, and the CPU.
+    catch_up: Option<Duration>,
+    catch_up_requests: Option<Requests>,
+    catch_up_cpu: (Duration, Duration),
     latency_idle: Latency,
     latency_load: Latency,
     rss_idle: u64,
@@ -669,7 +684,62 @@ async fn operator_run(
     let env = Env::new(args, dir, "op").await?;
     let result = operator_phases(args, &env, dir, n, reconciles, row).await;
     env.cleanup().await;
+    drop(env);
+    result?;
+    let env = Env::new(args, dir, "catchup").await?;
+    let result = catch_up(args, &env, dir, n, reconciles, row).await;
+    env.cleanup().await;
     result
+}
+
+/// The same work as the raw-write bound starts from: N Memcacheds that already exist. The
+/// operator is started after they are created; timed from its start (process start-up and
+/// the caches' first list included) until every one has its children and status.
+async fn catch_up(
+    args: &BenchArgs,
+    env: &Env,
+    dir: &Path,
+    n: usize,
+    reconciles: u16,
+    row: &mut Row,
+) -> Result<()> {
+    create_crs(
+        &env.memcacheds(),
+        (0..n).map(cr_name).collect(),
+        args.concurrency,
+    )
+    .await?;
+    let (progress, tracker) = track(env, n);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(server) = &env.server {
+        server.reset_request_counts();
+    }
+    let bench_cpu = cpu_time(std::process::id());
+    let started = Instant::now();
+    let mut op = Operator::start(args, env, dir, reconciles).await?;
+    let at = wait_progress(&progress, &mut op, args.timeout, "catch-up", |p| {
+        p.children_and_status_at
+    })
+    .await?;
+    row.catch_up = Some(at - started);
+    row.catch_up_cpu = (
+        cpu_time(op.pid()),
+        cpu_time(std::process::id()).saturating_sub(bench_cpu),
+    );
+    if let Some(server) = &env.server {
+        let counts = server.request_counts();
+        row.catch_up_requests = Some(Requests {
+            by_verb: counts.by_verb(),
+            writes: counts.writes(),
+        });
+    }
+    tracker.abort();
+    let _ = tracker.await;
+    log(format!(
+        "N={n}: operator started after the CRs existed: children and status in {}",
+        secs(at - started)
+    ));
+    Ok(())
 }
 
 async fn operator_phases(
@@ -713,6 +783,7 @@ async fn operator_phases(
         server.reset_request_counts();
     }
     let started = Instant::now();
+    let cpu_before = (cpu_time(op.pid()), cpu_time(std::process::id()));
     let create = async {
         let created = create_crs(&api, (0..n).map(cr_name).collect(), args.concurrency).await;
         (created, started.elapsed())
@@ -739,6 +810,10 @@ async fn operator_phases(
     )
     .await?;
     row.children_and_status = at - started;
+    row.converging_cpu = (
+        cpu_time(op.pid()).saturating_sub(cpu_before.0),
+        cpu_time(std::process::id()).saturating_sub(cpu_before.1),
+    );
     if let Some(server) = &env.server {
         let counts = server.request_counts();
         row.converging = Some(Requests {
@@ -842,6 +917,9 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
         ),
         &|r| r.bound.map(secs).unwrap_or_else(|| "–".into()),
     );
+    line("  CPU: API server + simulator + client", &|r| {
+        secs(r.bound_cpu)
+    });
     line("creating the N Memcacheds (client)", &|r| {
         secs(r.create_crs)
     });
@@ -856,6 +934,33 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
             .as_ref()
             .map(|s| format!("{} ({})", s.show(), s.writes))
             .unwrap_or_else(|| "n/a".into())
+    });
+    line(
+        "CPU while converging: operator / API server + simulator + clients",
+        &|r| {
+            format!(
+                "{} / {}",
+                secs(r.converging_cpu.0),
+                secs(r.converging_cpu.1)
+            )
+        },
+    );
+    line(
+        "catch-up: CRs created first, operator started → children + status",
+        &|r| r.catch_up.map(secs).unwrap_or_else(|| "–".into()),
+    );
+    line("  ratio to the bound", &|r| match r.catch_up {
+        Some(c) => ratio(c, r.bound),
+        None => "–".into(),
+    });
+    line("  requests (writes)", &|r| {
+        r.catch_up_requests
+            .as_ref()
+            .map(|s| format!("{} ({})", s.show(), s.writes))
+            .unwrap_or_else(|| "n/a".into())
+    });
+    line("  CPU: operator / API server + simulator + clients", &|r| {
+        format!("{} / {}", secs(r.catch_up_cpu.0), secs(r.catch_up_cpu.1))
     });
     line("convergence: all pods ready in status", &|r| {
         secs(r.pods_ready)
@@ -915,22 +1020,22 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 async fn run_in(args: &BenchArgs, dir: &Path) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &n in &args.n {
-        let bound = if args.skip_bound {
-            None
+        let (bound, bound_cpu) = if args.skip_bound {
+            (None, Duration::ZERO)
         } else {
             let started = Instant::now();
             let env = Env::new(args, dir, "raw").await?;
             let bound = raw_write_bound(&env, n, args.concurrency).await;
             env.cleanup().await;
             drop(env);
-            let bound = bound?;
+            let (bound, cpu) = bound?;
             log(format!(
                 "N={n}: raw-write bound {} ({} in flight; phase took {})",
                 secs(bound),
                 args.concurrency,
                 secs(started.elapsed())
             ));
-            Some(bound)
+            (Some(bound), cpu)
         };
         for &reconciles in &args.max_concurrent_reconciles {
             let started = Instant::now();
@@ -938,6 +1043,7 @@ async fn run_in(args: &BenchArgs, dir: &Path) -> Result<Vec<Row>> {
                 n,
                 reconciles,
                 bound,
+                bound_cpu,
                 ..Row::default()
             };
             operator_run(args, dir, n, reconciles, &mut row).await?;

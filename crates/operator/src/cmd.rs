@@ -39,6 +39,12 @@ pub struct RunArgs {
     /// with no gain beyond (BENCHMARKS.md); idle cost is nil.
     #[arg(long, default_value_t = 16)]
     pub max_concurrent_reconciles: u16,
+    /// How long a Memcached's status may lag its pods: changes that only move the status
+    /// (a pod turned Ready, got an IP) are batched per Memcached over this window, so a new
+    /// Memcached's status is written about twice instead of once per pod change. Edits and
+    /// deletions of its children are repaired at once regardless. `0s` disables batching.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub status_batch_window: Duration,
     /// How often converged objects are checked again (they cost no writes).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub resync_period: Duration,
@@ -289,6 +295,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         },
         concurrency: args.max_concurrent_reconciles,
         resync: args.resync_period,
+        status_batch: args.status_batch_window,
         instance: std::env::var("POD_NAME").ok(),
         telemetry: Some(telemetry),
         ..ControllerConfig::default()

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -36,6 +37,7 @@ use crate::builders::{
 use crate::drift;
 use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
+use crate::triggers::{self, Classifier, Urgency};
 
 /// Name under which the controller reports events and metrics.
 pub const CONTROLLER_NAME: &str = "memcached";
@@ -77,6 +79,9 @@ pub struct ControllerConfig {
     pub concurrency: u16,
     /// How often a converged object is looked at again, as a safety net for missed events.
     pub resync: Duration,
+    /// Window over which status-only changes of a Memcached's children are batched into
+    /// one reconcile (see [`crate::triggers`]); zero reconciles on each.
+    pub status_batch: Duration,
     pub backoff: Backoff,
     /// Reported as the events' `reportingInstance` (the pod name in a cluster).
     pub instance: Option<String>,
@@ -143,6 +148,7 @@ impl Default for ControllerConfig {
             build: BuildSettings::default(),
             concurrency: 16,
             resync: Duration::from_secs(300),
+            status_batch: Duration::from_secs(1),
             backoff: Backoff::default(),
             instance: None,
             counters: Arc::default(),
@@ -271,30 +277,96 @@ impl Context {
         failures.remove(key);
     }
 
-    async fn publish(
-        &self,
-        mc: &Memcached,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: action.to_string(),
-            secondary: None,
-        };
+    fn publish(&self, mc: &Memcached, type_: EventType, reason: &str, action: &str, note: String) {
+        self.publish_event(
+            mc,
+            Event {
+                type_,
+                reason: reason.to_string(),
+                note: Some(truncate(note, EVENT_NOTE_MAX)),
+                action: action.to_string(),
+                secondary: None,
+            },
+        );
+    }
+
+    fn publish_event(&self, mc: &Memcached, event: Event) {
         // Events are informational: publish them off the reconcile's critical path.
         let (recorder, reference) = (self.recorder.clone(), mc.object_ref(&()));
-        let reason = reason.to_string();
         tokio::spawn(async move {
             if let Err(e) = recorder.publish(&event, &reference).await {
-                warn!(error = %e, reason, "could not publish event");
+                warn!(error = %e, reason = event.reason, "could not publish event");
             }
         });
     }
+}
+
+/// What one reconcile changed, published as a single event when it ends: a new Memcached
+/// gets one "Created Deployment …; Created Service …; …" event instead of one per child,
+/// which saves the API server three writes per object.
+#[derive(Default)]
+struct Changes(Vec<Change>);
+
+struct Change {
+    reason: &'static str,
+    action: String,
+    note: String,
+}
+
+/// The API server rejects an event note longer than 1 KiB.
+const EVENT_NOTE_MAX: usize = 1024;
+
+impl Changes {
+    fn push(&mut self, reason: &'static str, action: String, note: String) {
+        self.0.push(Change {
+            reason,
+            action,
+            note,
+        });
+    }
+
+    /// One Normal event for everything in `self` (none if nothing changed). A single change
+    /// keeps its own reason and action; several are reported under the first one's reason
+    /// with the action `Reconcile`, their notes joined by "; ".
+    fn into_event(self) -> Option<Event> {
+        let mut changes = self.0.into_iter();
+        let first = changes.next()?;
+        let rest: Vec<Change> = changes.collect();
+        if rest.is_empty() {
+            return Some(Event {
+                type_: EventType::Normal,
+                reason: first.reason.to_string(),
+                note: Some(truncate(first.note, EVENT_NOTE_MAX)),
+                action: first.action,
+                secondary: None,
+            });
+        }
+        let note = std::iter::once(first.note)
+            .chain(rest.into_iter().map(|c| c.note))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Some(Event {
+            type_: EventType::Normal,
+            reason: first.reason.to_string(),
+            note: Some(truncate(note, EVENT_NOTE_MAX)),
+            action: "Reconcile".to_string(),
+            secondary: None,
+        })
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary, marked with "…" when cut.
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+    text
 }
 
 fn object_key(mc: &Memcached) -> String {
@@ -446,7 +518,14 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     let counters = &ctx.config.counters;
     counters.start(&key);
     let span = tracing::info_span!("reconcile", object = %object_key(&mc));
-    let result = reconcile_inner(&mc, &ctx).instrument(span).await;
+    let mut changes = Changes::default();
+    let result = reconcile_inner(&mc, &ctx, &mut changes)
+        .instrument(span)
+        .await;
+    // What was changed is reported even when a later step failed.
+    if let Some(event) = changes.into_event() {
+        ctx.publish_event(&mc, event);
+    }
     drop(timer);
     counters.finish(&key, result.is_err());
     if let Some(t) = telemetry {
@@ -476,14 +555,17 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
                 "ReconcileFailed",
                 "Reconcile",
                 err.to_string(),
-            )
-            .await;
+            );
         }
     }
     result
 }
 
-async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_inner(
+    mc: &Memcached,
+    ctx: &Context,
+    changes: &mut Changes,
+) -> Result<Action, Error> {
     if mc.metadata.deletion_timestamp.is_some() {
         // Owned objects go with the CR through ownerReference garbage collection.
         return Ok(Action::await_change());
@@ -500,8 +582,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
             message: message.clone(),
         };
         if record_problem(ctx, mc, problem).await? {
-            ctx.publish(mc, EventType::Warning, "InvalidSpec", "Validate", message)
-                .await;
+            ctx.publish(mc, EventType::Warning, "InvalidSpec", "Validate", message);
         }
         // Retrying cannot help: wait for the user to change the object.
         return Ok(Action::await_change());
@@ -520,8 +601,7 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
                     &problem.reason,
                     "ReadSecret",
                     problem.message,
-                )
-                .await;
+                );
             }
             // Secrets are not watched (that would cache every Secret of the namespace), so
             // look again soon.
@@ -545,38 +625,29 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
             Applied::Unchanged(live) => live,
             Applied::Created(after) => {
                 info!(object, replicas = want_replicas, "created Deployment");
-                ctx.publish(
-                    mc,
-                    EventType::Normal,
+                changes.push(
                     "Created",
-                    "CreateDeployment",
+                    "CreateDeployment".into(),
                     format!("Created Deployment {name} with {want_replicas} replicas"),
-                )
-                .await;
+                );
                 Arc::new(after)
             }
             Applied::Updated { before, after } => {
                 let had = replicas(&before);
                 if had != want_replicas {
                     info!(object, from = had, to = want_replicas, "scaled Deployment");
-                    ctx.publish(
-                        mc,
-                        EventType::Normal,
+                    changes.push(
                         "Scaled",
-                        "ScaleDeployment",
+                        "ScaleDeployment".into(),
                         format!("Scaled Deployment {name} from {had} to {want_replicas} replicas"),
-                    )
-                    .await;
+                    );
                 } else {
                     info!(object, "updated Deployment");
-                    ctx.publish(
-                        mc,
-                        EventType::Normal,
+                    changes.push(
                         "Updated",
-                        "UpdateDeployment",
+                        "UpdateDeployment".into(),
                         format!("Updated Deployment {name} to the desired spec"),
-                    )
-                    .await;
+                    );
                 }
                 Arc::new(after)
             }
@@ -587,19 +658,19 @@ async fn reconcile_inner(mc: &Memcached, ctx: &Context) -> Result<Action, Error>
         builders::desired_headless_service(mc).map_err(build("Service"))?,
     ] {
         let applied = apply_if_changed(&ctx.client, &ctx.services, desired, "Service").await?;
-        report_child(ctx, mc, "Service", &applied).await;
+        report_child(changes, mc, "Service", &applied);
     }
 
     match builders::desired_pdb(mc).map_err(build("PodDisruptionBudget"))? {
         Some(desired) => {
             let applied =
                 apply_if_changed(&ctx.client, &ctx.pdbs, desired, "PodDisruptionBudget").await?;
-            report_child(ctx, mc, "PodDisruptionBudget", &applied).await;
+            report_child(changes, mc, "PodDisruptionBudget", &applied);
         }
-        None => delete_if_cached::<PodDisruptionBudget>(ctx, mc, &ctx.pdbs, &name).await?,
+        None => delete_if_cached::<PodDisruptionBudget>(ctx, changes, mc, &ctx.pdbs, &name).await?,
     }
 
-    reconcile_service_monitor(ctx, mc, &namespace, &name).await?;
+    reconcile_service_monitor(ctx, changes, mc, &namespace, &name).await?;
     let observed = Observed {
         deployment: Some(deployment.as_ref()),
         pods: observed_pods(&ctx.pod_index, &namespace, &name),
@@ -671,9 +742,9 @@ async fn referenced_secrets(
     Ok(Ok(versions))
 }
 
-/// Logs and records an event for a child that was created or updated.
-async fn report_child<T: Resource>(
-    ctx: &Context,
+/// Logs and notes for the reconcile's event a child that was created or updated.
+fn report_child<T: Resource>(
+    changes: &mut Changes,
     mc: &Memcached,
     kind: &str,
     applied: &Applied<T>,
@@ -689,19 +760,13 @@ async fn report_child<T: Resource>(
         Applied::Updated { .. } => format!("{verb} {kind} {child} to the desired spec"),
         _ => format!("{verb} {kind} {child}"),
     };
-    ctx.publish(
-        mc,
-        EventType::Normal,
-        reason,
-        &format!("{verb}{kind}"),
-        note,
-    )
-    .await;
+    changes.push(reason, format!("{verb}{kind}"), note);
 }
 
 /// Deletes our child `name` of kind `K` if the cache has it (so a resync costs no call).
 async fn delete_if_cached<K>(
     ctx: &Context,
+    changes: &mut Changes,
     mc: &Memcached,
     cache: &Store<K>,
     name: &str,
@@ -724,14 +789,11 @@ where
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {
             info!(object = %object_key(mc), kind, name, "deleted");
-            ctx.publish(
-                mc,
-                EventType::Normal,
+            changes.push(
                 "Deleted",
-                &format!("Delete{kind}"),
+                format!("Delete{kind}"),
                 format!("Deleted {kind} {name}: no longer needed"),
-            )
-            .await;
+            );
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
@@ -779,6 +841,7 @@ async fn service_monitors_served(ctx: &Context) -> bool {
 /// installed; deletes ours when the exporter is switched off.
 async fn reconcile_service_monitor(
     ctx: &Context,
+    changes: &mut Changes,
     mc: &Memcached,
     namespace: &str,
     name: &str,
@@ -823,14 +886,11 @@ async fn reconcile_service_monitor(
                 .await
                 .map_err(err)?;
             let verb = if live.is_some() { "Updated" } else { "Created" };
-            ctx.publish(
-                mc,
-                EventType::Normal,
+            changes.push(
                 verb,
-                &format!("{verb}ServiceMonitor"),
+                format!("{verb}ServiceMonitor"),
                 format!("{verb} ServiceMonitor {name}"),
-            )
-            .await;
+            );
         }
         None if ours => match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {}
@@ -899,23 +959,27 @@ fn slim_pod(pod: &mut Pod) {
 }
 
 /// Hash of what the reconciler reads of an owned object's metadata: labels and
-/// annotations (the drift check), ownership and deletion.
+/// annotations (the drift check) and ownership. Deletion is seen by the classifier itself.
 fn metadata_outcome<K: Resource>(obj: &K, hasher: &mut DefaultHasher) {
     let meta = obj.meta();
     meta.labels.hash(hasher);
     meta.annotations.hash(hasher);
-    meta.deletion_timestamp.is_some().hash(hasher);
     for owner in meta.owner_references.iter().flatten() {
         owner.uid.hash(hasher);
     }
 }
 
-/// The Deployment's spec (through its generation) and the status fields the Memcached's
-/// status is computed from.
-fn deployment_outcome(d: &Deployment) -> Option<u64> {
+/// A Deployment's metadata and spec (through its generation): a change is drift.
+fn deployment_spec(d: &Deployment) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(d, &mut h);
     d.metadata.generation.hash(&mut h);
+    h.finish()
+}
+
+/// The Deployment status fields the Memcached's status is computed from.
+fn deployment_status(d: &Deployment) -> u64 {
+    let mut h = DefaultHasher::new();
     if let Some(s) = &d.status {
         (
             s.observed_generation,
@@ -926,40 +990,71 @@ fn deployment_outcome(d: &Deployment) -> Option<u64> {
         )
             .hash(&mut h);
     }
-    Some(h.finish())
+    h.finish()
 }
 
-/// A Service's spec (Services have no generation); its status is never read.
-fn service_outcome(s: &Service) -> Option<u64> {
+/// A Service's metadata and spec (Services have no generation).
+fn service_spec(s: &Service) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(s, &mut h);
     serde_json::to_string(&s.spec)
         .unwrap_or_default()
         .hash(&mut h);
-    Some(h.finish())
+    h.finish()
 }
 
-/// A budget's spec (through its generation); its disruption counts are never read.
-fn pdb_outcome(p: &PodDisruptionBudget) -> Option<u64> {
+/// A budget's metadata and spec (through its generation).
+fn pdb_spec(p: &PodDisruptionBudget) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(p, &mut h);
     p.metadata.generation.hash(&mut h);
-    Some(h.finish())
+    h.finish()
 }
 
-/// What `status.nodes` and `status.endpoints` are made of: the pod's name, labels,
-/// deletion, IP and readiness (not restarts, container states or other conditions).
-fn pod_outcome(p: &Pod) -> Option<u64> {
+/// Status the reconciler never reads (a Service's load balancer, a budget's disruption
+/// counts): no change to it triggers anything.
+fn unread_status<K>(_: &K) -> u64 {
+    0
+}
+
+/// A pod's labels decide which Memcached it counts for.
+fn pod_spec(p: &Pod) -> u64 {
     let mut h = DefaultHasher::new();
     p.metadata.labels.hash(&mut h);
-    p.metadata.deletion_timestamp.is_some().hash(&mut h);
+    h.finish()
+}
+
+/// What `status.nodes` and `status.endpoints` are made of besides the name: the pod's IP
+/// and readiness (not restarts, container states or other conditions).
+fn pod_status(p: &Pod) -> u64 {
+    let mut h = DefaultHasher::new();
     let status = p.status.as_ref();
     status.and_then(|s| s.pod_ip.as_ref()).hash(&mut h);
     status
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         .hash(&mut h);
-    Some(h.finish())
+    h.finish()
+}
+
+/// The owners to wake for changes in `children`, with how soon (see [`crate::triggers`]).
+fn owner_triggers<K>(
+    children: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    mut classifier: Classifier<K>,
+    owner: fn(&K) -> Option<ObjectRef<Memcached>>,
+) -> BoxStream<'static, (ObjectRef<Memcached>, Urgency)>
+where
+    K: Resource<DynamicType = ()> + Send + 'static,
+{
+    children
+        .filter_map(move |child| {
+            let trigger = child.ok().and_then(|child| {
+                let urgency = classifier.classify(&child)?;
+                Some((owner(&child)?, urgency))
+            });
+            futures::future::ready(trigger)
+        })
+        .boxed()
 }
 
 /// The informers the controller reads from, for one scope (a namespace or the cluster).
@@ -1041,10 +1136,6 @@ pub async fn run_controller(
                 q1(Some(ObjectRef::from_obj(mc)));
             }
         });
-    let q2 = queued.clone();
-    let q3 = queued.clone();
-    let q4 = queued.clone();
-    let q5 = queued;
 
     let reporter = Reporter {
         controller: MANAGED_BY.to_string(),
@@ -1065,28 +1156,33 @@ pub async fn run_controller(
 
     // Owned objects trigger a reconcile only when something the reconciler reads changed
     // (status churn it never reads, such as a Service's load balancer status or a budget's
-    // disruption counts, is filtered).
-    let deployments = caches
-        .deployments
-        .subscribe()
-        .predicate_filter(deployment_outcome, Default::default());
-    let services = caches
-        .services
-        .subscribe()
-        .predicate_filter(service_outcome, Default::default());
-    let pods = caches
-        .pods
-        .subscribe()
-        .predicate_filter(pod_outcome, Default::default());
-    let pdbs = caches
-        .pdbs
-        .subscribe()
-        .predicate_filter(pdb_outcome, Default::default());
+    // disruption counts, is filtered); edits and deletions at once, status moves batched.
+    let children = futures::stream::select_all([
+        owner_triggers(
+            caches.deployments.subscribe(),
+            Classifier::new(deployment_spec, deployment_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.services.subscribe(),
+            Classifier::new(service_spec, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.pdbs.subscribe(),
+            Classifier::new(pdb_spec, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.pods.subscribe(),
+            Classifier::new(pod_spec, pod_status),
+            pod_owner,
+        ),
+    ]);
+    let children = triggers::batch(children, config.status_batch)
+        .filter_map(move |key| futures::future::ready(queued(Some(key))));
     Controller::for_stream(memcacheds, caches.memcacheds.store())
-        .watches_stream(deployments, move |d: Deployment| q2(controller_owner(&d)))
-        .watches_stream(services, move |s: Service| q3(controller_owner(&s)))
-        .watches_stream(pods, move |p: Pod| q4(pod_owner(&p)))
-        .watches_stream(pdbs, move |p: PodDisruptionBudget| q5(controller_owner(&p)))
+        .reconcile_on(children)
         .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -1123,5 +1219,61 @@ mod tests {
         assert_eq!(b.delay(5), Duration::from_secs(4));
         assert_eq!(b.delay(20), Duration::from_secs(300));
         assert_eq!(b.delay(u32::MAX), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn one_event_per_reconcile_names_every_change() {
+        assert!(
+            Changes::default().into_event().is_none(),
+            "no change, no event"
+        );
+
+        let mut one = Changes::default();
+        one.push(
+            "Scaled",
+            "ScaleDeployment".into(),
+            "Scaled Deployment a from 1 to 2 replicas".into(),
+        );
+        let event = one.into_event().expect("an event");
+        assert_eq!(
+            (event.reason.as_str(), event.action.as_str()),
+            ("Scaled", "ScaleDeployment")
+        );
+
+        let mut created = Changes::default();
+        created.push(
+            "Created",
+            "CreateDeployment".into(),
+            "Created Deployment a with 3 replicas".into(),
+        );
+        created.push(
+            "Created",
+            "CreatedService".into(),
+            "Created Service a".into(),
+        );
+        created.push(
+            "Created",
+            "CreatedPodDisruptionBudget".into(),
+            "Created PodDisruptionBudget a".into(),
+        );
+        let event = created.into_event().expect("an event");
+        assert_eq!(event.reason, "Created");
+        assert_eq!(event.action, "Reconcile");
+        assert_eq!(
+            event.note.as_deref(),
+            Some(
+                "Created Deployment a with 3 replicas; Created Service a; \
+                 Created PodDisruptionBudget a"
+            )
+        );
+    }
+
+    #[test]
+    fn event_notes_fit_the_api_limit_on_a_character_boundary() {
+        let long = "é".repeat(EVENT_NOTE_MAX);
+        let cut = truncate(long, EVENT_NOTE_MAX);
+        assert!(cut.len() <= EVENT_NOTE_MAX, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(truncate("short".into(), EVENT_NOTE_MAX), "short");
     }
 }

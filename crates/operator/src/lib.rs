@@ -13,4 +13,5 @@ pub mod informer;
 pub mod manifests;
 pub mod rbac;
 pub mod status;
+pub mod triggers;
 pub mod webhook;

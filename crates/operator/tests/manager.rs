@@ -98,18 +98,26 @@ impl Cluster {
     }
 
     /// `reportingInstance`s of the events about `name` whose note contains `text`.
+    /// The `reportingInstance` of every event about `name` whose note contains `text`,
+    /// waiting for at least one (events are published after the reconcile that caused them).
     async fn reporters(&self, name: &str, text: &str) -> Vec<String> {
         let events: Api<Event> = Api::default_namespaced(self.server.client());
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .expect("events list");
-        list.items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(text)))
-            .filter_map(|e| e.reporting_instance)
-            .collect()
+        wait_for_within(
+            &format!("an event about {name} saying {text:?}"),
+            Duration::from_secs(10),
+            || async {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                let reporters: Vec<String> = list
+                    .items
+                    .into_iter()
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                    .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(text)))
+                    .filter_map(|e| e.reporting_instance)
+                    .collect();
+                (!reporters.is_empty()).then_some(reporters)
+            },
+        )
+        .await
     }
 
     async fn apply(&self, name: &str, size: i32) {
