@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
@@ -34,6 +33,7 @@ use crate::builders::{
     self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_INSTANCE,
     LABEL_MANAGED_BY, MANAGED_BY, SecretVersions,
 };
+use crate::cached::{CacheForm, CachedDeployment, CachedPod};
 use crate::drift;
 use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
@@ -254,11 +254,11 @@ pub struct Context {
     pub client: Client,
     pub config: ControllerConfig,
     pub memcacheds: Store<Memcached>,
-    pub deployments: Store<Deployment>,
+    pub deployments: Store<CachedDeployment>,
     pub services: Store<Service>,
     pub pdbs: Store<PodDisruptionBudget>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
-    pub pod_index: Index<Pod>,
+    pub pod_index: Index<CachedPod>,
     recorder: Recorder,
     service_monitors: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
@@ -391,30 +391,24 @@ enum Applied<T> {
     Updated { before: Arc<T>, after: T },
 }
 
-async fn apply_if_changed<T>(
+async fn apply_if_changed<C: CacheForm>(
     client: &Client,
-    cache: &Store<T>,
-    desired: T,
+    cache: &Store<C>,
+    desired: C::Full,
     kind: &'static str,
-) -> Result<Applied<T>, Error>
-where
-    T: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
+) -> Result<Applied<C>, Error> {
     let desired = with_hash(desired);
     let name = desired.name_any();
     let namespace = desired.namespace().ok_or(Error::NoNamespace)?;
     let key = ObjectRef::new(&name).within(&namespace);
     let live = cache.get(&key);
-    if drift::is_converged(&desired, live.as_deref())
-        && let Some(live) = live
+    if let Some(live) = live.as_ref()
+        && let (Ok(want), Some(have)) = (serde_json::to_value(&desired), live.live_json())
+        && drift::is_converged(&want, Some(&have))
     {
-        return Ok(Applied::Unchanged(live));
+        return Ok(Applied::Unchanged(live.clone()));
     }
-    let api: Api<T> = Api::namespaced(client.clone(), &namespace);
+    let api: Api<C::Full> = Api::namespaced(client.clone(), &namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let after = api
         .patch(&name, &params, &Patch::Apply(&desired))
@@ -424,18 +418,15 @@ where
             object: format!("{namespace}/{name}"),
             source,
         })?;
+    let after = C::from_full(after);
     Ok(match live {
         None => Applied::Created(after),
         Some(before) => Applied::Updated { before, after },
     })
 }
 
-fn replicas(d: &Deployment) -> i32 {
-    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
-}
-
 /// Index key of a pod: the Memcached it belongs to, as `namespace/instance`.
-fn pod_index_key(pod: &Pod) -> Option<String> {
+fn pod_index_key(pod: &CachedPod) -> Option<String> {
     Some(format!(
         "{}/{}",
         pod.metadata.namespace.as_deref()?,
@@ -444,19 +435,14 @@ fn pod_index_key(pod: &Pod) -> Option<String> {
 }
 
 /// The live pods of `mc` in the pod cache.
-fn observed_pods(pods: &Index<Pod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
+fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
     pods.get(&format!("{namespace}/{name}"))
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let status = p.status.as_ref();
-            ObservedPod {
-                name: p.name_any(),
-                ip: status.and_then(|s| s.pod_ip.clone()),
-                ready: status
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-            }
+        .map(|p| ObservedPod {
+            name: p.name_any(),
+            ip: p.ip.clone(),
+            ready: p.ready,
         })
         .collect()
 }
@@ -492,9 +478,10 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
     let name = mc.name_any();
     let deployment = ctx
         .deployments
-        .get(&ObjectRef::new(&name).within(&namespace));
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .map(|d| d.without_spec());
     let observed = Observed {
-        deployment: deployment.as_deref(),
+        deployment: deployment.as_ref(),
         pods: observed_pods(&ctx.pod_index, &namespace, &name),
         problem: Some(problem),
     };
@@ -619,7 +606,7 @@ async fn reconcile_inner(
     };
     let desired = builders::desired_deployment_with(mc, &ctx.config.build, &secrets)
         .map_err(build("Deployment"))?;
-    let want_replicas = replicas(&desired);
+    let want_replicas = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let deployment =
         match apply_if_changed(&ctx.client, &ctx.deployments, desired, "Deployment").await? {
             Applied::Unchanged(live) => live,
@@ -633,7 +620,7 @@ async fn reconcile_inner(
                 Arc::new(after)
             }
             Applied::Updated { before, after } => {
-                let had = replicas(&before);
+                let had = before.replicas.unwrap_or(1);
                 if had != want_replicas {
                     info!(object, from = had, to = want_replicas, "scaled Deployment");
                     changes.push(
@@ -671,8 +658,9 @@ async fn reconcile_inner(
     }
 
     reconcile_service_monitor(ctx, changes, mc, &namespace, &name).await?;
+    let deployment = deployment.without_spec();
     let observed = Observed {
-        deployment: Some(deployment.as_ref()),
+        deployment: Some(&deployment),
         pods: observed_pods(&ctx.pod_index, &namespace, &name),
         problem: None,
     };
@@ -924,7 +912,7 @@ where
 }
 
 /// Maps one of our pods to the Memcached that owns it (by its instance label).
-fn pod_owner(pod: &Pod) -> Option<ObjectRef<Memcached>> {
+fn pod_owner(pod: &CachedPod) -> Option<ObjectRef<Memcached>> {
     let instance = pod.labels().get(LABEL_INSTANCE)?;
     Some(ObjectRef::new(instance).within(pod.metadata.namespace.as_deref()?))
 }
@@ -946,17 +934,8 @@ fn slim<K: Resource>(obj: &mut K) {
     obj.managed_fields_mut().clear();
 }
 
-fn slim_pod(pod: &mut Pod) {
-    slim(pod);
-    // The reconciler reads names, labels, deletion state, the pod IP and the Ready
-    // condition only.
-    pod.spec = None;
-    if let Some(status) = pod.status.as_mut() {
-        status.container_statuses = None;
-        status.init_container_statuses = None;
-        status.ephemeral_container_statuses = None;
-    }
-}
+/// A [`CachedPod`] holds only what the reconciler reads already.
+fn slim_pod(_: &mut CachedPod) {}
 
 /// Hash of what the reconciler reads of an owned object's metadata: labels and
 /// annotations (the drift check) and ownership. Deletion is seen by the classifier itself.
@@ -970,7 +949,7 @@ fn metadata_outcome<K: Resource>(obj: &K, hasher: &mut DefaultHasher) {
 }
 
 /// A Deployment's metadata and spec (through its generation): a change is drift.
-fn deployment_spec(d: &Deployment) -> u64 {
+fn deployment_spec(d: &CachedDeployment) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(d, &mut h);
     d.metadata.generation.hash(&mut h);
@@ -978,7 +957,7 @@ fn deployment_spec(d: &Deployment) -> u64 {
 }
 
 /// The Deployment status fields the Memcached's status is computed from.
-fn deployment_status(d: &Deployment) -> u64 {
+fn deployment_status(d: &CachedDeployment) -> u64 {
     let mut h = DefaultHasher::new();
     if let Some(s) = &d.status {
         (
@@ -1018,7 +997,7 @@ fn unread_status<K>(_: &K) -> u64 {
 }
 
 /// A pod's labels decide which Memcached it counts for.
-fn pod_spec(p: &Pod) -> u64 {
+fn pod_spec(p: &CachedPod) -> u64 {
     let mut h = DefaultHasher::new();
     p.metadata.labels.hash(&mut h);
     h.finish()
@@ -1026,14 +1005,9 @@ fn pod_spec(p: &Pod) -> u64 {
 
 /// What `status.nodes` and `status.endpoints` are made of besides the name: the pod's IP
 /// and readiness (not restarts, container states or other conditions).
-fn pod_status(p: &Pod) -> u64 {
+fn pod_status(p: &CachedPod) -> u64 {
     let mut h = DefaultHasher::new();
-    let status = p.status.as_ref();
-    status.and_then(|s| s.pod_ip.as_ref()).hash(&mut h);
-    status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        .hash(&mut h);
+    (&p.ip, p.ready).hash(&mut h);
     h.finish()
 }
 
@@ -1061,12 +1035,12 @@ where
 /// They run whether or not this process leads, so a standby takes over with a warm cache.
 pub struct Caches {
     pub memcacheds: Informer<Memcached>,
-    pub deployments: Informer<Deployment>,
+    pub deployments: Informer<CachedDeployment>,
     pub services: Informer<Service>,
     pub pdbs: Informer<PodDisruptionBudget>,
-    pub pods: Informer<Pod>,
+    pub pods: Informer<CachedPod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
-    pub pod_index: Index<Pod>,
+    pub pod_index: Index<CachedPod>,
 }
 
 impl Caches {

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod builders;
+pub mod cached;
 pub mod cmd;
 pub mod controller;
 pub mod crd;

