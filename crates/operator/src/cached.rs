@@ -8,11 +8,13 @@
 //!
 //! A Deployment's pod template is read only by the drift check, as JSON; deserialized into
 //! `k8s_openapi` types it took about 12 KiB per Deployment, as JSON text about 2 KiB. So
-//! [`CachedDeployment`] keeps its spec as JSON text and its metadata and status typed.
+//! [`CachedDeployment`] keeps its spec as JSON text and its metadata and status typed, and
+//! [`SpecOnly`] does the same for Services and budgets, whose status is never read.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::marker::PhantomData;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -141,21 +143,120 @@ pub trait CacheForm:
     fn from_full(full: Self::Full) -> Self;
 }
 
-macro_rules! cached_as_is {
-    ($($kind:ty),*) => {$(
-        impl CacheForm for $kind {
-            type Full = $kind;
-            fn live_json(&self) -> Option<Value> {
-                serde_json::to_value(self).ok()
-            }
-            fn from_full(mut full: $kind) -> Self {
-                full.metadata.managed_fields = None;
-                full
-            }
-        }
-    )*};
+/// A child whose status is never read, as cached: metadata (without managedFields) typed,
+/// the spec as JSON text. A change to its status does not change this at all.
+#[derive(Debug, Default, PartialEq)]
+pub struct SpecOnly<K> {
+    pub metadata: ObjectMeta,
+    spec_json: Box<str>,
+    kind: PhantomData<fn() -> K>,
 }
-cached_as_is!(Service, PodDisruptionBudget);
+
+impl<K> Clone for SpecOnly<K> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            spec_json: self.spec_json.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> SpecOnly<K> {
+    /// The spec as the API server returned it, as JSON text.
+    pub fn spec_json(&self) -> &str {
+        &self.spec_json
+    }
+
+    fn new(mut metadata: ObjectMeta, spec: Option<&Value>) -> Self {
+        metadata.managed_fields = None;
+        Self {
+            metadata,
+            spec_json: spec
+                .map(Value::to_string)
+                .unwrap_or_default()
+                .into_boxed_str(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<'de, K> Deserialize<'de> for SpecOnly<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            #[serde(default)]
+            spec: Option<Value>,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        Ok(Self::new(wire.metadata, wire.spec.as_ref()))
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for SpecOnly<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<K> CacheForm for SpecOnly<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    type Full = K;
+
+    fn live_json(&self) -> Option<Value> {
+        let mut json = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": serde_json::to_value(&self.metadata).ok()?,
+        });
+        if !self.spec_json.is_empty() {
+            json["spec"] = serde_json::from_str(&self.spec_json).ok()?;
+        }
+        Some(json)
+    }
+
+    fn from_full(full: K) -> Self {
+        let json = serde_json::to_value(&full).ok();
+        Self::new(
+            full.meta().clone(),
+            json.as_ref().and_then(|j| j.get("spec")),
+        )
+    }
+}
+
+/// A Service as cached.
+pub type CachedService = SpecOnly<Service>;
+/// A PodDisruptionBudget as cached.
+pub type CachedPdb = SpecOnly<PodDisruptionBudget>;
 
 /// A Deployment of ours, as cached: metadata (without managedFields) and status typed,
 /// `spec.replicas` read out, the whole spec kept as JSON text for the drift check.
@@ -365,6 +466,36 @@ mod tests {
         let view = cached.without_spec();
         assert_eq!(view.status, full.status);
         assert_eq!(view.metadata.generation, Some(2));
+    }
+
+    #[test]
+    fn a_service_is_cached_without_its_status_and_keeps_its_spec() {
+        let full: Service = serde_json::from_value(json!({
+            "metadata": {"name": "m", "namespace": "ns", "managedFields": [{"manager": "x"}]},
+            "spec": {"clusterIP": "None", "ports": [{"name": "memcached", "port": 11211}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}},
+        }))
+        .unwrap_or_default();
+        let cached = CachedService::from_full(full.clone());
+        let watched: CachedService =
+            serde_json::from_value(serde_json::to_value(&full).unwrap_or_default())
+                .unwrap_or_default();
+        assert_eq!(cached, watched);
+        assert!(cached.metadata.managed_fields.is_none());
+        let live = cached.live_json().unwrap_or_default();
+        assert_eq!(live["spec"]["ports"][0]["port"], json!(11211));
+        assert_eq!(
+            (&live["apiVersion"], &live["kind"]),
+            (&json!("v1"), &json!("Service"))
+        );
+        assert!(live.get("status").is_none());
+        let mut other_status = full;
+        other_status.status = None;
+        assert_eq!(
+            CachedService::from_full(other_status),
+            cached,
+            "status is not kept, so its churn changes nothing"
+        );
     }
 
     #[test]

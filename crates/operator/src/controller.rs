@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -26,14 +25,13 @@ use manager::ReconcileResult;
 use memcached_api::{Memcached, MemcachedStatus, validation};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::builders::{
     self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_INSTANCE,
     LABEL_MANAGED_BY, MANAGED_BY, SecretVersions,
 };
-use crate::cached::{CacheForm, CachedDeployment, CachedPod};
+use crate::cached::{CacheForm, CachedDeployment, CachedPdb, CachedPod, CachedService};
 use crate::drift;
 use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
@@ -255,8 +253,8 @@ pub struct Context {
     pub config: ControllerConfig,
     pub memcacheds: Store<Memcached>,
     pub deployments: Store<CachedDeployment>,
-    pub services: Store<Service>,
-    pub pdbs: Store<PodDisruptionBudget>,
+    pub services: Store<CachedService>,
+    pub pdbs: Store<CachedPdb>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
     recorder: Recorder,
@@ -670,7 +668,7 @@ async fn reconcile_inner(
     service?;
     headless?;
     if pdb?.is_none() {
-        delete_if_cached::<PodDisruptionBudget>(ctx, changes, mc, &ctx.pdbs, &name).await?;
+        delete_if_cached(ctx, changes, mc, &ctx.pdbs, &name).await?;
     }
 
     reconcile_service_monitor(ctx, changes, mc, &namespace, &name).await?;
@@ -768,19 +766,13 @@ fn report_child<T: Resource>(
 }
 
 /// Deletes our child `name` of kind `K` if the cache has it (so a resync costs no call).
-async fn delete_if_cached<K>(
+async fn delete_if_cached<C: CacheForm>(
     ctx: &Context,
     changes: &mut Changes,
     mc: &Memcached,
-    cache: &Store<K>,
+    cache: &Store<C>,
     name: &str,
-) -> Result<(), Error>
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
+) -> Result<(), Error> {
     let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
     if cache
         .get(&ObjectRef::new(name).within(&namespace))
@@ -788,8 +780,8 @@ where
     {
         return Ok(());
     }
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
-    let kind = K::kind(&()).into_owned();
+    let api: Api<C::Full> = Api::namespaced(ctx.client.clone(), &namespace);
+    let kind = C::kind(&()).into_owned();
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {
             info!(object = %object_key(mc), kind, name, "deleted");
@@ -989,17 +981,15 @@ fn deployment_status(d: &CachedDeployment) -> u64 {
 }
 
 /// A Service's metadata and spec (Services have no generation).
-fn service_spec(s: &Service) -> u64 {
+fn service_spec(s: &CachedService) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(s, &mut h);
-    serde_json::to_string(&s.spec)
-        .unwrap_or_default()
-        .hash(&mut h);
+    s.spec_json().hash(&mut h);
     h.finish()
 }
 
 /// A budget's metadata and spec (through its generation).
-fn pdb_spec(p: &PodDisruptionBudget) -> u64 {
+fn pdb_spec(p: &CachedPdb) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(p, &mut h);
     p.metadata.generation.hash(&mut h);
@@ -1052,8 +1042,8 @@ where
 pub struct Caches {
     pub memcacheds: Informer<Memcached>,
     pub deployments: Informer<CachedDeployment>,
-    pub services: Informer<Service>,
-    pub pdbs: Informer<PodDisruptionBudget>,
+    pub services: Informer<CachedService>,
+    pub pdbs: Informer<CachedPdb>,
     pub pods: Informer<CachedPod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
