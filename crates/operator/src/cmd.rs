@@ -43,7 +43,7 @@ pub struct RunArgs {
     /// (a pod turned Ready, got an IP) are batched per Memcached over this window, so a new
     /// Memcached's status is written about twice instead of once per pod change. Edits and
     /// deletions of its children are repaired at once regardless. `0s` disables batching.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_batch_window)]
     pub status_batch_window: Duration,
     /// How often converged objects are checked again (they cost no writes).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
@@ -125,6 +125,18 @@ pub enum RunError {
 }
 
 /// Parses `500ms`, `2s`, `1.5s`, `5m`, `1h` (controller-runtime flags use Go durations).
+/// A status batching window: a duration of at most a minute (a longer one would leave
+/// `status` stale for that long, and the timer wheel behind it has an upper limit).
+pub fn parse_batch_window(s: &str) -> Result<Duration, String> {
+    let window = parse_duration(s)?;
+    if window > Duration::from_secs(60) {
+        return Err(format!(
+            "{s:?} is longer than 1m: status would lag the pods that long"
+        ));
+    }
+    Ok(window)
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
@@ -365,5 +377,9 @@ mod tests {
         assert!(parse_duration("15").is_err());
         assert!(parse_duration("15 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_batch_window("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_batch_window("1m"), Ok(Duration::from_secs(60)));
+        let too_long = parse_batch_window("1000h").unwrap_err();
+        assert!(too_long.contains("longer than 1m"), "{too_long}");
     }
 }

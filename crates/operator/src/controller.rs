@@ -762,7 +762,9 @@ fn report_child<T: Resource>(
         Applied::Updated { .. } => format!("{verb} {kind} {child} to the desired spec"),
         _ => format!("{verb} {kind} {child}"),
     };
-    changes.push(reason, format!("{verb}{kind}"), note);
+    // Actions are imperative, as in `CreateDeployment`.
+    let action = verb.trim_end_matches('d');
+    changes.push(reason, format!("{action}{kind}"), note);
 }
 
 /// Deletes our child `name` of kind `K` if the cache has it (so a resync costs no call).
@@ -884,7 +886,7 @@ async fn reconcile_service_monitor(
             let verb = if live.is_some() { "Updated" } else { "Created" };
             changes.push(
                 verb,
-                format!("{verb}ServiceMonitor"),
+                format!("{}ServiceMonitor", verb.trim_end_matches('d')),
                 format!("{verb} ServiceMonitor {name}"),
             );
         }
@@ -1228,12 +1230,12 @@ mod tests {
         );
         created.push(
             "Created",
-            "CreatedService".into(),
+            "CreateService".into(),
             "Created Service a".into(),
         );
         created.push(
             "Created",
-            "CreatedPodDisruptionBudget".into(),
+            "CreatePodDisruptionBudget".into(),
             "Created PodDisruptionBudget a".into(),
         );
         let event = created.into_event().expect("an event");

@@ -5,7 +5,8 @@
 //!
 //! kube-runtime's own shared streams (`Writer::subscribe`) do not pass deletions on, and a
 //! deleted child must trigger its owner at once, so the fan-out here is ours; the watching,
-//! backoff and caching are kube-runtime's.
+//! backoff and caching are kube-runtime's. Objects deleted while the watch was down (and so
+//! missing from the re-list, with no Delete event) are passed on as deletions too.
 //!
 //! An informer can also keep an [`Index`]: the cached objects grouped by a key (the pods of
 //! one Memcached), so a reader finds its few objects without scanning the whole cache.
@@ -190,37 +191,45 @@ where
         let subscribers: Subscribers<K> = Arc::default();
         let fan_out = subscribers.clone();
         let kind = K::kind(&()).into_owned();
+        let store_for_task = store.clone();
         let task = tokio::spawn(async move {
             let mut events = watcher(api, config)
                 .default_backoff()
                 .modify(slim)
                 .reflect(writer)
                 .boxed();
+            // The cache as it was when a re-list started (the store swaps at its end).
+            let mut before_relist: Vec<Arc<K>> = Vec::new();
             while let Some(event) = events.next().await {
                 // The store has the change already; the index follows before anyone is
                 // told, so a reconcile it triggers sees both.
                 if let (Some(index), Ok(event)) = (&indexer, &event) {
                     index.apply(event);
                 }
-                let obj = match event {
-                    Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => obj,
+                let changed = match event {
+                    Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => vec![obj],
                     // A deleted object is passed on marked as being deleted, so predicates
                     // that look at the deletion state let it through (a deleted child must
                     // trigger its owner, to be recreated).
-                    Ok(watcher::Event::Delete(mut obj)) => {
-                        obj.meta_mut()
-                            .deletion_timestamp
-                            .get_or_insert_with(|| Time(jiff::Timestamp::now()));
-                        obj
+                    Ok(watcher::Event::Delete(obj)) => vec![marked_deleted(obj)],
+                    Ok(watcher::Event::Init) => {
+                        before_relist = store_for_task.state();
+                        continue;
                     }
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                    // Objects deleted while the watch was down are gone from the new list
+                    // without a Delete event: passed on as deletions all the same.
+                    Ok(watcher::Event::InitDone) => {
+                        vanished(std::mem::take(&mut before_relist), &store_for_task)
+                    }
                     Err(e) => {
                         warn!(kind, error = %e, "watch failed; retrying with backoff");
                         continue;
                     }
                 };
                 let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
-                subs.retain(|tx| tx.send(obj.clone()).is_ok());
+                for obj in changed {
+                    subs.retain(|tx| tx.send(obj.clone()).is_ok());
+                }
             }
         });
         Self {
@@ -274,6 +283,26 @@ where
     }
 }
 
+/// `obj` marked as being deleted (if it was not already).
+fn marked_deleted<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut()
+        .deletion_timestamp
+        .get_or_insert_with(|| Time(jiff::Timestamp::now()));
+    obj
+}
+
+/// The objects of `before` that `now` no longer holds, marked as being deleted.
+fn vanished<K>(before: Vec<Arc<K>>, now: &Store<K>) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    before
+        .into_iter()
+        .filter(|obj| now.get(&ObjectRef::from_obj(obj.as_ref())).is_none())
+        .map(|obj| marked_deleted((*obj).clone()))
+        .collect()
+}
+
 fn tokio_stream_from<K: Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<K>,
 ) -> impl Stream<Item = K> {
@@ -309,6 +338,25 @@ mod tests {
         let mut names: Vec<String> = index.get(key).iter().map(|p| p.name_any()).collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn objects_missing_from_a_relist_are_reported_deleted() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        for name in ["a", "b", "c"] {
+            writer.apply_watcher_event(&watcher::Event::Apply(pod(name, "x")));
+        }
+        let before = store.state();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(pod("b", "x")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut gone: Vec<Pod> = vanished(before, &store);
+        gone.sort_by_key(|p| p.name_any());
+        assert_eq!(
+            gone.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        assert!(gone.iter().all(|p| p.metadata.deletion_timestamp.is_some()));
     }
 
     #[test]
