@@ -37,6 +37,14 @@ impl Env {
             .workload_simulator(true)
             .pod_ready_delay(Duration::from_millis(50))
             .build();
+        Self::start_on(server, config, before).await
+    }
+
+    async fn start_on(
+        server: ApiServer,
+        config: ControllerConfig,
+        before: impl FnOnce(&ApiServer),
+    ) -> Env {
         let client = server.client();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         crds.create(&PostParams::default(), &Memcached::crd())
@@ -448,6 +456,50 @@ async fn injected_server_errors_and_conflicts_still_converge() {
     wait_for("Degraded to clear", || async {
         let mc = api.get_opt("flaky").await.ok().flatten()?;
         (mc.condition(condition::DEGRADED)?.status == "False").then_some(())
+    })
+    .await;
+    env.stop().await;
+}
+
+/// A child deleted while the operator's watch was down (so its Delete event is never seen,
+/// only its absence from the re-list) is still recreated at once, not at the next resync.
+#[tokio::test]
+async fn a_child_deleted_during_a_watch_gap_is_recreated_after_the_relist() {
+    let server = ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(Duration::from_millis(50))
+        .watch_history(20)
+        .build();
+    // The default resync (5 min) is far beyond this test's deadline.
+    let env = Env::start_on(server, ControllerConfig::default(), |_| {}).await;
+    env.apply_sample("gapped", 1).await;
+    env.converged("gapped", 1).await;
+
+    // The Service watch goes down and stays down while the Service is deleted and enough
+    // other changes happen for its resume point to fall out of the server's history.
+    env.server
+        .inject(Fault::new().verb("watch").resource("services").status(500));
+    env.server.cut_watches();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    env.services()
+        .delete("gapped", &DeleteParams::default())
+        .await
+        .expect("delete Service");
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::default_namespaced(env.client.clone());
+    for i in 0..30 {
+        let cm = serde_json::from_value(json!({"metadata": {"name": format!("filler-{i}")}}))
+            .expect("a ConfigMap");
+        configmaps
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("create ConfigMap");
+    }
+    env.server.clear_faults();
+
+    // The watch resumes with 410 Gone, re-lists, and finds the Service missing.
+    wait_for("the Service recreated after the re-list", || async {
+        env.services().get_opt("gapped").await.ok().flatten()
     })
     .await;
     env.stop().await;
