@@ -602,6 +602,13 @@ struct Requests {
 }
 
 impl Requests {
+    fn of(counts: &apisim::RequestCounts) -> Self {
+        Self {
+            by_verb: counts.by_verb(),
+            writes: counts.writes(),
+        }
+    }
+
     fn show(&self) -> String {
         if self.by_verb.is_empty() {
             return "none".into();
@@ -728,10 +735,7 @@ async fn catch_up(
     );
     if let Some(server) = &env.server {
         let counts = server.request_counts();
-        row.catch_up_requests = Some(Requests {
-            by_verb: counts.by_verb(),
-            writes: counts.writes(),
-        });
+        row.catch_up_requests = Some(Requests::of(&counts));
     }
     tracker.abort();
     let _ = tracker.await;
@@ -816,10 +820,7 @@ async fn operator_phases(
     );
     if let Some(server) = &env.server {
         let counts = server.request_counts();
-        row.converging = Some(Requests {
-            by_verb: counts.by_verb(),
-            writes: counts.writes(),
-        });
+        row.converging = Some(Requests::of(&counts));
         log(format!(
             "N={n}: requests while converging (all clients):\n{counts}"
         ));
@@ -854,10 +855,7 @@ async fn operator_phases(
     row.steady_cpu = cpu_time(op.pid()).saturating_sub(cpu_before);
     if let Some(server) = &env.server {
         let counts = server.request_counts();
-        row.steady = Some(Requests {
-            by_verb: counts.by_verb(),
-            writes: counts.writes(),
-        });
+        row.steady = Some(Requests::of(&counts));
         log(format!(
             "N={n}: requests in {}: {} (operator CPU {})",
             secs(args.steady_window),

@@ -40,29 +40,37 @@ pub struct CachedPod {
     pub ready: bool,
 }
 
-impl Resource for CachedPod {
-    type DynamicType = ();
-    type Scope = <Pod as Resource>::Scope;
+/// `Resource` for a cached form of a built-in kind: the same kind, group, version and plural
+/// (so `Api<$cached>` talks to the real resource), metadata from its `metadata` field.
+macro_rules! resource_as {
+    ($cached:ty, $kind:ty) => {
+        impl Resource for $cached {
+            type DynamicType = ();
+            type Scope = <$kind as Resource>::Scope;
 
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Pod::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        Pod::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        Pod::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Pod::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn kind(dt: &()) -> Cow<'_, str> {
+                <$kind>::kind(dt)
+            }
+            fn group(dt: &()) -> Cow<'_, str> {
+                <$kind>::group(dt)
+            }
+            fn version(dt: &()) -> Cow<'_, str> {
+                <$kind>::version(dt)
+            }
+            fn plural(dt: &()) -> Cow<'_, str> {
+                <$kind>::plural(dt)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+
+resource_as!(CachedPod, Pod);
 
 /// The parts of a pod's JSON that are read; serde skips everything else unparsed.
 #[derive(Deserialize)]
@@ -281,29 +289,7 @@ impl CachedDeployment {
     }
 }
 
-impl Resource for CachedDeployment {
-    type DynamicType = ();
-    type Scope = <Deployment as Resource>::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Deployment::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        Deployment::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        Deployment::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Deployment::plural(dt)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+resource_as!(CachedDeployment, Deployment);
 
 #[derive(Deserialize)]
 struct WireDeployment {
