@@ -327,27 +327,18 @@ impl Changes {
     /// keeps its own reason and action; several are reported under the first one's reason
     /// with the action `Reconcile`, their notes joined by "; ".
     fn into_event(self) -> Option<Event> {
-        let mut changes = self.0.into_iter();
-        let first = changes.next()?;
-        let rest: Vec<Change> = changes.collect();
-        if rest.is_empty() {
-            return Some(Event {
-                type_: EventType::Normal,
-                reason: first.reason.to_string(),
-                note: Some(truncate(first.note, EVENT_NOTE_MAX)),
-                action: first.action,
-                secondary: None,
-            });
-        }
-        let note = std::iter::once(first.note)
-            .chain(rest.into_iter().map(|c| c.note))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let reason = self.0.first()?.reason.to_string();
+        let (action, notes): (Vec<String>, Vec<String>) =
+            self.0.into_iter().map(|c| (c.action, c.note)).unzip();
+        let action = match <[String; 1]>::try_from(action) {
+            Ok([only]) => only,
+            Err(_) => "Reconcile".to_string(),
+        };
         Some(Event {
             type_: EventType::Normal,
-            reason: first.reason.to_string(),
-            note: Some(truncate(note, EVENT_NOTE_MAX)),
-            action: "Reconcile".to_string(),
+            reason,
+            note: Some(truncate(notes.join("; "), EVENT_NOTE_MAX)),
+            action,
             secondary: None,
         })
     }
@@ -944,9 +935,6 @@ fn slim<K: Resource>(obj: &mut K) {
     obj.managed_fields_mut().clear();
 }
 
-/// A [`CachedPod`] holds only what the reconciler reads already.
-fn slim_pod(_: &mut CachedPod) {}
-
 /// Hash of what the reconciler reads of an owned object's metadata: labels and
 /// annotations (the drift check) and ownership. Deletion is seen by the classifier itself.
 fn metadata_outcome<K: Resource>(obj: &K, hasher: &mut DefaultHasher) {
@@ -958,11 +946,12 @@ fn metadata_outcome<K: Resource>(obj: &K, hasher: &mut DefaultHasher) {
     }
 }
 
-/// A Deployment's metadata and spec (through its generation): a change is drift.
-fn deployment_spec(d: &CachedDeployment) -> u64 {
+/// A Deployment's or budget's metadata and spec (through its generation): a change is
+/// drift.
+fn spec_by_generation<K: Resource>(obj: &K) -> u64 {
     let mut h = DefaultHasher::new();
-    metadata_outcome(d, &mut h);
-    d.metadata.generation.hash(&mut h);
+    metadata_outcome(obj, &mut h);
+    obj.meta().generation.hash(&mut h);
     h.finish()
 }
 
@@ -987,14 +976,6 @@ fn service_spec(s: &CachedService) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(s, &mut h);
     s.spec_json().hash(&mut h);
-    h.finish()
-}
-
-/// A budget's metadata and spec (through its generation).
-fn pdb_spec(p: &CachedPdb) -> u64 {
-    let mut h = DefaultHasher::new();
-    metadata_outcome(p, &mut h);
-    p.metadata.generation.hash(&mut h);
     h.finish()
 }
 
@@ -1059,7 +1040,7 @@ impl Caches {
         let (pods, pod_index) = Informer::start_indexed(
             scoped(client, namespace),
             owned.clone(),
-            slim_pod,
+            slim,
             pod_index_key,
         );
         Self {
@@ -1142,7 +1123,7 @@ pub async fn run_controller(
     let children = futures::stream::select_all([
         owner_triggers(
             caches.deployments.subscribe(),
-            Classifier::new(deployment_spec, deployment_status),
+            Classifier::new(spec_by_generation, deployment_status),
             controller_owner,
         ),
         owner_triggers(
@@ -1152,7 +1133,7 @@ pub async fn run_controller(
         ),
         owner_triggers(
             caches.pdbs.subscribe(),
-            Classifier::new(pdb_spec, unread_status),
+            Classifier::new(spec_by_generation, unread_status),
             controller_owner,
         ),
         owner_triggers(

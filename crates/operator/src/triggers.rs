@@ -73,11 +73,7 @@ impl<K: Resource<DynamicType = ()>> Classifier<K> {
         }
     }
 
-    /// Number of objects remembered.
-    pub fn len(&self) -> usize {
-        self.seen.len()
-    }
-
+    /// Whether no object is remembered.
     pub fn is_empty(&self) -> bool {
         self.seen.is_empty()
     }
