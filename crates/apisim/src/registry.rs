@@ -2,6 +2,7 @@
 
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// Where the replica counts of a scalable resource live.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,14 +120,14 @@ fn builtin(
 /// All resource types, keyed by (group, plural).
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
-    pub types: BTreeMap<ResKey, ResourceType>,
+    pub types: BTreeMap<ResKey, Arc<ResourceType>>,
 }
 
 impl Registry {
     pub fn with_builtins() -> Registry {
         let mut r = Registry::default();
         let mut add = |t: ResourceType| {
-            r.types.insert(t.key(), t);
+            r.types.insert(t.key(), Arc::new(t));
         };
         let mut ns = builtin(
             "",
@@ -341,7 +342,7 @@ impl Registry {
     }
 
     /// Find a resource type by group, served version and plural.
-    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&Arc<ResourceType>> {
         self.types
             .get(&(group.to_string(), plural.to_string()))
             .filter(|t| t.versions.iter().any(|v| v == version))

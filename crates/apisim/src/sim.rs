@@ -266,7 +266,7 @@ fn owner_ref(o: &Value, api_version: &str, kind: &str) -> Value {
 }
 
 impl Sim {
-    fn rts(st: &State) -> Option<(ResourceType, ResourceType, ResourceType)> {
+    fn rts(st: &State) -> Option<(Arc<ResourceType>, Arc<ResourceType>, Arc<ResourceType>)> {
         Some((
             st.rt("apps", "deployments")?,
             st.rt("apps", "replicasets")?,

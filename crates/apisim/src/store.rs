@@ -92,24 +92,34 @@ pub fn cr_list_keys(rt: &ResourceType, version: &str) -> Option<HashMap<String, 
     })
 }
 
-fn strip_for_compare(v: &Value) -> Value {
-    let mut c = v.clone();
-    if let Some(m) = c.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
-        m.remove("resourceVersion");
+/// Whether two JSON objects have the same members, `skip` aside (compared in place: no copy
+/// of either object).
+fn same_members(a: &Value, b: &Value, skip: &[&str]) -> bool {
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            let kept = |k: &&String| !skip.contains(&k.as_str());
+            a.keys().filter(kept).count() == b.keys().filter(kept).count()
+                && a.iter()
+                    .filter(|(k, _)| kept(k))
+                    .all(|(k, v)| b.get(k) == Some(v))
+        }
+        _ => a == b,
     }
-    c
 }
 
-fn spec_part(v: &Value) -> Value {
-    let mut c = v.clone();
-    if let Some(m) = c.as_object_mut() {
-        m.remove("metadata");
-        m.remove("status");
-        m.remove("apiVersion");
-        m.remove("kind");
-    }
-    c
+/// Whether a write changes nothing but managedFields and resourceVersion (a no-op write).
+fn same_but_bookkeeping(old: &Value, new: &Value) -> bool {
+    same_members(old, new, &["metadata"])
+        && same_members(
+            &old["metadata"],
+            &new["metadata"],
+            &["managedFields", "resourceVersion"],
+        )
+}
+
+/// Whether the spec (everything but metadata, status, apiVersion and kind) is unchanged.
+fn same_spec(old: &Value, new: &Value) -> bool {
+    same_members(old, new, &["metadata", "status", "apiVersion", "kind"])
 }
 
 impl State {
@@ -140,7 +150,7 @@ impl State {
         st
     }
 
-    pub fn rt(&self, group: &str, plural: &str) -> Option<ResourceType> {
+    pub fn rt(&self, group: &str, plural: &str) -> Option<Arc<ResourceType>> {
         self.reg
             .types
             .get(&(group.to_string(), plural.to_string()))
@@ -313,7 +323,7 @@ impl State {
             ],
             "storedVersions": [rt.preferred_version()],
         });
-        self.reg.types.insert(rt.key(), rt);
+        self.reg.types.insert(rt.key(), Arc::new(rt));
         Ok(())
     }
 
@@ -333,12 +343,15 @@ impl State {
         let mut errs = util::name_errors(&name, rt.label_name, "metadata.name");
         errs.extend(util::meta_errors(obj));
         if rt.crd {
-            let schema = rt
-                .schemas
-                .get(version)
-                .cloned()
-                .unwrap_or_else(schema::permissive);
-            let (e, pruned) = schema::process(&schema, obj);
+            let permissive;
+            let schema = match rt.schemas.get(version) {
+                Some(schema) => schema,
+                None => {
+                    permissive = schema::permissive();
+                    &permissive
+                }
+            };
+            let (e, pruned) = schema::process(schema, obj);
             if ctx.strict && !pruned.is_empty() {
                 let fields: Vec<String> = pruned
                     .iter()
@@ -712,7 +725,7 @@ impl State {
             Self::builtin_defaults(rt, &mut new);
         }
         self.validate_object(rt, &mut new, ctx)?;
-        if rt.generation && spec_part(old) != spec_part(&new) {
+        if rt.generation && !same_spec(old, &new) {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
             meta_mut(&mut new).insert("generation".into(), json!(g));
         }
@@ -758,7 +771,7 @@ impl State {
                 .remove(rt, ns, name)
                 .ok_or_else(|| ApiError::internal("object vanished"));
         }
-        if strip_for_compare(old) == strip_for_compare(&new) {
+        if same_but_bookkeeping(old, &new) {
             return Ok(old.clone());
         }
         let arc = self.store(rt, ns, name, new, "MODIFIED", Some(old_arc.clone()));
@@ -876,7 +889,7 @@ impl State {
                 m.insert("generation".into(), json!(g + 1));
             }
         }
-        if strip_for_compare(old) == strip_for_compare(&new) {
+        if same_but_bookkeeping(old, &new) {
             return Ok(old.clone());
         }
         let arc = self.store(rt, ns, name, new, "MODIFIED", Some(old_arc.clone()));
@@ -1018,7 +1031,7 @@ impl State {
                 continue;
             }
             if rt.group.is_empty() && rt.plural == "namespaces" {
-                let mut in_ns: Vec<(ResourceType, Arc<Value>)> = vec![];
+                let mut in_ns: Vec<(Arc<ResourceType>, Arc<Value>)> = vec![];
                 for k in self.objects.keys() {
                     let Some(t) = self.reg.types.get(k) else {
                         continue;
@@ -1058,6 +1071,38 @@ impl State {
             "",
             n,
             &WriteCtx::internal(rt.preferred_version()),
+        );
+    }
+}
+
+#[cfg(test)]
+mod compare_tests {
+    use super::*;
+
+    #[test]
+    fn a_write_that_changes_only_bookkeeping_is_a_no_op_and_specs_compare_in_place() {
+        let old = json!({"apiVersion": "v1", "kind": "K",
+            "metadata": {"name": "a", "resourceVersion": "1", "managedFields": [{"manager": "x"}]},
+            "spec": {"n": 1}, "status": {"s": 1}});
+        let mut new = old.clone();
+        new["metadata"]["resourceVersion"] = json!("2");
+        new["metadata"]["managedFields"] = json!([]);
+        assert!(same_but_bookkeeping(&old, &new));
+        new["metadata"]["labels"] = json!({"l": "v"});
+        assert!(!same_but_bookkeeping(&old, &new), "a new label is a change");
+
+        let mut status_only = old.clone();
+        status_only["status"] = json!({"s": 2});
+        assert!(same_spec(&old, &status_only));
+        assert!(!same_but_bookkeeping(&old, &status_only));
+        let mut spec = old.clone();
+        spec["spec"]["n"] = json!(2);
+        assert!(!same_spec(&old, &spec));
+        let mut extra = old.clone();
+        extra["data"] = json!({});
+        assert!(
+            !same_spec(&old, &extra),
+            "a new top-level field is part of the spec"
         );
     }
 }

@@ -284,7 +284,7 @@ mod tests {
         let mut rt = crate::registry::Registry::with_builtins()
             .types
             .get(&("".to_string(), "configmaps".to_string()))
-            .cloned()
+            .map(|rt| (**rt).clone())
             .unwrap();
         rt.plural = "memcacheds".into();
         rt.group = "x.io".into();

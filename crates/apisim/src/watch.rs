@@ -37,7 +37,7 @@ impl Body for ChannelBody {
 }
 
 struct Filter {
-    rt: ResourceType,
+    rt: Arc<ResourceType>,
     version: String,
     ns: Option<String>,
     ls: LabelSelector,
@@ -101,9 +101,17 @@ impl Filter {
     }
 }
 
+/// One watch event as the API server streams it: `{"type":…,"object":…}`, `type` first as in
+/// Go's `metav1.WatchEvent`, so a client can decode the object straight from the stream
+/// (serde buffers an adjacently tagged enum's content whenever the tag comes after it).
 fn line(t: &str, obj: &Value) -> Bytes {
-    let mut v = serde_json::to_vec(&json!({"type": t, "object": obj})).unwrap_or_default();
-    v.push(b'\n');
+    let mut v = Vec::with_capacity(512);
+    v.extend_from_slice(b"{\"type\":");
+    // Writing a str or a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut v, t);
+    v.extend_from_slice(b",\"object\":");
+    let _ = serde_json::to_writer(&mut v, obj);
+    v.extend_from_slice(b"}\n");
     Bytes::from(v)
 }
 
@@ -121,7 +129,7 @@ fn bookmark(rt: &ResourceType, version: &str, rv: u64, initial_end: bool) -> Byt
 pub fn start(
     partial: bool,
     inner: Arc<Inner>,
-    rt: ResourceType,
+    rt: Arc<ResourceType>,
     version: String,
     ns: Option<String>,
     q: &Query,
@@ -315,5 +323,21 @@ async fn run(
                 Err(_) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_line_puts_the_type_first_as_the_api_server_does() {
+        let obj = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
+        let line = line("ADDED", &obj);
+        let text = std::str::from_utf8(&line).unwrap_or_default();
+        assert!(text.starts_with(r#"{"type":"ADDED","object":{"#), "{text}");
+        assert!(text.ends_with("}\n"));
+        let parsed: Value = serde_json::from_str(text).unwrap_or_default();
+        assert_eq!(parsed, json!({"type": "ADDED", "object": obj}));
     }
 }
