@@ -397,6 +397,8 @@ struct Progress {
     pods_ready: HashSet<String>,
     children_and_status_at: Option<Instant>,
     pods_ready_at: Option<Instant>,
+    /// When the first Deployment was seen (the operator's first write, when it runs).
+    first_child_at: Option<Instant>,
 }
 
 impl Progress {
@@ -484,6 +486,7 @@ fn track(env: &Env, n: usize) -> (Arc<Mutex<Progress>>, tokio::task::JoinHandle<
                 }
                 Seen::Deployment(name) => {
                     p.deployments.insert(name.clone());
+                    p.first_child_at.get_or_insert_with(Instant::now);
                     name
                 }
                 Seen::Service(name) => {
@@ -642,6 +645,8 @@ struct Row {
     /// The N Memcacheds created before the operator starts: from its start to children +
     /// status for all (start-up and cache sync included), the writes, and the CPU.
     catch_up: Option<Duration>,
+    /// Of `catch_up`, from starting the process to its first child written.
+    catch_up_startup: Option<Duration>,
     catch_up_requests: Option<Requests>,
     catch_up_cpu: (Duration, Duration),
     latency_idle: Latency,
@@ -729,6 +734,11 @@ async fn catch_up(
     })
     .await?;
     row.catch_up = Some(at - started);
+    row.catch_up_startup = progress
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .first_child_at
+        .map(|first| first.saturating_duration_since(started));
     row.catch_up_cpu = (
         cpu_time(op.pid()),
         cpu_time(std::process::id()).saturating_sub(bench_cpu),
@@ -951,6 +961,10 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
         Some(c) => ratio(c, r.bound),
         None => "–".into(),
     });
+    line(
+        "  of which start-up (process start → first child written)",
+        &|r| r.catch_up_startup.map(secs).unwrap_or_else(|| "–".into()),
+    );
     line("  requests (writes)", &|r| {
         r.catch_up_requests
             .as_ref()
