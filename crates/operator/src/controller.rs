@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -25,6 +25,7 @@ use manager::ReconcileResult;
 use memcached_api::{Memcached, MemcachedStatus, validation};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
+use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::builders::{
@@ -35,7 +36,7 @@ use crate::cached::{CacheForm, CachedDeployment, CachedPdb, CachedPod, CachedSer
 use crate::drift;
 use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
-use crate::triggers::{self, Classifier, Urgency};
+use crate::triggers::{self, Busy, Classifier, Urgency};
 
 /// Name under which the controller reports events and metrics.
 pub const CONTROLLER_NAME: &str = "memcached";
@@ -257,9 +258,11 @@ pub struct Context {
     pub pdbs: Store<CachedPdb>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
-    recorder: Recorder,
+    events: mpsc::UnboundedSender<QueuedEvent>,
     service_monitors: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
+    /// Reconciles running (status refreshes wait while every slot is taken).
+    busy: Busy,
 }
 
 impl Context {
@@ -289,14 +292,37 @@ impl Context {
     }
 
     fn publish_event(&self, mc: &Memcached, event: Event) {
-        // Events are informational: publish them off the reconcile's critical path.
-        let (recorder, reference) = (self.recorder.clone(), mc.object_ref(&()));
-        tokio::spawn(async move {
+        // Events are informational: published off the reconcile's critical path.
+        let queued = (event, mc.object_ref(&()), tokio::time::Instant::now());
+        if self.events.send(queued).is_err() {
+            warn!("event publisher stopped; event dropped");
+        }
+    }
+}
+
+/// An event waiting to be published: what, about which object, since when.
+type QueuedEvent = (Event, ObjectReference, tokio::time::Instant);
+
+/// How long an event may be held back while the controller is busy.
+const EVENT_MAX_HOLD: Duration = Duration::from_secs(10);
+
+/// Publishes queued events one at a time, oldest first, as client-go's event broadcaster
+/// does. Each write competes with the reconciles for the API server, and an event is
+/// informational, so while every reconcile slot is taken ([`Busy`]) the next event waits, at
+/// most [`EVENT_MAX_HOLD`]; its timestamp is then the time it was published.
+fn spawn_event_publisher(recorder: Recorder, busy: Busy) -> mpsc::UnboundedSender<QueuedEvent> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<QueuedEvent>();
+    tokio::spawn(async move {
+        while let Some((event, reference, queued_at)) = rx.recv().await {
+            while busy.is_busy() && queued_at.elapsed() < EVENT_MAX_HOLD {
+                tokio::time::sleep(triggers::BUSY_GRACE).await;
+            }
             if let Err(e) = recorder.publish(&event, &reference).await {
                 warn!(error = %e, reason = event.reason, "could not publish event");
             }
-        });
-    }
+        }
+    });
+    tx
 }
 
 /// What one reconcile changed, published as a single event when it ends: a new Memcached
@@ -397,7 +423,8 @@ async fn apply_if_changed<C: CacheForm>(
     {
         return Ok(Applied::Unchanged(live.clone()));
     }
-    let api: Api<C::Full> = Api::namespaced(client.clone(), &namespace);
+    // The answer is read straight into the cached form (only what the cache keeps).
+    let api: Api<C> = Api::namespaced(client.clone(), &namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let after = api
         .patch(&name, &params, &Patch::Apply(&desired))
@@ -407,7 +434,6 @@ async fn apply_if_changed<C: CacheForm>(
             object: format!("{namespace}/{name}"),
             source,
         })?;
-    let after = C::from_full(after);
     Ok(match live {
         None => Applied::Created(after),
         Some(before) => Applied::Updated { before, after },
@@ -480,6 +506,7 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
 
 /// Reconciles one Memcached: idempotent, level-triggered, reads from the caches.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _running = ctx.busy.enter();
     let key = ObjectRef::from_obj(mc.as_ref());
     let telemetry = ctx.config.telemetry.as_ref();
     let timer = telemetry.map(|t| {
@@ -1104,8 +1131,9 @@ pub async fn run_controller(
         controller: MANAGED_BY.to_string(),
         instance: config.instance.clone(),
     };
+    let busy = Busy::new(usize::from(config.concurrency));
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: spawn_event_publisher(Recorder::new(client.clone(), reporter), busy.clone()),
         client,
         memcacheds: caches.memcacheds.store(),
         deployments: caches.deployments.store(),
@@ -1114,6 +1142,7 @@ pub async fn run_controller(
         pod_index: caches.pod_index.clone(),
         service_monitors: tokio::sync::Mutex::new(None),
         failures: Mutex::new(HashMap::new()),
+        busy: busy.clone(),
         config: config.clone(),
     });
 
@@ -1142,7 +1171,7 @@ pub async fn run_controller(
             pod_owner,
         ),
     ]);
-    let children = triggers::batch(children, config.status_batch)
+    let children = triggers::batch(children, config.status_batch, Some(busy))
         .filter_map(move |key| futures::future::ready(queued(Some(key))));
     Controller::for_stream(memcacheds, caches.memcacheds.store())
         .reconcile_on(children)

@@ -14,15 +14,26 @@
 //! controller-runtime offers the same trade through a rate-limited queue per source; here it
 //! is a stream adaptor in front of kube-runtime's `Controller::reconcile_on`, whose
 //! scheduler still deduplicates and serialises reconciles of one object.
+//!
+//! A batched wake-up is also the least urgent work there is, so it yields to the rest: when
+//! its window ends while every reconcile slot is taken ([`Busy`]), it waits (absorbing
+//! further changes) until a slot is free, for at most [`MAX_HOLD_WINDOWS`] windows. When a
+//! thousand Memcacheds are created at once, their status refreshes then come after their
+//! children and first status instead of competing with them, and each refresh finds more of
+//! its pods ready, so fewer status writes are needed in all (as controller-runtime's
+//! priority queue puts low-priority items behind the rest).
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 /// How soon a change should reconcile the owner.
@@ -79,17 +90,98 @@ impl<K: Resource<DynamicType = ()>> Classifier<K> {
     }
 }
 
+/// A batched wake-up is held at most this many windows while the controller is busy.
+pub const MAX_HOLD_WINDOWS: u32 = 10;
+/// How often, per window, a held wake-up looks again whether a slot is free.
+const RECHECKS_PER_WINDOW: u32 = 5;
+
+/// Reconciles running, against how many may run at once: shared by the reconciler (which
+/// counts itself in and out with [`Busy::enter`]) and by low-priority work (status refreshes,
+/// events), which waits while no slot is free.
+///
+/// The controller starts the next queued reconcile as soon as one ends, so while there is a
+/// backlog the count dips below the limit only for an instant; busy therefore lasts until
+/// [`BUSY_GRACE`] after the last moment every slot was taken.
+#[derive(Clone, Debug)]
+pub struct Busy {
+    running: Arc<AtomicUsize>,
+    slots: usize,
+    base: Instant,
+    /// When every slot was last taken, in microseconds since `base` (0: never).
+    saturated_at: Arc<AtomicU64>,
+}
+
+/// How long after the last moment every reconcile slot was taken the controller still
+/// counts as busy.
+pub const BUSY_GRACE: Duration = Duration::from_millis(100);
+
+impl Busy {
+    /// A counter for a controller that runs at most `slots` reconciles at once (0: no limit,
+    /// never busy).
+    pub fn new(slots: usize) -> Self {
+        Self {
+            running: Arc::default(),
+            slots,
+            base: Instant::now(),
+            saturated_at: Arc::default(),
+        }
+    }
+
+    fn mark_saturated(&self) {
+        let micros = u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.saturated_at.store(micros.max(1), Ordering::Relaxed);
+    }
+
+    /// Counts a reconcile as running until the guard is dropped.
+    pub fn enter(&self) -> BusyGuard {
+        if self.running.fetch_add(1, Ordering::Relaxed) + 1 >= self.slots && self.slots > 0 {
+            self.mark_saturated();
+        }
+        BusyGuard(self.clone())
+    }
+
+    /// Whether every slot is taken, or was within the last [`BUSY_GRACE`].
+    pub fn is_busy(&self) -> bool {
+        if self.slots == 0 {
+            return false;
+        }
+        if self.running.load(Ordering::Relaxed) >= self.slots {
+            return true;
+        }
+        let at = self.saturated_at.load(Ordering::Relaxed);
+        at > 0 && self.base.elapsed() < Duration::from_micros(at) + BUSY_GRACE
+    }
+}
+
+/// A running reconcile, counted until dropped.
+#[derive(Debug)]
+pub struct BusyGuard(Busy);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let busy = &self.0;
+        if busy.running.fetch_sub(1, Ordering::Relaxed) >= busy.slots && busy.slots > 0 {
+            // The end of a saturated stretch: the grace runs from now.
+            busy.mark_saturated();
+        }
+    }
+}
+
 /// Passes `Now` keys through at once and releases each `Batched` key once, `window` after
-/// the first of a burst. A `Now` for a key with a pending batch replaces the batch.
+/// the first of a burst, or later while `busy` (see the module docs). A `Now` for a key with
+/// a pending batch replaces the batch.
 pub struct Batch<T, S> {
     input: Option<S>,
     window: Duration,
+    busy: Option<Busy>,
     queue: DelayQueue<T>,
-    pending: HashMap<T, delay_queue::Key>,
+    /// Per pending key: its place in `queue` and how many times it was held past its window.
+    pending: HashMap<T, (delay_queue::Key, u32)>,
 }
 
-/// See [`Batch`]. With a zero `window`, every key passes through at once.
-pub fn batch<T, S>(input: S, window: Duration) -> Batch<T, S>
+/// See [`Batch`]. With a zero `window`, every key passes through at once; with no `busy`,
+/// batched keys are never held past their window.
+pub fn batch<T, S>(input: S, window: Duration, busy: Option<Busy>) -> Batch<T, S>
 where
     T: Clone + Eq + std::hash::Hash + Unpin,
     S: Stream<Item = (T, Urgency)> + Unpin,
@@ -97,6 +189,7 @@ where
     Batch {
         input: Some(input),
         window,
+        busy,
         queue: DelayQueue::new(),
         pending: HashMap::new(),
     }
@@ -115,29 +208,43 @@ where
             match input.poll_next_unpin(cx) {
                 Poll::Ready(Some((key, urgency))) => {
                     if urgency == Urgency::Now || this.window.is_zero() {
-                        if let Some(pending) = this.pending.remove(&key) {
+                        if let Some((pending, _)) = this.pending.remove(&key) {
                             this.queue.remove(&pending);
                         }
                         return Poll::Ready(Some(key));
                     }
                     if !this.pending.contains_key(&key) {
                         let pending = this.queue.insert(key.clone(), this.window);
-                        this.pending.insert(key, pending);
+                        this.pending.insert(key, (pending, 0));
                     }
                 }
                 Poll::Ready(None) => this.input = None,
                 Poll::Pending => break,
             }
         }
-        match this.queue.poll_expired(cx) {
-            Poll::Ready(Some(expired)) => {
-                let key = expired.into_inner();
-                this.pending.remove(&key);
-                Poll::Ready(Some(key))
-            }
-            // An empty queue: done only when the input is.
-            Poll::Ready(None) if this.input.is_none() => Poll::Ready(None),
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        loop {
+            return match this.queue.poll_expired(cx) {
+                Poll::Ready(Some(expired)) => {
+                    let key = expired.into_inner();
+                    let Some((_, held)) = this.pending.remove(&key) else {
+                        continue;
+                    };
+                    if held < MAX_HOLD_WINDOWS * RECHECKS_PER_WINDOW
+                        && this.busy.as_ref().is_some_and(Busy::is_busy)
+                    {
+                        // Every slot is taken: look again a little later.
+                        let again = this
+                            .queue
+                            .insert(key.clone(), this.window / RECHECKS_PER_WINDOW);
+                        this.pending.insert(key, (again, held + 1));
+                        continue;
+                    }
+                    Poll::Ready(Some(key))
+                }
+                // An empty queue: done only when the input is.
+                Poll::Ready(None) if this.input.is_none() => Poll::Ready(None),
+                Poll::Ready(None) | Poll::Pending => Poll::Pending,
+            };
         }
     }
 }
@@ -148,7 +255,6 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use std::hash::{DefaultHasher, Hash, Hasher};
-    use tokio::time::Instant;
 
     fn pod(name: &str, label: &str, ip: Option<&str>) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -202,7 +308,7 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&str, Urgency)>();
         let input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         let window = Duration::from_secs(1);
-        let mut out = batch(input, window);
+        let mut out = batch(input, window, None);
         let start = Instant::now();
 
         for _ in 0..5 {
@@ -232,9 +338,52 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn status_refreshes_wait_while_every_slot_is_taken_but_edits_do_not() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&str, Urgency)>();
+        let input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let window = Duration::from_secs(1);
+        let busy = Busy::new(2);
+        let mut out = batch(input, window, Some(busy.clone()));
+        let start = Instant::now();
+
+        let first = busy.enter();
+        let second = busy.enter();
+        assert!(busy.is_busy());
+        tx.send(("a", Urgency::Batched)).ok();
+        tx.send(("b", Urgency::Now)).ok();
+        assert_eq!(out.next().await, Some("b"), "an edit is never held");
+        let freed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            drop(first);
+        });
+        assert_eq!(out.next().await, Some("a"));
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(2500) + BUSY_GRACE
+                && waited <= Duration::from_millis(2500) + BUSY_GRACE + window / 5,
+            "released soon after a slot frees up, not at its window's end: {waited:?}"
+        );
+        freed.await.ok();
+
+        // With every slot taken for good, a refresh still goes out after the longest hold.
+        let third = busy.enter();
+        let start = Instant::now();
+        tx.send(("c", Urgency::Batched)).ok();
+        assert_eq!(out.next().await, Some("c"));
+        assert_eq!(start.elapsed(), window * MAX_HOLD_WINDOWS + window);
+        drop((second, third));
+        assert!(
+            busy.is_busy(),
+            "busy for a grace period after the last slot frees up"
+        );
+        tokio::time::sleep(BUSY_GRACE).await;
+        assert!(!busy.is_busy());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_zero_window_passes_everything_through() {
         let input = futures::stream::iter([("a", Urgency::Batched), ("a", Urgency::Batched)]);
-        let out: Vec<&str> = batch(input, Duration::ZERO).collect().await;
+        let out: Vec<&str> = batch(input, Duration::ZERO, None).collect().await;
         assert_eq!(out, ["a", "a"]);
     }
 }
