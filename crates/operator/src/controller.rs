@@ -258,7 +258,7 @@ pub struct Context {
     pub pdbs: Store<CachedPdb>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
-    events: mpsc::UnboundedSender<QueuedEvent>,
+    events: mpsc::Sender<QueuedEvent>,
     service_monitors: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
     /// Reconciles running (status refreshes wait while every slot is taken).
@@ -294,8 +294,13 @@ impl Context {
     fn publish_event(&self, mc: &Memcached, event: Event) {
         // Events are informational: published off the reconcile's critical path.
         let queued = (event, mc.object_ref(&()), tokio::time::Instant::now());
-        if self.events.send(queued).is_err() {
-            warn!("event publisher stopped; event dropped");
+        if let Err(e) = self.events.try_send(queued) {
+            let (event, reference, _) = e.into_inner();
+            warn!(
+                object = reference.name.as_deref().unwrap_or_default(),
+                reason = event.reason,
+                "event queue full ({EVENT_QUEUE} waiting) or closed: event dropped"
+            );
         }
     }
 }
@@ -305,18 +310,19 @@ type QueuedEvent = (Event, ObjectReference, tokio::time::Instant);
 
 /// How long an event may be held back while the controller is busy.
 const EVENT_MAX_HOLD: Duration = Duration::from_secs(10);
+/// Events waiting beyond this many are dropped, as client-go's broadcaster drops them beyond
+/// 1,000; here a mass creation of 10,000 Memcacheds still gets every event.
+const EVENT_QUEUE: usize = 10_000;
 
 /// Publishes queued events one at a time, oldest first, as client-go's event broadcaster
 /// does. Each write competes with the reconciles for the API server, and an event is
 /// informational, so while every reconcile slot is taken ([`Busy`]) the next event waits, at
 /// most [`EVENT_MAX_HOLD`]; its timestamp is then the time it was published.
-fn spawn_event_publisher(recorder: Recorder, busy: Busy) -> mpsc::UnboundedSender<QueuedEvent> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<QueuedEvent>();
+fn spawn_event_publisher(recorder: Recorder, busy: Busy) -> mpsc::Sender<QueuedEvent> {
+    let (tx, mut rx) = mpsc::channel::<QueuedEvent>(EVENT_QUEUE);
     tokio::spawn(async move {
         while let Some((event, reference, queued_at)) = rx.recv().await {
-            while busy.is_busy() && queued_at.elapsed() < EVENT_MAX_HOLD {
-                tokio::time::sleep(triggers::BUSY_GRACE).await;
-            }
+            busy.wait_idle(queued_at, EVENT_MAX_HOLD).await;
             if let Err(e) = recorder.publish(&event, &reference).await {
                 warn!(error = %e, reason = event.reason, "could not publish event");
             }

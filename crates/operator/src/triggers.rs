@@ -140,6 +140,13 @@ impl Busy {
         BusyGuard(self.clone())
     }
 
+    /// Waits until the controller is not busy, or until `max` after `since`.
+    pub async fn wait_idle(&self, since: Instant, max: Duration) {
+        while self.is_busy() && since.elapsed() < max {
+            tokio::time::sleep(BUSY_GRACE).await;
+        }
+    }
+
     /// Whether every slot is taken, or was within the last [`BUSY_GRACE`].
     pub fn is_busy(&self) -> bool {
         if self.slots == 0 {
@@ -378,6 +385,34 @@ mod tests {
         );
         tokio::time::sleep(BUSY_GRACE).await;
         assert!(!busy.is_busy());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn low_priority_work_waits_for_a_free_slot_or_its_longest_hold() {
+        let busy = Busy::new(1);
+        let start = Instant::now();
+        busy.wait_idle(start, Duration::from_secs(10)).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "idle: no wait");
+
+        let running = busy.enter();
+        let finish = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(running);
+        });
+        busy.wait_idle(start, Duration::from_secs(10)).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_secs(3) + BUSY_GRACE
+                && waited <= Duration::from_secs(3) + BUSY_GRACE * 2,
+            "{waited:?}"
+        );
+        finish.await.ok();
+
+        let _stuck = busy.enter();
+        let start = Instant::now();
+        busy.wait_idle(start, Duration::from_secs(10)).await;
+        assert!(start.elapsed() >= Duration::from_secs(10));
+        assert!(start.elapsed() <= Duration::from_secs(10) + BUSY_GRACE);
     }
 
     #[tokio::test(start_paused = true)]
