@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
@@ -47,9 +48,17 @@ impl Env {
     ) -> Env {
         let client = server.client();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.create(&PostParams::default(), &Memcached::crd())
+        let crd = Memcached::crd();
+        if crds
+            .get_opt(&crd.name_any())
             .await
-            .expect("CRD installs");
+            .expect("CRDs readable")
+            .is_none()
+        {
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .expect("CRD installs");
+        }
         before(&server);
         let config = ControllerConfig {
             backoff: Backoff {
@@ -389,6 +398,85 @@ async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes()
             "Created Deployment thrifty with 3 replicas; Created Service thrifty; \
           Created Service thrifty-headless; Created PodDisruptionBudget thrifty"
         ],
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_backlog_gets_its_children_before_any_event_and_no_event_is_lost() {
+    // Sixty Memcacheds exist before the operator starts, every request takes 20 ms and only
+    // two reconciles run at once: the backlog lasts longer than a status batching window.
+    const N: usize = 60;
+    let server = ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(Duration::from_millis(50))
+        .build();
+    let client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &Memcached::crd())
+        .await
+        .expect("CRD installs");
+    let memcacheds: Api<Memcached> = Api::default_namespaced(client.clone());
+    let names: Vec<String> = (0..N).map(|i| format!("backlog-{i}")).collect();
+    for name in &names {
+        let yaml = SEED_SAMPLE
+            .replace("memcached-sample", name)
+            .replace("size: 3", "size: 1");
+        let mc: Memcached = serde_yaml::from_str(&yaml).expect("sample parses");
+        memcacheds
+            .create(&PostParams::default(), &mc)
+            .await
+            .expect("Memcached created");
+    }
+    server.set_latency(Duration::from_millis(20));
+    let config = ControllerConfig {
+        concurrency: 2,
+        ..ControllerConfig::default()
+    };
+    let env = Env::start_on(server, config, |_| {}).await;
+    for name in &names {
+        env.converged(name, 1).await;
+    }
+
+    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let created = wait_for("one creation event per Memcached", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let created: Vec<Event> = list
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.note
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("Created Deployment backlog-"))
+            })
+            .collect();
+        (created.len() >= N).then_some(created)
+    })
+    .await;
+    let mut about: Vec<String> = created
+        .iter()
+        .filter_map(|e| e.regarding.as_ref()?.name.clone())
+        .collect();
+    about.sort();
+    about.dedup();
+    assert_eq!((created.len(), about.len()), (N, N), "one event each");
+
+    // Events wait while every reconcile slot is taken: the last child of the backlog was
+    // written before the first event (resourceVersions are one global, increasing count).
+    let rv = |meta: &ObjectMeta| meta.resource_version.as_deref()?.parse::<u64>().ok();
+    let last_service = env
+        .services()
+        .list(&ListParams::default())
+        .await
+        .expect("services")
+        .items
+        .iter()
+        .filter_map(|s| rv(&s.metadata))
+        .max();
+    let first_event = created.iter().filter_map(|e| rv(&e.metadata)).min();
+    assert!(
+        matches!((last_service, first_event), (Some(s), Some(e)) if s < e),
+        "last Service at {last_service:?}, first event at {first_event:?}"
     );
     env.stop().await;
 }
