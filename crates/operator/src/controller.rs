@@ -318,12 +318,32 @@ const EVENT_QUEUE: usize = 10_000;
 /// does. Each write competes with the reconciles for the API server, and an event is
 /// informational, so while every reconcile slot is taken ([`Busy`]) the next event waits, at
 /// most [`EVENT_MAX_HOLD`]; its timestamp is then the time it was published.
-fn spawn_event_publisher(recorder: Recorder, busy: Busy) -> mpsc::Sender<QueuedEvent> {
+///
+/// kube-runtime's `Recorder` turns an event into a series of the last one with the same
+/// object, type, reason and action seen in the past 6 minutes, keeping that one's note: right
+/// for a failure that repeats, wrong for changes (a second scaling would show as the first
+/// one counted twice). So warnings go through one shared `Recorder`, and each Normal event
+/// (a change, whose note says which) through a fresh one, which also keeps it out of the
+/// shared 6-minute cache.
+fn spawn_event_publisher(
+    client: Client,
+    reporter: Reporter,
+    busy: Busy,
+) -> mpsc::Sender<QueuedEvent> {
     let (tx, mut rx) = mpsc::channel::<QueuedEvent>(EVENT_QUEUE);
+    let warnings = Recorder::new(client.clone(), reporter.clone());
     tokio::spawn(async move {
         while let Some((event, reference, queued_at)) = rx.recv().await {
             busy.wait_idle(queued_at, EVENT_MAX_HOLD).await;
-            if let Err(e) = recorder.publish(&event, &reference).await {
+            let published = match event.type_ {
+                EventType::Warning => warnings.publish(&event, &reference).await,
+                EventType::Normal => {
+                    Recorder::new(client.clone(), reporter.clone())
+                        .publish(&event, &reference)
+                        .await
+                }
+            };
+            if let Err(e) = published {
                 warn!(error = %e, reason = event.reason, "could not publish event");
             }
         }
@@ -1139,7 +1159,7 @@ pub async fn run_controller(
     };
     let busy = Busy::new(usize::from(config.concurrency));
     let ctx = Arc::new(Context {
-        events: spawn_event_publisher(Recorder::new(client.clone(), reporter), busy.clone()),
+        events: spawn_event_publisher(client.clone(), reporter, busy.clone()),
         client,
         memcacheds: caches.memcacheds.store(),
         deployments: caches.deployments.store(),

@@ -482,6 +482,46 @@ async fn a_backlog_gets_its_children_before_any_event_and_no_event_is_lost() {
 }
 
 #[tokio::test]
+async fn two_scalings_in_a_row_are_two_events_each_with_its_own_note() {
+    let env = Env::start().await;
+    env.apply_sample("twice", 2).await;
+    env.converged("twice", 2).await;
+    for size in [3, 4] {
+        env.memcacheds()
+            .patch(
+                "twice",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": size}})),
+            )
+            .await
+            .expect("scaled");
+        env.converged("twice", size as usize).await;
+    }
+    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let mut notes = wait_for("both scaling events", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let notes: Vec<String> = list
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Scaled"))
+            .filter_map(|e| e.note)
+            .collect();
+        (notes.len() >= 2).then_some(notes)
+    })
+    .await;
+    notes.sort();
+    assert_eq!(
+        notes,
+        [
+            "Scaled Deployment twice from 2 to 3 replicas",
+            "Scaled Deployment twice from 3 to 4 replicas",
+        ],
+        "not one event counted twice under the first change's note"
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
 async fn converged_objects_cost_zero_writes_on_resync() {
     let config = ControllerConfig {
         resync: Duration::from_millis(100),
