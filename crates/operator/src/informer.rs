@@ -228,7 +228,14 @@ where
                 };
                 let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
                 for obj in changed {
-                    subs.retain(|tx| tx.send(obj.clone()).is_ok());
+                    // A copy for every subscriber but the last, which gets the object itself.
+                    let mut obj = Some(obj);
+                    let mut left = subs.len();
+                    subs.retain(|tx| {
+                        left -= 1;
+                        let copy = if left == 0 { obj.take() } else { obj.clone() };
+                        copy.is_some_and(|o| tx.send(o).is_ok())
+                    });
                 }
             }
         });
@@ -338,6 +345,29 @@ mod tests {
         let mut names: Vec<String> = index.get(key).iter().map(|p| p.name_any()).collect();
         names.sort();
         names
+    }
+
+    #[tokio::test]
+    async fn every_subscriber_gets_every_change() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let server = apisim::ApiServer::builder().build();
+        let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+        let informer = Informer::start(api.clone(), watcher::Config::default(), |_| {});
+        informer.wait_synced().await;
+        let streams = [informer.subscribe(), informer.subscribe(), informer.subscribe()];
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "shared"}, "data": {"k": "v"}
+        }))
+        .expect("valid ConfigMap");
+        api.create(&Default::default(), &cm).await.expect("created");
+        for mut stream in streams {
+            let seen = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+                .await
+                .ok()
+                .flatten()
+                .and_then(Result::ok);
+            assert_eq!(seen.map(|c| c.name_any()).as_deref(), Some("shared"));
+        }
     }
 
     #[test]
