@@ -354,7 +354,11 @@ mod tests {
         let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
         let informer = Informer::start(api.clone(), watcher::Config::default(), |_| {});
         informer.wait_synced().await;
-        let streams = [informer.subscribe(), informer.subscribe(), informer.subscribe()];
+        let streams = [
+            informer.subscribe(),
+            informer.subscribe(),
+            informer.subscribe(),
+        ];
         let cm: ConfigMap = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "shared"}, "data": {"k": "v"}
         }))
