@@ -93,6 +93,9 @@ impl Env {
     fn pods(&self) -> Api<Pod> {
         Api::default_namespaced(self.client.clone())
     }
+    fn events(&self) -> Api<Event> {
+        Api::default_namespaced(self.client.clone())
+    }
 
     async fn apply_sample(&self, name: &str, size: i32) {
         let yaml = SEED_SAMPLE
@@ -383,7 +386,7 @@ async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes()
         (1..=3).contains(&status_writes),
         "{status_writes} status writes for one new Memcached:\n{counts}"
     );
-    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let events = env.events();
     let notes: Vec<String> = events
         .list(&ListParams::default())
         .await
@@ -412,10 +415,7 @@ async fn a_backlog_gets_its_children_before_any_event_and_no_event_is_lost() {
         .pod_ready_delay(Duration::from_millis(50))
         .build();
     let client = server.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &Memcached::crd())
-        .await
-        .expect("CRD installs");
+    common::install_crds(&client, false).await;
     let memcacheds: Api<Memcached> = Api::default_namespaced(client.clone());
     let names: Vec<String> = (0..N).map(|i| format!("backlog-{i}")).collect();
     for name in &names {
@@ -438,7 +438,7 @@ async fn a_backlog_gets_its_children_before_any_event_and_no_event_is_lost() {
         env.converged(name, 1).await;
     }
 
-    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let events = env.events();
     let created = wait_for("one creation event per Memcached", || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         let created: Vec<Event> = list
@@ -497,7 +497,7 @@ async fn two_scalings_in_a_row_are_two_events_each_with_its_own_note() {
             .expect("scaled");
         env.converged("twice", size as usize).await;
     }
-    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let events = env.events();
     let mut notes = wait_for("both scaling events", || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         let notes: Vec<String> = list
@@ -664,7 +664,7 @@ async fn a_name_too_long_for_child_objects_is_degraded_and_others_still_converge
     );
     assert!(env.services().get_opt(&long).await.expect("get").is_none());
 
-    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let events = env.events();
     let warned = wait_for("InvalidSpec event", || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         list.items.into_iter().find(|e| {
@@ -684,7 +684,7 @@ async fn creation_and_scaling_are_recorded_as_events() {
     env.converged("evented", 1).await;
     env.apply_sample("evented", 2).await;
     env.converged("evented", 2).await;
-    let events: Api<Event> = Api::default_namespaced(env.client.clone());
+    let events = env.events();
     let reasons = wait_for("Created and Scaled events", || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         let reasons: Vec<String> = list
