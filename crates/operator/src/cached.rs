@@ -19,7 +19,7 @@ use std::marker::PhantomData;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use kube::core::NamespaceResourceScope;
 use serde::de::DeserializeOwned;
@@ -72,11 +72,55 @@ macro_rules! resource_as {
 
 resource_as!(CachedPod, Pod);
 
+/// An object's metadata as read from the API, without `managedFields`: that is a field tree
+/// as large as the spec for every object we apply, and no reader needs it, so serde skips
+/// it unparsed instead of building it only to drop it.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+impl From<WireMeta> for ObjectMeta {
+    fn from(m: WireMeta) -> Self {
+        ObjectMeta {
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
+            managed_fields: None,
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
+        }
+    }
+}
+
 /// The parts of a pod's JSON that are read; serde skips everything else unparsed.
 #[derive(Deserialize)]
 struct WirePod {
     #[serde(default)]
-    metadata: ObjectMeta,
+    metadata: WireMeta,
     #[serde(default)]
     status: Option<WireStatus>,
 }
@@ -98,7 +142,7 @@ struct WireCondition {
 
 impl From<WirePod> for CachedPod {
     fn from(pod: WirePod) -> Self {
-        let m = pod.metadata;
+        let m = ObjectMeta::from(pod.metadata);
         let labels: BTreeMap<String, String> = m
             .labels
             .into_iter()
@@ -191,12 +235,12 @@ impl<'de, K> Deserialize<'de> for SpecOnly<K> {
         #[derive(Deserialize)]
         struct Wire {
             #[serde(default)]
-            metadata: ObjectMeta,
+            metadata: WireMeta,
             #[serde(default)]
             spec: Option<Value>,
         }
         let wire = Wire::deserialize(deserializer)?;
-        Ok(Self::new(wire.metadata, wire.spec.as_ref()))
+        Ok(Self::new(wire.metadata.into(), wire.spec.as_ref()))
     }
 }
 
@@ -283,7 +327,7 @@ resource_as!(CachedDeployment, Deployment);
 #[derive(Deserialize)]
 struct WireDeployment {
     #[serde(default)]
-    metadata: ObjectMeta,
+    metadata: WireMeta,
     #[serde(default)]
     spec: Option<Value>,
     #[serde(default)]
@@ -292,7 +336,7 @@ struct WireDeployment {
 
 impl From<WireDeployment> for CachedDeployment {
     fn from(d: WireDeployment) -> Self {
-        let mut metadata = d.metadata;
+        let mut metadata = ObjectMeta::from(d.metadata);
         metadata.managed_fields = None;
         let replicas = d
             .spec
@@ -449,6 +493,26 @@ mod tests {
             cached,
             "status is not kept, so its churn changes nothing"
         );
+    }
+
+    #[test]
+    fn metadata_is_read_whole_except_managed_fields() {
+        let json = json!({
+            "name": "m", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
+            "generation": 3, "generateName": "m-", "selfLink": "/x",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "deletionTimestamp": "2026-01-02T00:00:00Z", "deletionGracePeriodSeconds": 30,
+            "labels": {"a": "b"}, "annotations": {"c": "d"}, "finalizers": ["f"],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "K", "name": "o", "uid": "u-0",
+                "controller": true}],
+            "managedFields": [{"manager": "x", "operation": "Apply",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}],
+        });
+        let mut want: ObjectMeta = serde_json::from_value(json.clone()).unwrap_or_default();
+        assert!(want.managed_fields.is_some());
+        want.managed_fields = None;
+        let wire: WireMeta = serde_json::from_value(json).unwrap_or_default();
+        assert_eq!(ObjectMeta::from(wire), want);
     }
 
     #[test]
