@@ -217,8 +217,7 @@ impl<K> SpecOnly<K> {
         &self.spec_json
     }
 
-    fn new(mut metadata: ObjectMeta, spec: Option<&Value>) -> Self {
-        metadata.managed_fields = None;
+    fn new(metadata: ObjectMeta, spec: Option<&Value>) -> Self {
         Self {
             metadata,
             spec_json: spec
@@ -336,8 +335,7 @@ struct WireDeployment {
 
 impl From<WireDeployment> for CachedDeployment {
     fn from(d: WireDeployment) -> Self {
-        let mut metadata = ObjectMeta::from(d.metadata);
-        metadata.managed_fields = None;
+        let metadata = ObjectMeta::from(d.metadata);
         let replicas = d
             .spec
             .as_ref()
