@@ -281,16 +281,25 @@ where
     type Full = K;
 
     fn live_json(&self) -> Option<Value> {
-        let mut json = serde_json::json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "metadata": serde_json::to_value(&self.metadata).ok()?,
-        });
-        if !self.spec_json.is_empty() {
-            json["spec"] = serde_json::from_str(&self.spec_json).ok()?;
-        }
-        Some(json)
+        object_json::<K>(&self.metadata, &self.spec_json)
     }
+}
+
+/// A cached object as the JSON the drift check compares against: type, metadata and the
+/// spec kept as text.
+fn object_json<K: Resource<DynamicType = ()>>(
+    metadata: &ObjectMeta,
+    spec_json: &str,
+) -> Option<Value> {
+    let mut json = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": serde_json::to_value(metadata).ok()?,
+    });
+    if !spec_json.is_empty() {
+        json["spec"] = serde_json::from_str(spec_json).ok()?;
+    }
+    Some(json)
 }
 
 /// A Service as cached.
@@ -360,15 +369,8 @@ impl CacheForm for CachedDeployment {
     type Full = Deployment;
 
     fn live_json(&self) -> Option<Value> {
-        let mut json = serde_json::json!({
-            "apiVersion": Deployment::api_version(&()),
-            "kind": Deployment::kind(&()),
-            "metadata": serde_json::to_value(&self.metadata).ok()?,
-            "status": serde_json::to_value(&self.status).ok()?,
-        });
-        if !self.spec_json.is_empty() {
-            json["spec"] = serde_json::from_str(&self.spec_json).ok()?;
-        }
+        let mut json = object_json::<Deployment>(&self.metadata, &self.spec_json)?;
+        json["status"] = serde_json::to_value(&self.status).ok()?;
         Some(json)
     }
 }
