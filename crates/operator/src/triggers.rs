@@ -24,6 +24,7 @@
 //! priority queue puts low-priority items behind the rest).
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,8 +32,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
@@ -51,8 +51,14 @@ pub type SpecHash<K> = fn(&K) -> u64;
 pub type StatusHash<K> = fn(&K) -> u64;
 
 /// Remembers, per object, the two hashes last seen, and classifies each new sighting.
+///
+/// Objects are remembered by a 64-bit hash of namespace and name rather than by name: an
+/// entry is 24 bytes instead of two strings, which at 1,000 Memcacheds (6,000 children and
+/// pods) is about 1 MB less. Two objects of one kind and scope collide with a probability
+/// of about n²/2⁶⁵ (10⁻¹² for 10⁴ objects); a collision could only misjudge how urgent one
+/// change is, and the next resync reconciles both owners anyway.
 pub struct Classifier<K: Resource<DynamicType = ()>> {
-    seen: HashMap<ObjectRef<K>, (u64, u64)>,
+    seen: HashMap<u64, (u64, u64)>,
     spec: SpecHash<K>,
     status: StatusHash<K>,
 }
@@ -70,7 +76,12 @@ impl<K: Resource<DynamicType = ()>> Classifier<K> {
     /// the informer passes deletions on marked as being deleted) is always urgent, and is
     /// forgotten so that its final removal is urgent too.
     pub fn classify(&mut self, obj: &K) -> Option<Urgency> {
-        let key = ObjectRef::new(&obj.name_any()).within(obj.namespace().as_deref()?);
+        let key = {
+            let meta = obj.meta();
+            let mut h = DefaultHasher::new();
+            (meta.namespace.as_deref()?, meta.name.as_deref()?).hash(&mut h);
+            h.finish()
+        };
         if obj.meta().deletion_timestamp.is_some() {
             self.seen.remove(&key);
             return Some(Urgency::Now);
