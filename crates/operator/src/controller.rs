@@ -29,8 +29,8 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::builders::{
-    self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_INSTANCE,
-    LABEL_MANAGED_BY, MANAGED_BY, SecretVersions,
+    self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_MANAGED_BY,
+    MANAGED_BY, SecretVersions,
 };
 use crate::cached::{CacheForm, CachedDeployment, CachedPdb, CachedPod, CachedService};
 use crate::drift;
@@ -471,7 +471,7 @@ fn pod_index_key(pod: &CachedPod) -> Option<String> {
     Some(format!(
         "{}/{}",
         pod.metadata.namespace.as_deref()?,
-        pod.labels().get(LABEL_INSTANCE)?
+        pod.instance.as_deref()?
     ))
 }
 
@@ -967,15 +967,16 @@ where
 
 /// Maps one of our pods to the Memcached that owns it (by its instance label).
 fn pod_owner(pod: &CachedPod) -> Option<ObjectRef<Memcached>> {
-    let instance = pod.labels().get(LABEL_INSTANCE)?;
+    let instance = pod.instance.as_deref()?;
     Some(ObjectRef::new(instance).within(pod.metadata.namespace.as_deref()?))
 }
 
 /// Maps an owned child to the Memcached named in its controller ownerReference.
-fn controller_owner<K: Resource>(child: &K) -> Option<ObjectRef<Memcached>> {
+fn controller_owner<K: CacheForm>(child: &K) -> Option<ObjectRef<Memcached>> {
     let owner = child
+        .meta_text()
         .owner_references()
-        .iter()
+        .into_iter()
         .find(|o| o.controller == Some(true) && o.kind == "Memcached")?;
     if owner.api_version != Memcached::api_version(&()) {
         return None;
@@ -990,18 +991,13 @@ fn slim<K: Resource>(obj: &mut K) {
 
 /// Hash of what the reconciler reads of an owned object's metadata: labels and
 /// annotations (the drift check) and ownership. Deletion is seen by the classifier itself.
-fn metadata_outcome<K: Resource>(obj: &K, hasher: &mut DefaultHasher) {
-    let meta = obj.meta();
-    meta.labels.hash(hasher);
-    meta.annotations.hash(hasher);
-    for owner in meta.owner_references.iter().flatten() {
-        owner.uid.hash(hasher);
-    }
+fn metadata_outcome<K: CacheForm>(obj: &K, hasher: &mut DefaultHasher) {
+    obj.meta_text().hash(hasher);
 }
 
 /// A Deployment's or budget's metadata and spec (through its generation): a change is
 /// drift.
-fn spec_by_generation<K: Resource>(obj: &K) -> u64 {
+fn spec_by_generation<K: CacheForm>(obj: &K) -> u64 {
     let mut h = DefaultHasher::new();
     metadata_outcome(obj, &mut h);
     obj.meta().generation.hash(&mut h);
@@ -1038,10 +1034,10 @@ fn unread_status<K>(_: &K) -> u64 {
     0
 }
 
-/// A pod's labels decide which Memcached it counts for.
+/// A pod's instance label decides which Memcached it counts for.
 fn pod_spec(p: &CachedPod) -> u64 {
     let mut h = DefaultHasher::new();
-    p.metadata.labels.hash(&mut h);
+    p.instance.hash(&mut h);
     h.finish()
 }
 

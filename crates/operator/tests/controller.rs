@@ -312,6 +312,65 @@ async fn manual_replica_edit_is_repaired_and_deleted_service_recreated() {
     env.stop().await;
 }
 
+/// Labels and annotations are cached as text (`cached::MetaText`), not typed: an edit of
+/// them alone (no generation change, so only the metadata hash can notice) is still drift,
+/// repaired at once; the default resync (5 min) is far beyond this test's deadline.
+#[tokio::test]
+async fn a_metadata_only_edit_of_a_child_is_repaired() {
+    let env = Env::start().await;
+    env.apply_sample("relabel", 1).await;
+    env.converged("relabel", 1).await;
+    let ours = |meta: &ObjectMeta| {
+        let label = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/component"))
+            .cloned();
+        let hash = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("memcached.cache.example.com/applied-hash"))
+            .cloned();
+        (label, hash)
+    };
+    let before = ours(
+        &env.services()
+            .get("relabel")
+            .await
+            .expect("Service")
+            .metadata,
+    );
+    assert!(before.0.is_some() && before.1.is_some(), "{before:?}");
+    env.services()
+        .patch(
+            "relabel",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {
+                "labels": {"app.kubernetes.io/component": "hijacked"},
+                "annotations": {"memcached.cache.example.com/applied-hash": null},
+            }})),
+        )
+        .await
+        .expect("edit");
+    let before_deployment = env.deployments().get("relabel").await.expect("Deployment");
+    env.deployments()
+        .patch(
+            "relabel",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app.kubernetes.io/component": "x"}}})),
+        )
+        .await
+        .expect("edit");
+    wait_for("labels and annotation restored", || async {
+        let s = env.services().get("relabel").await.ok()?;
+        let d = env.deployments().get("relabel").await.ok()?;
+        (ours(&s.metadata) == before && ours(&d.metadata) == ours(&before_deployment.metadata))
+            .then_some(())
+    })
+    .await;
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn deleting_the_memcached_leaves_nothing_behind() {
     let env = Env::start().await;
