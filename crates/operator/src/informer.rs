@@ -40,7 +40,7 @@ fn hash_of(parts: impl Hash) -> u64 {
 }
 
 /// An object's identity in its kind and scope: its namespace and name, hashed.
-fn identity<K: Resource>(obj: &K) -> u64 {
+pub(crate) fn identity<K: Resource>(obj: &K) -> u64 {
     let meta = obj.meta();
     hash_of((meta.namespace.as_deref(), meta.name.as_deref()))
 }
@@ -79,7 +79,7 @@ impl<K: Resource> IndexState<K> {
 /// Lookups cost the size of the group, not of the cache.
 ///
 /// The index holds the same `Arc`s as the store, and remembers keys and objects by 64-bit
-/// hashes: with 3,000 pods that is about 100 KB, against 1.4 MB when it kept every pod's
+/// hashes: with 3,000 pods that is about 0.1 MB, against 1.4 MB when it kept every pod's
 /// `ObjectRef` twice (each with name, namespace, uid and resourceVersion) and every key as a
 /// string. A lookup checks each object's key itself, so colliding hashes cannot mix groups.
 pub struct Index<K: Resource<DynamicType = ()> + Clone + 'static> {
