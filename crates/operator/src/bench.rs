@@ -24,7 +24,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::Memcached;
@@ -454,8 +454,11 @@ fn track(env: &Env, n: usize) -> (Arc<Mutex<Progress>>, tokio::task::JoinHandle<
     let mcs = watcher(env.memcacheds(), watcher::Config::default())
         .filter_map(|e| async move { e.ok().and_then(applied).map(|mc| summary(&mc)) })
         .boxed();
+    // Children are watched metadata-only: the tracker needs their names, and decoding whole
+    // Deployments here cost CPU on the cores the operator and the server share, which the
+    // bound (no tracker) does not pay.
     let deployments = watcher(
-        Api::<Deployment>::namespaced(env.client.clone(), &env.namespace),
+        Api::<PartialObjectMeta<Deployment>>::namespaced(env.client.clone(), &env.namespace),
         owned.clone(),
     )
     .filter_map(|e| async move {
@@ -465,7 +468,7 @@ fn track(env: &Env, n: usize) -> (Arc<Mutex<Progress>>, tokio::task::JoinHandle<
     })
     .boxed();
     let services = watcher(
-        Api::<Service>::namespaced(env.client.clone(), &env.namespace),
+        Api::<PartialObjectMeta<Service>>::namespaced(env.client.clone(), &env.namespace),
         owned,
     )
     .filter_map(|e| async move {
