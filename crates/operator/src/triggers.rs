@@ -54,8 +54,8 @@ pub type StatusHash<K> = fn(&K) -> u64;
 /// Remembers, per object, the two hashes last seen, and classifies each new sighting.
 ///
 /// Objects are remembered by a 64-bit hash of namespace and name rather than by name: an
-/// entry is 24 bytes instead of two strings, which at 1,000 Memcacheds (7,000 children and
-/// pods) is about 1 MB less. Two objects of one kind and scope collide with a probability
+/// entry is 24 bytes instead of two strings (`heaptrack` at 300 Memcacheds: 0.10 MB for
+/// the four classifiers, against 0.46 MB). Two objects of one kind and scope collide with a probability
 /// of about n²/2⁶⁵ (10⁻¹² for 10⁴ objects); a collision could only misjudge how urgent one
 /// change is, and the next resync reconciles both owners anyway.
 pub struct Classifier<K: Resource<DynamicType = ()>> {

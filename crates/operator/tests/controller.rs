@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
+use memcached_operator::builders::{APPLIED_HASH_ANNOTATION, LABEL_COMPONENT};
 use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileCounters};
 use memcached_operator::demo::SEED_SAMPLE;
 use serde_json::json;
@@ -324,12 +325,12 @@ async fn a_metadata_only_edit_of_a_child_is_repaired() {
         let label = meta
             .labels
             .as_ref()
-            .and_then(|l| l.get("app.kubernetes.io/component"))
+            .and_then(|l| l.get(LABEL_COMPONENT))
             .cloned();
         let hash = meta
             .annotations
             .as_ref()
-            .and_then(|a| a.get("memcached.cache.example.com/applied-hash"))
+            .and_then(|a| a.get(APPLIED_HASH_ANNOTATION))
             .cloned();
         (label, hash)
     };
@@ -346,8 +347,8 @@ async fn a_metadata_only_edit_of_a_child_is_repaired() {
             "relabel",
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {
-                "labels": {"app.kubernetes.io/component": "hijacked"},
-                "annotations": {"memcached.cache.example.com/applied-hash": null},
+                "labels": {LABEL_COMPONENT: "hijacked"},
+                "annotations": {APPLIED_HASH_ANNOTATION: null},
             }})),
         )
         .await
@@ -357,7 +358,7 @@ async fn a_metadata_only_edit_of_a_child_is_repaired() {
         .patch(
             "relabel",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"app.kubernetes.io/component": "x"}}})),
+            &Patch::Merge(json!({"metadata": {"labels": {LABEL_COMPONENT: "x"}}})),
         )
         .await
         .expect("edit");
