@@ -269,6 +269,54 @@ impl ApiServerBuilder {
     }
 }
 
+/// The store's changes, from [`ApiServer::changes`].
+pub struct Changes(broadcast::Receiver<Arc<store::Event>>);
+
+impl Changes {
+    /// The next change; `None` once the server is gone. After a gap (this receiver fell
+    /// behind), a change whose [`Change::event_type`] is `LAGGED` comes first.
+    pub async fn recv(&mut self) -> Option<Change> {
+        match self.0.recv().await {
+            Ok(ev) => Some(Change(ev)),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::lagged()),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+/// One change of the store.
+#[derive(Clone, Debug)]
+pub struct Change(Arc<store::Event>);
+
+impl Change {
+    fn lagged() -> Change {
+        Change(Arc::new(store::Event {
+            rv: 0,
+            key: (String::new(), String::new()),
+            ns: String::new(),
+            etype: "LAGGED",
+            obj: Arc::new(Value::Null),
+            prev: None,
+            line: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The plural of the object's kind ("deployments").
+    pub fn kind_plural(&self) -> &str {
+        &self.0.key.1
+    }
+
+    /// `ADDED`, `MODIFIED` or `DELETED`; `LAGGED` when changes were missed.
+    pub fn event_type(&self) -> &str {
+        self.0.etype
+    }
+
+    /// The object as stored after the change (before it, for `DELETED`).
+    pub fn object(&self) -> &Value {
+        &self.0.obj
+    }
+}
+
 impl ApiServer {
     /// A server with the built-in kinds and namespaces; workload simulator off.
     pub fn new() -> ApiServer {
@@ -342,6 +390,15 @@ impl ApiServer {
                 groups.iter().map(|g| g.to_string()).collect(),
             ),
         );
+    }
+
+    /// Every change the store makes from now on, in order, in-process: no serialization, no
+    /// HTTP, nothing added to what the server does for its clients (a tool observing a
+    /// benchmark uses it so as not to load the server it measures). A receiver that falls
+    /// more than the channel's capacity behind sees a `LAGGED` change and should read the
+    /// store again.
+    pub fn changes(&self) -> Changes {
+        Changes(self.inner.tx.subscribe())
     }
 
     /// The current global resourceVersion.

@@ -656,8 +656,7 @@ pub fn server_side_apply(
         fields: new_set,
     });
     for m in ms.iter_mut() {
-        let snapshot = obj.clone();
-        m.fields.retain(|p| get_at(&snapshot, p).is_some());
+        m.fields.retain(|p| get_at(&obj, p).is_some());
     }
     write_managers(&mut obj, &ms);
     Ok(obj)

@@ -274,3 +274,50 @@ async fn dropping_the_handle_ends_open_connections() {
     .await;
     assert!(ended.is_ok(), "the watch connection was closed");
 }
+
+/// The in-process change feed reports every stored change in order, with the stored
+/// object, and says so when a receiver fell behind instead of skipping silently.
+#[tokio::test]
+async fn change_feed_reports_writes_in_order_and_gaps() {
+    let s = apisim::ApiServer::new();
+    let mut changes = s.changes();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let cm: ConfigMap = from_json(json!({"metadata": {"name": "fed"}, "data": {"k": "1"}}));
+    api.create(&PostParams::default(), &cm).await.unwrap();
+    api.patch(
+        "fed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    api.delete("fed", &Default::default()).await.unwrap();
+    let mut seen = vec![];
+    for _ in 0..3 {
+        let c = changes.recv().await.unwrap();
+        seen.push((
+            c.event_type().to_string(),
+            c.kind_plural().to_string(),
+            c.object()["data"]["k"].as_str().unwrap_or("").to_string(),
+        ));
+    }
+    let want = |t: &str, v: &str| (t.to_string(), "configmaps".to_string(), v.to_string());
+    assert_eq!(
+        seen,
+        vec![
+            want("ADDED", "1"),
+            want("MODIFIED", "2"),
+            want("DELETED", "2")
+        ]
+    );
+
+    // a receiver that never reads falls behind the channel and is told
+    let small = apisim::ApiServer::builder().build();
+    let mut late = small.changes();
+    let api: Api<ConfigMap> = Api::namespaced(small.client(), "default");
+    for i in 0..17_000 {
+        let cm: ConfigMap = from_json(json!({"metadata": {"name": format!("c{i}")}}));
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    assert_eq!(late.recv().await.unwrap().event_type(), "LAGGED");
+}
