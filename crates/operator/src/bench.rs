@@ -1165,31 +1165,36 @@ mod tests {
     #[test]
     fn stored_objects_are_read_as_the_typed_tracker_reads_them() {
         let mc = |status: serde_json::Value| {
-            json!({"metadata": {"name": "mc-1", "namespace": "b", "generation": 2},
+            json!({"apiVersion": "cache.example.com/v1", "kind": "Memcached",
+                "metadata": {"name": "mc-1", "namespace": "b", "generation": 2},
                 "spec": {"size": 2}, "status": status})
         };
-        let memcached = |obj: &serde_json::Value| match seen_in_store("memcacheds", obj, "b") {
+        let parts = |seen: Option<Seen>| match seen {
             Some(Seen::Memcached(name, current, ready)) => Some((name, current, ready)),
             _ => None,
         };
         let yes = |current, ready| Some(("mc-1".to_string(), current, ready));
-        assert_eq!(memcached(&mc(json!(null))), yes(false, false));
-        assert_eq!(
-            memcached(&mc(json!({"observedGeneration": 1}))),
-            yes(false, false)
-        );
-        assert_eq!(
-            memcached(&mc(
-                json!({"observedGeneration": 2, "nodes": ["p"], "readyReplicas": 1})
-            )),
-            yes(true, false)
-        );
-        assert_eq!(
-            memcached(&mc(
-                json!({"observedGeneration": 2, "nodes": ["p", "q"], "readyReplicas": 2})
-            )),
-            yes(true, true)
-        );
+        for (status, want) in [
+            (json!(null), yes(false, false)),
+            (json!({"observedGeneration": 1}), yes(false, false)),
+            (
+                json!({"observedGeneration": 2, "nodes": ["p"], "readyReplicas": 1}),
+                yes(true, false),
+            ),
+            (
+                json!({"observedGeneration": 2, "nodes": ["p", "q"], "readyReplicas": 2}),
+                yes(true, true),
+            ),
+        ] {
+            let obj = mc(status);
+            let typed: Memcached = serde_json::from_value(obj.clone()).unwrap();
+            assert_eq!(parts(Some(summary(&typed))), want, "typed: {obj}");
+            assert_eq!(
+                parts(seen_in_store("memcacheds", &obj, "b")),
+                want,
+                "stored: {obj}"
+            );
+        }
         // another namespace's objects, and children the operator does not manage, are not counted
         assert!(seen_in_store("memcacheds", &mc(json!(null)), "other").is_none());
         let child = |labels: serde_json::Value| json!({"metadata": {"name": "mc-1", "namespace": "b", "labels": labels}});
