@@ -311,10 +311,11 @@ async fn change_feed_reports_writes_in_order_and_gaps() {
         ]
     );
 
-    // a receiver that never reads falls behind the channel and is told
-    let small = apisim::ApiServer::builder().build();
-    let mut late = small.changes();
-    let api: Api<ConfigMap> = Api::namespaced(small.client(), "default");
+    // a receiver that never reads falls more than the channel's 16,384 changes behind and
+    // is told so
+    let busy = apisim::ApiServer::new();
+    let mut late = busy.changes();
+    let api: Api<ConfigMap> = Api::namespaced(busy.client(), "default");
     for i in 0..17_000 {
         let cm: ConfigMap = from_json(json!({"metadata": {"name": format!("c{i}")}}));
         api.create(&PostParams::default(), &cm).await.unwrap();
