@@ -21,6 +21,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -302,6 +303,41 @@ pub trait CacheForm:
 
     /// Labels, annotations and ownerReferences (which `metadata` does not hold).
     fn meta_text(&self) -> &MetaText;
+
+    /// The desired state this version of the child was last found converged with.
+    fn verified(&self) -> &Verified;
+}
+
+/// The hash of the desired state a cached child was last found converged with (0: none
+/// yet), so that the drift check's JSON comparison runs once per version of the child and
+/// desired state instead of on every reconcile. It lives and dies with this version: any
+/// change to the child arrives as a new cached object, checked afresh. Not part of the
+/// object: clones keep it, equality ignores it.
+#[derive(Debug, Default)]
+pub struct Verified(AtomicU64);
+
+impl Verified {
+    /// Whether this version was found converged with the desired state hashed as `hash`.
+    pub fn holds(&self, hash: u64) -> bool {
+        hash != 0 && self.0.load(Ordering::Relaxed) == hash
+    }
+
+    /// Records that this version is converged with the desired state hashed as `hash`.
+    pub fn record(&self, hash: u64) {
+        self.0.store(hash, Ordering::Relaxed);
+    }
+}
+
+impl Clone for Verified {
+    fn clone(&self) -> Self {
+        Verified(AtomicU64::new(self.0.load(Ordering::Relaxed)))
+    }
+}
+
+impl PartialEq for Verified {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// A child whose status is never read, as cached: metadata (without managedFields) typed,
@@ -313,6 +349,7 @@ pub struct SpecOnly<K> {
     pub metadata: ObjectMeta,
     meta_text: MetaText,
     spec_json: JsonText,
+    verified: Verified,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -322,6 +359,7 @@ impl<K> Clone for SpecOnly<K> {
             metadata: self.metadata.clone(),
             meta_text: self.meta_text.clone(),
             spec_json: self.spec_json.clone(),
+            verified: self.verified.clone(),
             kind: PhantomData,
         }
     }
@@ -349,6 +387,7 @@ impl<'de, K> Deserialize<'de> for SpecOnly<K> {
             metadata,
             meta_text,
             spec_json: wire.spec,
+            verified: Verified::default(),
             kind: PhantomData,
         })
     }
@@ -398,6 +437,10 @@ where
     fn meta_text(&self) -> &MetaText {
         &self.meta_text
     }
+
+    fn verified(&self) -> &Verified {
+        &self.verified
+    }
 }
 
 /// A cached object as the JSON the drift check compares against: type, metadata (completed
@@ -436,6 +479,7 @@ pub struct CachedDeployment {
     pub replicas: Option<i32>,
     spec_json: JsonText,
     pub status: Option<DeploymentStatus>,
+    verified: Verified,
 }
 
 impl CachedDeployment {
@@ -502,6 +546,7 @@ impl From<WireDeployment> for CachedDeployment {
             replicas,
             spec_json: d.spec,
             status: d.status.map(DeploymentStatus::from),
+            verified: Verified::default(),
         }
     }
 }
@@ -518,6 +563,10 @@ impl CacheForm for CachedDeployment {
 
     fn meta_text(&self) -> &MetaText {
         &self.meta_text
+    }
+
+    fn verified(&self) -> &Verified {
+        &self.verified
     }
 }
 

@@ -10,12 +10,17 @@ use serde_json::Value;
 
 use crate::builders::APPLIED_HASH_ANNOTATION;
 
-/// A stable hash of the desired object's JSON form.
+/// A stable hash of the desired object's JSON form, as its annotation shows it.
 pub fn desired_hash<T: Serialize>(desired: &T) -> String {
+    format!("{:016x}", desired_hash_value(desired))
+}
+
+/// A stable hash of the desired object's JSON form.
+pub fn desired_hash_value<T: Serialize>(desired: &T) -> u64 {
     let json = serde_json::to_string(desired).unwrap_or_default();
     let mut hasher = DefaultHasher::new();
     json.hash(&mut hasher);
-    format!("{:016x}", hasher.finish())
+    hasher.finish()
 }
 
 /// Whether every field of `desired` is present in `live` with the same value. Objects are

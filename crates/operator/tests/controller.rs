@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
-use memcached_operator::builders::{APPLIED_HASH_ANNOTATION, LABEL_COMPONENT};
+use memcached_operator::builders::{APPLIED_HASH_ANNOTATION, LABEL_COMPONENT, LABEL_INSTANCE};
 use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileCounters};
 use memcached_operator::demo::SEED_SAMPLE;
 use serde_json::json;
@@ -604,6 +604,57 @@ async fn converged_objects_cost_zero_writes_on_resync() {
     .await;
     let counts = env.server.request_counts();
     assert_eq!(counts.writes(), 0, "writes during resync:\n{counts}");
+    assert_eq!(env.counters.failures(), 0);
+    env.stop().await;
+}
+
+/// A resync of children that did not change costs no JSON comparison: each version of a
+/// child is compared with its desired state once, and drift (a new version) is compared
+/// again and repaired.
+#[tokio::test]
+async fn a_resync_compares_each_child_version_once() {
+    let config = ControllerConfig {
+        resync: Duration::from_millis(100),
+        ..ControllerConfig::default()
+    };
+    let env = Env::start_with(config, |_| {}).await;
+    env.apply_sample("once", 3).await;
+    env.converged("once", 3).await;
+    let counters = env.counters.clone();
+    let resyncs = |n: u64| {
+        let (counters, target) = (counters.clone(), counters.reconciles() + n);
+        wait_for("resync reconciles", move || {
+            let done = counters.reconciles() >= target;
+            async move { done.then_some(()) }
+        })
+    };
+    // Every child's current version gets compared once in the first resyncs.
+    resyncs(3).await;
+    let checks = env.counters.drift_checks();
+    resyncs(10).await;
+    assert_eq!(
+        env.counters.drift_checks(),
+        checks,
+        "children compared again though nothing changed"
+    );
+
+    // A hand edit is a new version: compared, found drifted, repaired.
+    let services: Api<Service> = Api::namespaced(env.client.clone(), "default");
+    services
+        .patch(
+            "once",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {LABEL_INSTANCE: "other"}}})),
+        )
+        .await
+        .unwrap();
+    wait_for("the Service repaired", || async {
+        let svc = services.get("once").await.ok()?;
+        let selector = svc.spec?.selector.unwrap_or_default();
+        (selector.get(LABEL_INSTANCE).map(String::as_str) == Some("once")).then_some(())
+    })
+    .await;
+    assert!(env.counters.drift_checks() > checks);
     assert_eq!(env.counters.failures(), 0);
     env.stop().await;
 }
