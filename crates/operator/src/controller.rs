@@ -469,9 +469,8 @@ async fn apply_if_changed<C: CacheForm>(
             return Ok(Applied::Unchanged(live.clone()));
         }
     }
-    let client = &ctx.client;
     // The answer is read straight into the cached form (only what the cache keeps).
-    let api: Api<C> = Api::namespaced(client.clone(), &namespace);
+    let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let after = api
         .patch(&name, &params, &Patch::Apply(&desired))
