@@ -277,43 +277,32 @@ impl Changes {
     /// behind), a change whose [`Change::event_type`] is `LAGGED` comes first.
     pub async fn recv(&mut self) -> Option<Change> {
         match self.0.recv().await {
-            Ok(ev) => Some(Change(ev)),
-            Err(broadcast::error::RecvError::Lagged(_)) => Some(Change::lagged()),
+            Ok(ev) => Some(Change(Some(ev))),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some(Change(None)),
             Err(broadcast::error::RecvError::Closed) => None,
         }
     }
 }
 
-/// One change of the store.
+/// One change of the store (`None` inside: changes were missed).
 #[derive(Clone, Debug)]
-pub struct Change(Arc<store::Event>);
+pub struct Change(Option<Arc<store::Event>>);
 
 impl Change {
-    fn lagged() -> Change {
-        Change(Arc::new(store::Event {
-            rv: 0,
-            key: (String::new(), String::new()),
-            ns: String::new(),
-            etype: "LAGGED",
-            obj: Arc::new(Value::Null),
-            prev: None,
-            line: std::sync::OnceLock::new(),
-        }))
-    }
-
-    /// The plural of the object's kind ("deployments").
+    /// The plural of the object's kind ("deployments"); empty for `LAGGED`.
     pub fn kind_plural(&self) -> &str {
-        &self.0.key.1
+        self.0.as_ref().map_or("", |ev| ev.key.1.as_str())
     }
 
     /// `ADDED`, `MODIFIED` or `DELETED`; `LAGGED` when changes were missed.
     pub fn event_type(&self) -> &str {
-        self.0.etype
+        self.0.as_ref().map_or("LAGGED", |ev| ev.etype)
     }
 
-    /// The object as stored after the change (before it, for `DELETED`).
+    /// The object as stored after the change (before it, for `DELETED`); null for `LAGGED`.
     pub fn object(&self) -> &Value {
-        &self.0.obj
+        static NONE: Value = Value::Null;
+        self.0.as_ref().map_or(&NONE, |ev| &ev.obj)
     }
 }
 
