@@ -498,21 +498,7 @@ fn store_changes(server: &apisim::ApiServer, namespace: &str) -> BoxStream<'stat
         .flat_map(move |change| {
             let seen = if change.as_ref().is_none_or(|c| c.event_type() == "LAGGED") {
                 // at the start, or changes were missed: read every tracked object
-                ["memcacheds", "deployments", "services"]
-                    .iter()
-                    .flat_map(|plural| {
-                        let api_version = match *plural {
-                            "memcacheds" => "cache.example.com/v1",
-                            "deployments" => "apps/v1",
-                            _ => "v1",
-                        };
-                        server
-                            .list_objects(api_version, plural, Some(&namespace))
-                            .into_iter()
-                            .filter_map(|o| seen_in_store(plural, &o, &namespace))
-                            .collect::<Vec<_>>()
-                    })
-                    .collect()
+                read_store(&server, &namespace)
             } else if let Some(change) = change.filter(|c| c.event_type() != "DELETED") {
                 seen_in_store(change.kind_plural(), change.object(), &namespace)
                     .into_iter()
@@ -523,6 +509,23 @@ fn store_changes(server: &apisim::ApiServer, namespace: &str) -> BoxStream<'stat
             futures::stream::iter(seen)
         })
         .boxed()
+}
+
+/// What the tracker learns from every Memcached, Deployment and Service in the store.
+fn read_store(server: &apisim::ApiServer, namespace: &str) -> Vec<Seen> {
+    [
+        ("cache.example.com/v1", "memcacheds"),
+        ("apps/v1", "deployments"),
+        ("v1", "services"),
+    ]
+    .into_iter()
+    .flat_map(|(api_version, plural)| {
+        server
+            .list_objects(api_version, plural, Some(namespace))
+            .into_iter()
+            .filter_map(move |o| seen_in_store(plural, &o, namespace))
+    })
+    .collect()
 }
 
 /// What a stored object tells the tracker, read from its JSON (what [`summary`] reads of a

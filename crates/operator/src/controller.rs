@@ -430,7 +430,10 @@ fn with_hash<T: Resource + Serialize>(mut desired: T) -> (T, u64) {
         .meta_mut()
         .annotations
         .get_or_insert_with(Default::default)
-        .insert(APPLIED_HASH_ANNOTATION.to_string(), format!("{hash:016x}"));
+        .insert(
+            APPLIED_HASH_ANNOTATION.to_string(),
+            drift::annotation_value(hash),
+        );
     (desired, hash)
 }
 

@@ -12,7 +12,12 @@ use crate::builders::APPLIED_HASH_ANNOTATION;
 
 /// A stable hash of the desired object's JSON form, as its annotation shows it.
 pub fn desired_hash<T: Serialize>(desired: &T) -> String {
-    format!("{:016x}", desired_hash_value(desired))
+    annotation_value(desired_hash_value(desired))
+}
+
+/// A desired-state hash as the applied-hash annotation shows it.
+pub fn annotation_value(hash: u64) -> String {
+    format!("{hash:016x}")
 }
 
 /// A stable hash of the desired object's JSON form.
