@@ -4,13 +4,16 @@
 //!
 //! For each N it runs, on a fresh in-memory API server served over HTTP (workload simulator
 //! on: 3 pods per Memcached) or, with `--kubeconfig`, in fresh namespaces of a real cluster:
-//! 1. the raw-write bound: a bare client creates N Memcacheds (untimed), then creates their
+//! 1. the raw-write bound (see 3.): a bare client creates N Memcacheds (untimed), then creates their
 //!    Deployments and Services (the operator's own builders) and patches their statuses (the
 //!    operator's own status function), C requests in flight;
 //! 2. the operator as a separate process (this binary's `run`), so its resident memory can
 //!    be read from `/proc/PID/status`: idle memory, event→reconcile latency at idle, N
 //!    Memcacheds created at once (convergence time and latency under that load), memory
-//!    when converged and with every pod cached, then API requests during a resync window.
+//!    when converged and with every pod cached, then API requests during a resync window;
+//! 3. the catch-up: N Memcacheds created first, then the operator started (the bound's own
+//!    starting point). Bound and catch-up are measured `--pairs` times, back to back, and
+//!    the ratio is the median of the paired ratios.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -72,6 +75,11 @@ pub struct BenchArgs {
     /// Skip the raw-write bound (for sweeps of the operator alone).
     #[arg(long)]
     pub skip_bound: bool,
+    /// How many times the raw-write bound and the catch-up are measured, back to back on
+    /// fresh servers. The table gives the median and the range, and the ratio is the median
+    /// of the paired ratios: on a shared machine one pair can land in a slow spell.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    pub pairs: u16,
     /// Longest wait for any one phase.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -710,9 +718,8 @@ impl Requests {
 struct Row {
     n: usize,
     reconciles: u16,
-    bound: Option<Duration>,
-    /// CPU time of this process (API server, simulator, client) during the bound.
-    bound_cpu: Duration,
+    /// The raw-write bound and the catch-up, measured `--pairs` times.
+    pairs: Vec<Pair>,
     create_crs: Duration,
     children_and_status: Duration,
     pods_ready: Duration,
@@ -723,13 +730,6 @@ struct Row {
     /// CPU time while converging: the operator, and this process (the in-memory API server,
     /// its simulator and the bench's clients).
     converging_cpu: (Duration, Duration),
-    /// The N Memcacheds created before the operator starts: from its start to children +
-    /// status for all (start-up and cache sync included), the writes, and the CPU.
-    catch_up: Option<Duration>,
-    /// Of `catch_up`, from starting the process to its first child written.
-    catch_up_startup: Option<Duration>,
-    catch_up_requests: Option<Requests>,
-    catch_up_cpu: (Duration, Duration),
     latency_idle: Latency,
     latency_load: Latency,
     rss_idle: u64,
@@ -767,6 +767,31 @@ async fn wait_progress(
     }
 }
 
+/// One raw-write bound and one catch-up, measured back to back.
+#[derive(Clone, Debug, Default)]
+struct Pair {
+    /// None with `--skip-bound`.
+    bound: Option<Duration>,
+    /// CPU time of this process (API server, simulator, client) during the bound.
+    bound_cpu: Duration,
+    /// The N Memcacheds created before the operator starts: from its start to children +
+    /// status for all (start-up and cache sync included).
+    catch_up: Duration,
+    /// Of `catch_up`, from starting the process to its first child written.
+    startup: Option<Duration>,
+    /// Every request during the catch-up (in-memory server only).
+    requests: Option<Requests>,
+    /// CPU time during the catch-up: the operator, and this process.
+    cpu: (Duration, Duration),
+}
+
+impl Pair {
+    fn ratio(&self) -> Option<f64> {
+        let bound = self.bound?.as_secs_f64();
+        (bound > 0.0).then(|| self.catch_up.as_secs_f64() / bound)
+    }
+}
+
 async fn operator_run(
     args: &BenchArgs,
     dir: &Path,
@@ -779,10 +804,43 @@ async fn operator_run(
     env.cleanup().await;
     drop(env);
     result?;
-    let env = Env::new(args, dir, "catchup").await?;
-    let result = catch_up(args, &env, dir, n, reconciles, row).await;
-    env.cleanup().await;
-    result
+    for i in 1..=args.pairs {
+        let (bound, bound_cpu) = if args.skip_bound {
+            (None, Duration::ZERO)
+        } else {
+            let env = Env::new(args, dir, "raw").await?;
+            let bound = raw_write_bound(&env, n, args.concurrency).await;
+            env.cleanup().await;
+            drop(env);
+            let (bound, cpu) = bound?;
+            log(format!(
+                "N={n} pair {i}/{}: raw-write bound {} ({} in flight)",
+                args.pairs,
+                secs(bound),
+                args.concurrency
+            ));
+            (Some(bound), cpu)
+        };
+        let env = Env::new(args, dir, "catchup").await?;
+        let result = catch_up(args, &env, dir, n, reconciles).await;
+        env.cleanup().await;
+        drop(env);
+        let pair = Pair {
+            bound,
+            bound_cpu,
+            ..result?
+        };
+        log(format!(
+            "N={n} pair {i}/{}: operator started after the CRs existed: children and status in {} ({})",
+            args.pairs,
+            secs(pair.catch_up),
+            pair.ratio()
+                .map(|r| format!("{r:.2}× the bound"))
+                .unwrap_or_else(|| "no bound".into())
+        ));
+        row.pairs.push(pair);
+    }
+    Ok(())
 }
 
 /// The same work as the raw-write bound starts from: N Memcacheds that already exist. The
@@ -794,8 +852,7 @@ async fn catch_up(
     dir: &Path,
     n: usize,
     reconciles: u16,
-    row: &mut Row,
-) -> Result<()> {
+) -> Result<Pair> {
     create_crs(
         &env.memcacheds(),
         (0..n).map(cr_name).collect(),
@@ -814,27 +871,26 @@ async fn catch_up(
         p.children_and_status_at
     })
     .await?;
-    row.catch_up = Some(at - started);
-    row.catch_up_startup = progress
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .first_child_at
-        .map(|first| first.saturating_duration_since(started));
-    row.catch_up_cpu = (
-        cpu_time(op.pid()),
-        cpu_time(std::process::id()).saturating_sub(bench_cpu),
-    );
-    if let Some(server) = &env.server {
-        let counts = server.request_counts();
-        row.catch_up_requests = Some(Requests::of(&counts));
-    }
+    let pair = Pair {
+        catch_up: at - started,
+        startup: progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .first_child_at
+            .map(|first| first.saturating_duration_since(started)),
+        cpu: (
+            cpu_time(op.pid()),
+            cpu_time(std::process::id()).saturating_sub(bench_cpu),
+        ),
+        requests: env
+            .server
+            .as_ref()
+            .map(|server| Requests::of(&server.request_counts())),
+        ..Pair::default()
+    };
     tracker.abort();
     let _ = tracker.await;
-    log(format!(
-        "N={n}: operator started after the CRs existed: children and status in {}",
-        secs(at - started)
-    ));
-    Ok(())
+    Ok(pair)
 }
 
 async fn operator_phases(
@@ -980,6 +1036,51 @@ fn ratio(a: Duration, b: Option<Duration>) -> String {
     }
 }
 
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => None,
+        len if len % 2 == 1 => Some(values[mid]),
+        _ => Some((values[mid - 1] + values[mid]) / 2.0),
+    }
+}
+
+fn median_duration(values: impl IntoIterator<Item = Duration>) -> Option<Duration> {
+    median(values.into_iter().map(|d| d.as_secs_f64()).collect()).map(Duration::from_secs_f64)
+}
+
+/// `values` as "median (min–max)" with two decimals and `unit`; one value alone; "–" for none.
+fn spread(values: Vec<f64>, unit: &str) -> String {
+    let (Some(min), Some(max)) = (
+        values.iter().copied().reduce(f64::min),
+        values.iter().copied().reduce(f64::max),
+    ) else {
+        return "–".into();
+    };
+    let count = values.len();
+    let mid = median(values).unwrap_or(min);
+    if count == 1 {
+        format!("{mid:.2}{unit}")
+    } else {
+        format!("{mid:.2}{unit} ({min:.2}–{max:.2}{unit}, {count} runs)")
+    }
+}
+
+impl Row {
+    fn bounds(&self) -> Vec<Duration> {
+        self.pairs.iter().filter_map(|p| p.bound).collect()
+    }
+
+    /// The pair whose catch-up is the median one (the lower middle for an even count).
+    fn median_pair(&self) -> Option<&Pair> {
+        let mut pairs: Vec<&Pair> = self.pairs.iter().collect();
+        pairs.sort_by_key(|p| p.catch_up);
+        pairs.get(pairs.len().saturating_sub(1) / 2).copied()
+    }
+}
+
 /// The results as one Markdown table, a column per run.
 fn table(args: &BenchArgs, rows: &[Row]) -> String {
     let mut out = String::new();
@@ -1004,10 +1105,15 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
             "raw-write bound (creates of Deployment, 2 Services, PDB + status patch; {} in flight)",
             args.concurrency
         ),
-        &|r| r.bound.map(secs).unwrap_or_else(|| "–".into()),
+        &|r| spread(r.bounds().iter().map(Duration::as_secs_f64).collect(), " s"),
     );
     line("  CPU: API server + simulator + client", &|r| {
-        secs(r.bound_cpu)
+        let cpu = r
+            .pairs
+            .iter()
+            .filter(|p| p.bound.is_some())
+            .map(|p| p.bound_cpu);
+        median_duration(cpu).map(secs).unwrap_or_else(|| "–".into())
     });
     line("creating the N Memcacheds (client)", &|r| {
         secs(r.create_crs)
@@ -1015,8 +1121,8 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
     line("convergence: children + status", &|r| {
         secs(r.children_and_status)
     });
-    line("  ratio to the bound", &|r| {
-        ratio(r.children_and_status, r.bound)
+    line("  ratio to the bound (median)", &|r| {
+        ratio(r.children_and_status, median_duration(r.bounds()))
     });
     line("requests until then, all clients (writes)", &|r| {
         r.converging
@@ -1036,25 +1142,41 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
     );
     line(
         "catch-up: CRs created first, operator started → children + status",
-        &|r| r.catch_up.map(secs).unwrap_or_else(|| "–".into()),
+        &|r| {
+            spread(
+                r.pairs.iter().map(|p| p.catch_up.as_secs_f64()).collect(),
+                " s",
+            )
+        },
     );
-    line("  ratio to the bound", &|r| match r.catch_up {
-        Some(c) => ratio(c, r.bound),
-        None => "–".into(),
+    line("  ratio to the bound (median of the paired ratios)", &|r| {
+        spread(r.pairs.iter().filter_map(Pair::ratio).collect(), "×")
     });
     line(
         "  of which start-up (process start → first child written)",
-        &|r| r.catch_up_startup.map(secs).unwrap_or_else(|| "–".into()),
+        &|r| {
+            median_duration(r.pairs.iter().filter_map(|p| p.startup))
+                .map(secs)
+                .unwrap_or_else(|| "–".into())
+        },
     );
-    line("  requests (writes)", &|r| {
-        r.catch_up_requests
-            .as_ref()
+    line("  requests (writes), the median catch-up's", &|r| {
+        r.median_pair()
+            .and_then(|p| p.requests.as_ref())
             .map(|s| format!("{} ({})", s.show(), s.writes))
             .unwrap_or_else(|| "n/a".into())
     });
-    line("  CPU: operator / API server + simulator + clients", &|r| {
-        format!("{} / {}", secs(r.catch_up_cpu.0), secs(r.catch_up_cpu.1))
-    });
+    line(
+        "  CPU: operator / API server + simulator + clients (medians)",
+        &|r| {
+            let operator = median_duration(r.pairs.iter().map(|p| p.cpu.0));
+            let rest = median_duration(r.pairs.iter().map(|p| p.cpu.1));
+            match (operator, rest) {
+                (Some(operator), Some(rest)) => format!("{} / {}", secs(operator), secs(rest)),
+                _ => "–".into(),
+            }
+        },
+    );
     line("convergence: all pods ready in status", &|r| {
         secs(r.pods_ready)
     });
@@ -1113,30 +1235,11 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 async fn run_in(args: &BenchArgs, dir: &Path) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &n in &args.n {
-        let (bound, bound_cpu) = if args.skip_bound {
-            (None, Duration::ZERO)
-        } else {
-            let started = Instant::now();
-            let env = Env::new(args, dir, "raw").await?;
-            let bound = raw_write_bound(&env, n, args.concurrency).await;
-            env.cleanup().await;
-            drop(env);
-            let (bound, cpu) = bound?;
-            log(format!(
-                "N={n}: raw-write bound {} ({} in flight; phase took {})",
-                secs(bound),
-                args.concurrency,
-                secs(started.elapsed())
-            ));
-            (Some(bound), cpu)
-        };
         for &reconciles in &args.max_concurrent_reconciles {
             let started = Instant::now();
             let mut row = Row {
                 n,
                 reconciles,
-                bound,
-                bound_cpu,
                 ..Row::default()
             };
             operator_run(args, dir, n, reconciles, &mut row).await?;
@@ -1163,6 +1266,41 @@ mod tests {
         assert_eq!(l.percentile(50.0), Some(Duration::from_millis(50)));
         assert_eq!(l.percentile(99.0), Some(Duration::from_millis(99)));
         assert_eq!(Latency::default().percentile(50.0), None);
+    }
+
+    #[test]
+    fn the_ratio_is_the_median_of_the_paired_ratios() {
+        let pair = |bound: u64, catch_up: u64| Pair {
+            bound: Some(Duration::from_millis(bound)),
+            catch_up: Duration::from_millis(catch_up),
+            ..Pair::default()
+        };
+        // One pair in a slow spell (a fast bound, a slow catch-up) does not decide the result;
+        // the median of the catch-ups over the median of the bounds (1.9 / 1.6) would differ.
+        let row = Row {
+            pairs: vec![
+                pair(1000, 1100),
+                pair(2000, 2400),
+                pair(1600, 1900),
+                pair(1000, 2000),
+            ],
+            ..Row::default()
+        };
+        let ratios: Vec<f64> = row.pairs.iter().filter_map(Pair::ratio).collect();
+        let mid = median(ratios.clone()).unwrap_or_default();
+        assert!((mid - (1.1875 + 1.2) / 2.0).abs() < 1e-9, "{mid}");
+        assert_eq!(spread(ratios, "×"), "1.19× (1.10–2.00×, 4 runs)");
+        assert_eq!(
+            row.median_pair().map(|p| p.catch_up.as_millis()),
+            Some(1900)
+        );
+        assert_eq!(spread(vec![1.5], " s"), "1.50 s");
+        assert_eq!(spread(Vec::new(), " s"), "–");
+        let skipped = Pair {
+            bound: None,
+            ..pair(0, 1000)
+        };
+        assert_eq!(skipped.ratio(), None);
     }
 
     #[test]
