@@ -52,10 +52,31 @@ fn init_logging(default_level: &str) {
         .init();
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let mut runtime = match &cli.command {
+        Command::Run(args) if args.worker_threads == 0 => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        Command::Run(args) => {
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            runtime.worker_threads(usize::from(args.worker_threads));
+            runtime
+        }
+        // The benchmark runs the in-memory API server, the demo the server and the operator.
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(command(cli.command)),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn command(command: Command) -> ExitCode {
+    match command {
         Command::Manifests { dir } => match memcached_operator::manifests::write(&dir) {
             Ok(written) => {
                 for path in &written {

@@ -717,6 +717,32 @@ async fn a_missing_crd_or_an_unreachable_cluster_is_a_one_line_error() {
     assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
 }
 
+#[test]
+fn a_bad_worker_thread_count_is_refused_with_the_flag_named() {
+    for (args, env) in [
+        (vec!["run", "--worker-threads=-1"], None),
+        (vec!["run", "--worker-threads=many"], None),
+        (vec!["run"], Some(("TOKIO_WORKER_THREADS", "70000"))),
+    ] {
+        let mut cmd = Command::new(BIN);
+        // Were the value accepted, the run would stop at once for want of a cluster.
+        cmd.args(&args)
+            .env("RUST_LOG", "off")
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        if let Some((key, value)) = env {
+            cmd.env(key, value);
+        }
+        let out = cmd.output().expect("operator runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} {env:?} was accepted");
+        assert!(
+            stderr.contains("--worker-threads"),
+            "{args:?} {env:?}: {stderr}"
+        );
+    }
+}
+
 fn https_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
     let mut tls = tls_connect(addr);
     write!(
