@@ -4,9 +4,9 @@
 //!
 //! For each N it runs, on a fresh in-memory API server served over HTTP (workload simulator
 //! on: 3 pods per Memcached) or, with `--kubeconfig`, in fresh namespaces of a real cluster:
-//! 1. the raw-write bound (see 3.): a bare client creates N Memcacheds (untimed), then creates their
-//!    Deployments and Services (the operator's own builders) and patches their statuses (the
-//!    operator's own status function), C requests in flight;
+//! 1. the raw-write bound (measured with 3.): a bare client creates N Memcacheds (untimed),
+//!    then creates their Deployments and Services (the operator's own builders) and patches
+//!    their statuses (the operator's own status function), C requests in flight;
 //! 2. the operator as a separate process (this binary's `run`), so its resident memory can
 //!    be read from `/proc/PID/status`: idle memory, event→reconcile latency at idle, N
 //!    Memcacheds created at once (convergence time and latency under that load), memory
@@ -1276,7 +1276,7 @@ mod tests {
             ..Pair::default()
         };
         // One pair in a slow spell (a fast bound, a slow catch-up) does not decide the result;
-        // the median of the catch-ups over the median of the bounds (1.9 / 1.6) would differ.
+        // the median catch-up over the median bound would say 1.95 / 1.3 = 1.5×.
         let row = Row {
             pairs: vec![
                 pair(1000, 1100),
