@@ -46,18 +46,17 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
 }
 
 /// Whether `live` (from the cache) already matches `desired`, so applying it again would
-/// change nothing. `desired` must carry its hash annotation.
-pub fn is_converged<T: Serialize>(desired: &T, live: Option<&T>) -> bool {
+/// change nothing. Both are JSON trees; `desired` must carry its hash annotation.
+pub fn is_converged(desired: &Value, live: Option<&Value>) -> bool {
     let Some(live) = live else { return false };
-    let (Ok(d), Ok(l)) = (serde_json::to_value(desired), serde_json::to_value(live)) else {
-        return false;
-    };
-    let hash_of = |v: &Value| {
-        v.pointer("/metadata/annotations")
-            .and_then(|a| a.get(APPLIED_HASH_ANNOTATION))
-            .cloned()
-    };
-    hash_of(&d).is_some() && hash_of(&d) == hash_of(&l) && is_subset(&d, &l)
+    let desired_hash = applied_hash(desired);
+    desired_hash.is_some() && desired_hash == applied_hash(live) && is_subset(desired, live)
+}
+
+fn applied_hash(object: &Value) -> Option<&Value> {
+    object
+        .pointer("/metadata/annotations")?
+        .get(APPLIED_HASH_ANNOTATION)
 }
 
 #[cfg(test)]
