@@ -521,19 +521,21 @@ fn store_changes(server: &apisim::ApiServer, namespace: &str) -> BoxStream<'stat
 
 /// What the tracker learns from every Memcached, Deployment and Service in the store.
 fn read_store(server: &apisim::ApiServer, namespace: &str) -> Vec<Seen> {
-    [
-        ("cache.example.com/v1", "memcacheds"),
-        ("apps/v1", "deployments"),
-        ("v1", "services"),
-    ]
-    .into_iter()
-    .flat_map(|(api_version, plural)| {
-        server
-            .list_objects(api_version, plural, Some(namespace))
-            .into_iter()
-            .filter_map(move |o| seen_in_store(plural, &o, namespace))
-    })
-    .collect()
+    fn kind<K: kube::Resource<DynamicType = ()>>() -> (String, String) {
+        (
+            K::api_version(&()).into_owned(),
+            K::plural(&()).into_owned(),
+        )
+    }
+    [kind::<Memcached>(), kind::<Deployment>(), kind::<Service>()]
+        .into_iter()
+        .flat_map(|(api_version, plural)| {
+            server
+                .list_objects(&api_version, &plural, Some(namespace))
+                .into_iter()
+                .filter_map(move |o| seen_in_store(&plural, &o, namespace))
+        })
+        .collect()
 }
 
 /// What a stored object tells the tracker, read from its JSON (what [`summary`] reads of a
@@ -1301,6 +1303,46 @@ mod tests {
             ..pair(0, 1000)
         };
         assert_eq!(skipped.ratio(), None);
+    }
+
+    /// The tracker's whole-store read (at its start and after a gap in the change feed)
+    /// finds every kind it tracks: the Memcacheds under their own API group, and the
+    /// operator's Deployments and Services.
+    #[tokio::test]
+    async fn the_store_read_finds_memcacheds_and_children() {
+        let server = apisim::ApiServer::new();
+        let client = server.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &Memcached::crd())
+            .await
+            .unwrap();
+        let pp = PostParams::default();
+        let mc = Api::<Memcached>::namespaced(client.clone(), "default")
+            .create(&pp, &memcached("mc-1", 3).unwrap())
+            .await
+            .unwrap();
+        Api::<Deployment>::namespaced(client.clone(), "default")
+            .create(
+                &pp,
+                &builders::desired_deployment(&mc, &BuildSettings::default()).unwrap(),
+            )
+            .await
+            .unwrap();
+        Api::<Service>::namespaced(client, "default")
+            .create(&pp, &builders::desired_service(&mc).unwrap())
+            .await
+            .unwrap();
+        let mut seen: Vec<String> = read_store(&server, "default")
+            .into_iter()
+            .map(|s| match s {
+                Seen::Memcached(name, ..) => format!("memcached {name}"),
+                Seen::Deployment(name) => format!("deployment {name}"),
+                Seen::Service(name) => format!("service {name}"),
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(seen, ["deployment mc-1", "memcached mc-1", "service mc-1"]);
+        assert!(read_store(&server, "other").is_empty());
     }
 
     #[test]
