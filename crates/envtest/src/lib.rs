@@ -1,0 +1,690 @@
+//! A real Kubernetes control plane for tests, like controller-runtime's envtest, plus the
+//! parts envtest leaves out: kube-controller-manager (Deployments → ReplicaSets → Pods, garbage
+//! collection), kube-scheduler, and kwok's fake nodes, whose pods turn Running and Ready with
+//! an IP without a kubelet.
+//!
+//! The binaries come from `hack/controlplane` (`make controlplane`): every Kubernetes version
+//! pinned there is built into `bin/k8s-vX.Y.Z/`, kwok into `bin/kwok-vA.B.C/`. A test asks for
+//! [`Kube::Oldest`] or [`Kube::Newest`] of the pinned versions.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), envtest::Error> {
+//! let cp = envtest::ControlPlane::shared(envtest::Kube::Newest)?; // one per test binary
+//! let client = cp.client().await?;
+//! let ns = cp.namespace("my-test").await?; // each test in its own namespace
+//! # Ok(()) }
+//! ```
+//!
+//! Every process is started on loopback with free ports, its own certificates and a data
+//! directory under the system's temp dir. An owned [`ControlPlane`] stops its processes when
+//! dropped; the shared ones stop when the test binary exits. Each process is also told by the
+//! kernel to die with the test binary (`PR_SET_PDEATHSIG`), so a crashed or killed test leaves
+//! no process behind.
+
+mod certs;
+mod process;
+mod versions;
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use kube::api::{Api, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::json;
+
+pub use process::Process;
+pub use versions::{Kube, Version, pinned_kube_versions, repo_root};
+
+/// How long the whole control plane may take to start before [`ControlPlane::start`] fails.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The annotation kwok manages nodes by.
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// Why a control plane could not be started or used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{binary} is missing ({path}): build the pinned control plane with `{command}`")]
+    MissingBinary {
+        binary: String,
+        path: PathBuf,
+        command: String,
+    },
+    #[error("no Kubernetes version is pinned in {0} (pin one with hack/controlplane/pin.sh)")]
+    NoPins(PathBuf),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("certificates: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("{component} {problem}\n--- last lines of {log} ---\n{tail}")]
+    Component {
+        component: String,
+        problem: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("{0} did not happen within {1:?}")]
+    Timeout(String, Duration),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("kube: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Shared(String),
+}
+
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Which of the pinned Kubernetes versions.
+    pub kube: Kube,
+    /// kube-controller-manager, kube-scheduler and kwok with [`Options::nodes`] fake nodes:
+    /// needed for pods, ReplicaSets and garbage collection; without them only etcd and
+    /// kube-apiserver run (envtest's default).
+    pub workloads: bool,
+    /// Fake nodes, spread over zones `zone-a`, `zone-b`, `zone-c`.
+    pub nodes: usize,
+    /// Extra flags for kube-apiserver.
+    pub apiserver_args: Vec<String>,
+    /// Where the binaries are, instead of [`bin_root`].
+    pub bin_root: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn new(kube: Kube) -> Self {
+        Options {
+            kube,
+            workloads: true,
+            nodes: 3,
+            apiserver_args: Vec::new(),
+            bin_root: None,
+        }
+    }
+}
+
+/// A running control plane. See the crate docs.
+pub struct ControlPlane {
+    version: Version,
+    k8s_bin: PathBuf,
+    dir: PathBuf,
+    url: String,
+    kubeconfig: PathBuf,
+    ca_pem: String,
+    processes: Mutex<Vec<Process>>,
+    started_in: Duration,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("version", &self.version)
+            .field("url", &self.url)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+fn free_port() -> Result<u16, Error> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(io_err("binding a free loopback port"))?;
+    let port = l
+        .local_addr()
+        .map_err(io_err("reading a bound port"))?
+        .port();
+    Ok(port)
+}
+
+fn require(path: &Path, version_dir: &str) -> Result<PathBuf, Error> {
+    if path.is_file() {
+        Ok(path.to_path_buf())
+    } else {
+        let binary = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let command = match version_dir.strip_prefix("k8s-") {
+            Some(v) => format!(
+                "make controlplane (or: hack/controlplane/build.sh {})",
+                Version::parse(v)
+                    .map(|v| v.minor_tag())
+                    .unwrap_or_else(|| v.to_string())
+            ),
+            None => "make controlplane (or: hack/controlplane/build.sh)".to_string(),
+        };
+        Err(Error::MissingBinary {
+            binary,
+            path: path.to_path_buf(),
+            command,
+        })
+    }
+}
+
+/// Where the binaries live: `$CONTROLPLANE_BIN` or `<repo>/bin`.
+pub fn bin_root() -> PathBuf {
+    std::env::var_os("CONTROLPLANE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("bin"))
+}
+
+/// The directory holding kubectl and the other binaries of one pinned version, for a test
+/// that runs `kubectl` or puts it on a child's `PATH`.
+pub fn k8s_bin_dir(kube: Kube) -> Result<PathBuf, Error> {
+    let version = kube.resolve()?;
+    let dir = bin_root().join(format!("k8s-{version}"));
+    require(&dir.join("kubectl"), &format!("k8s-{version}"))?;
+    Ok(dir)
+}
+
+/// `kubectl` of the newest pinned version (built by `make controlplane`), for tests that need
+/// kubectl without a control plane (kustomize, client-side dry runs).
+pub fn kubectl_path() -> Result<PathBuf, Error> {
+    Ok(k8s_bin_dir(Kube::Newest)?.join("kubectl"))
+}
+
+static SHARED: OnceLock<Mutex<HashMap<Kube, Result<&'static ControlPlane, String>>>> =
+    OnceLock::new();
+
+impl ControlPlane {
+    /// The control plane of this test binary for `kube` (with workloads and 3 nodes), started
+    /// by the first test that asks and stopped when the binary exits. Tests share it, so each
+    /// works in its own namespace ([`ControlPlane::namespace`]) and scopes anything
+    /// cluster-wide it registers (webhook configurations: a namespace selector).
+    pub fn shared(kube: Kube) -> Result<&'static ControlPlane, Error> {
+        let map = SHARED.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = map.get(&kube) {
+            return r.clone().map_err(Error::Shared);
+        }
+        // Started on a thread of its own, with its own runtime: the caller may be inside any
+        // test's runtime, and the control plane outlives every one of them.
+        let started = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("runtime: {e}"))?;
+            rt.block_on(ControlPlane::start(Options::new(kube)))
+                .map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap_or_else(|_| Err("starting the control plane panicked".to_string()));
+        let r = started.map(|cp| {
+            process::stop_at_exit();
+            process::remove_dir_at_exit(&cp.dir);
+            &*Box::leak(Box::new(cp))
+        });
+        map.insert(kube, r.clone());
+        r.map_err(Error::Shared)
+    }
+
+    /// Starts a control plane of its own (stopped on drop).
+    pub async fn start(opts: Options) -> Result<ControlPlane, Error> {
+        let begin = Instant::now();
+        let version = opts.kube.resolve()?;
+        let k8s_dir_name = format!("k8s-{version}");
+        let root = opts.bin_root.clone().unwrap_or_else(bin_root);
+        let k8s_bin = root.join(&k8s_dir_name);
+        let etcd = require(&k8s_bin.join("etcd"), &k8s_dir_name)?;
+        let apiserver = require(&k8s_bin.join("kube-apiserver"), &k8s_dir_name)?;
+        let kwok_dir = root.join(versions::kwok_dir_name()?);
+        let (kcm, scheduler, kwok) = if opts.workloads {
+            (
+                Some(require(
+                    &k8s_bin.join("kube-controller-manager"),
+                    &k8s_dir_name,
+                )?),
+                Some(require(&k8s_bin.join("kube-scheduler"), &k8s_dir_name)?),
+                Some(require(&kwok_dir.join("kwok"), "kwok")?),
+            )
+        } else {
+            (None, None, None)
+        };
+
+        let dir = std::env::temp_dir().join(format!(
+            "envtest-{}-{}-{}",
+            version,
+            std::process::id(),
+            process::next_id()
+        ));
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let pki = certs::Pki::generate()?;
+        let write = |name: &str, contents: &str| -> Result<PathBuf, Error> {
+            let p = dir.join(name);
+            std::fs::write(&p, contents).map_err(io_err(format!("writing {}", p.display())))?;
+            Ok(p)
+        };
+        let ca_crt = write("ca.crt", &pki.ca_pem)?;
+        pki.write_ca_key(&dir)?;
+        let serving_crt = write("apiserver.crt", &pki.serving_cert_pem)?;
+        let serving_key = write("apiserver.key", &pki.serving_key_pem)?;
+        let sa_key = write("sa.key", &pki.sa_key_pem)?;
+        let sa_pub = write("sa.pub", &pki.sa_pub_pem)?;
+
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let api_port = free_port()?;
+        let url = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = write(
+            "admin.kubeconfig",
+            &kubeconfig_yaml(
+                &url,
+                &pki.ca_pem,
+                User::Cert(&pki.admin_cert_pem, &pki.admin_key_pem),
+            ),
+        )?;
+
+        let mut cp = ControlPlane {
+            version: version.clone(),
+            k8s_bin: k8s_bin.clone(),
+            dir: dir.clone(),
+            url: url.clone(),
+            kubeconfig: kubeconfig.clone(),
+            ca_pem: pki.ca_pem.clone(),
+            processes: Mutex::new(Vec::new()),
+            started_in: Duration::ZERO,
+        };
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        cp.spawn(
+            "etcd",
+            &etcd,
+            &[
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=default={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+
+        let mut apiserver_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", serving_crt.display()),
+            format!("--tls-private-key-file={}", serving_key.display()),
+            format!("--client-ca-file={}", ca_crt.display()),
+            format!("--service-account-key-file={}", sa_pub.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--authorization-mode=RBAC".into(),
+            "--allow-privileged=true".into(),
+            // The `kubernetes` Service's endpoints would name a loopback address, which the
+            // server itself refuses; nothing here needs them.
+            "--endpoint-reconciler-type=none".into(),
+            "--profiling=false".into(),
+        ];
+        apiserver_args.extend(opts.apiserver_args.iter().cloned());
+        cp.spawn("kube-apiserver", &apiserver, &apiserver_args)?;
+
+        let client = cp.client().await?;
+        cp.wait_ready(&client, begin).await?;
+
+        if let (Some(kcm), Some(scheduler), Some(kwok)) = (kcm, scheduler, kwok) {
+            cp.spawn(
+                "kube-controller-manager",
+                &kcm,
+                &[
+                    format!("--kubeconfig={}", kubeconfig.display()),
+                    "--leader-elect=false".into(),
+                    "--secure-port=0".into(),
+                    format!("--root-ca-file={}", ca_crt.display()),
+                    format!("--service-account-private-key-file={}", sa_key.display()),
+                    "--use-service-account-credentials=false".into(),
+                    // kwokctl's setting: the controllers are not what a test measures.
+                    "--kube-api-qps=5000".into(),
+                    "--kube-api-burst=10000".into(),
+                    "--concurrent-deployment-syncs=16".into(),
+                    "--concurrent-replicaset-syncs=16".into(),
+                    "--concurrent-gc-syncs=32".into(),
+                ],
+            )?;
+            let sched_config = write(
+                "scheduler.yaml",
+                &serde_json::to_string_pretty(&json!({
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": kubeconfig.display().to_string(),
+                        "qps": 5000, "burst": 10000,
+                    },
+                    "leaderElection": {"leaderElect": false},
+                }))
+                .map_err(|e| Error::Kubeconfig(e.to_string()))?,
+            )?;
+            cp.spawn(
+                "kube-scheduler",
+                &scheduler,
+                &[
+                    format!("--config={}", sched_config.display()),
+                    "--secure-port=0".into(),
+                ],
+            )?;
+            let kwok_port = free_port()?;
+            cp.spawn(
+                "kwok",
+                &kwok,
+                &[
+                    format!("--kubeconfig={}", kubeconfig.display()),
+                    format!("--config={}", kwok_dir.join("stages.yaml").display()),
+                    format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                    "--cidr=10.244.0.1/16".into(),
+                    "--node-ip=10.0.0.1".into(),
+                    "--node-lease-duration-seconds=40".into(),
+                    format!("--server-address=127.0.0.1:{kwok_port}"),
+                ],
+            )?;
+            cp.create_nodes(&client, opts.nodes).await?;
+            cp.wait_workloads_ready(&client, opts.nodes, begin).await?;
+        }
+        cp.started_in = begin.elapsed();
+        tracing::info!(version = %cp.version, url = %cp.url, started_in = ?cp.started_in, "control plane ready");
+        Ok(cp)
+    }
+
+    fn spawn(&self, name: &str, binary: &Path, args: &[String]) -> Result<(), Error> {
+        let p = Process::spawn(name, binary, args, &self.dir)?;
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(p);
+        Ok(())
+    }
+
+    /// Fails with the component's log when one of the processes has exited.
+    fn check_alive(&self) -> Result<(), Error> {
+        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        for p in procs.iter_mut() {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&self, client: &Client, begin: Instant) -> Result<(), Error> {
+        loop {
+            self.check_alive()?;
+            let req = http::Request::get("/readyz").body(Vec::new());
+            if let Ok(req) = req
+                && let Ok(body) = client.request_text(req).await
+                && body.trim() == "ok"
+            {
+                return Ok(());
+            }
+            if begin.elapsed() > START_TIMEOUT {
+                return Err(self.component_error("kube-apiserver", "did not become ready"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn create_nodes(&self, client: &Client, n: usize) -> Result<(), Error> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        for i in 0..n {
+            let zone = ["zone-a", "zone-b", "zone-c"][i % 3];
+            let name = format!("kwok-node-{i}");
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {
+                    "name": name,
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {
+                        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64", "type": "kwok",
+                        "topology.kubernetes.io/zone": zone,
+                        "topology.kubernetes.io/region": "envtest",
+                    },
+                },
+                "status": {
+                    "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "5000"},
+                    "capacity": {"cpu": "64", "memory": "512Gi", "pods": "5000"},
+                },
+            }))
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+            nodes.create(&PostParams::default(), &node).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_workloads_ready(
+        &self,
+        client: &Client,
+        nodes: usize,
+        begin: Instant,
+    ) -> Result<(), Error> {
+        let node_api: Api<Node> = Api::all(client.clone());
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        loop {
+            self.check_alive()?;
+            let ready = node_api
+                .list(&ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|n| {
+                            n.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| {
+                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                })
+                        })
+                        .count()
+                })
+                .unwrap_or(0);
+            // kube-controller-manager's service-account controller is running once `default`
+            // has its ServiceAccount (pods cannot be created before that).
+            let controllers = sas.get_opt("default").await.ok().flatten().is_some();
+            if ready >= nodes && controllers {
+                return Ok(());
+            }
+            if begin.elapsed() > START_TIMEOUT {
+                let who = if controllers {
+                    "kwok"
+                } else {
+                    "kube-controller-manager"
+                };
+                return Err(self.component_error(
+                    who,
+                    &format!(
+                        "was not ready within {START_TIMEOUT:?} ({ready} of {nodes} nodes Ready, default ServiceAccount {})",
+                        if controllers { "present" } else { "missing" }
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn component_error(&self, component: &str, problem: &str) -> Error {
+        let log = self.dir.join(format!("{component}.log"));
+        Error::Component {
+            component: component.to_string(),
+            problem: problem.to_string(),
+            tail: process::tail(&log, 30),
+            log,
+        }
+    }
+
+    /// The Kubernetes version this control plane runs.
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// How long [`ControlPlane::start`] took.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The cluster CA, PEM (the `caBundle` of a webhook served with a certificate of
+    /// [`ControlPlane::serving_cert`]).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A kubeconfig with cluster-admin rights (a client certificate in `system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory of this control plane's files and logs (`<component>.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory with this version's kubectl and server binaries.
+    pub fn bin_dir(&self) -> &Path {
+        &self.k8s_bin
+    }
+
+    /// A cluster-admin client.
+    pub async fn client(&self) -> Result<Client, Error> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// A client acting as `user` in `groups` (impersonation by the admin): what RBAC allows
+    /// that identity, the API server decides.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client, Error> {
+        let mut config = config_from_kubeconfig(&self.kubeconfig).await?;
+        config.auth_info.impersonate = Some(user.to_string());
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Writes a kubeconfig that authenticates with `token` (a ServiceAccount's, say) and
+    /// returns its path.
+    pub fn kubeconfig_for_token(&self, name: &str, token: &str) -> Result<PathBuf, Error> {
+        let p = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(
+            &p,
+            kubeconfig_yaml(&self.url, &self.ca_pem, User::Token(token)),
+        )
+        .map_err(io_err(format!("writing {}", p.display())))?;
+        Ok(p)
+    }
+
+    /// A `kubectl` command for this control plane (the pinned kubectl, admin kubeconfig).
+    pub fn kubectl(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(self.k8s_bin.join("kubectl"));
+        c.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+        c
+    }
+
+    /// Creates a namespace named `prefix-N` (unique in this control plane) and returns its name.
+    pub async fn namespace(&self, prefix: &str) -> Result<String, Error> {
+        let client = self.client().await?;
+        let name = format!("{prefix}-{}", process::next_id());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        // Pods cannot be created before kube-controller-manager gives the namespace its
+        // `default` ServiceAccount.
+        let sas: Api<ServiceAccount> = Api::namespaced(client, &name);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sas.get_opt("default").await?.is_none() {
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(
+                    format!("the default ServiceAccount of {name}"),
+                    Duration::from_secs(30),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(name)
+    }
+
+    /// The API server's own `/metrics` text.
+    pub async fn metrics(&self) -> Result<String, Error> {
+        let client = self.client().await?;
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        Ok(client.request_text(req).await?)
+    }
+
+    /// A serving certificate (PEM cert, PEM key) for `names`, signed by the cluster CA, for a
+    /// webhook server the API server must trust.
+    pub fn serving_cert(&self, names: &[&str]) -> Result<(String, String), Error> {
+        certs::serving_cert_from_ca_pem(&self.dir, names)
+    }
+
+    /// Stops every process (SIGKILL: the data is thrown away) and removes the directory.
+    pub fn stop(&self) {
+        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        for p in procs.iter_mut().rev() {
+            p.kill();
+        }
+        procs.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+enum User<'a> {
+    Cert(&'a str, &'a str),
+    Token(&'a str),
+}
+
+fn b64(s: &str) -> String {
+    certs::base64(s.as_bytes())
+}
+
+fn kubeconfig_yaml(url: &str, ca_pem: &str, user: User<'_>) -> String {
+    let user = match user {
+        User::Cert(cert, key) => json!({
+            "client-certificate-data": b64(cert), "client-key-data": b64(key),
+        }),
+        User::Token(token) => json!({"token": token}),
+    };
+    serde_json::to_string_pretty(&json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "envtest", "cluster": {
+            "server": url, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": "envtest", "user": user}],
+        "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": "envtest"}}],
+        "current-context": "envtest",
+    }))
+    .unwrap_or_default()
+}
+
+async fn config_from_kubeconfig(path: &Path) -> Result<Config, Error> {
+    let kc = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
+}
+
+/// A client from a kubeconfig file.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
+    Ok(Client::try_from(config_from_kubeconfig(path).await?)?)
+}
