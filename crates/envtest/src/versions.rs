@@ -7,7 +7,11 @@ use crate::{Error, io_err};
 
 /// The repository's root (where `hack/` and `bin/` are).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| here.join("../.."))
 }
 
 /// A Kubernetes release, `vMAJOR.MINOR.PATCH`.

@@ -8,7 +8,6 @@ use apisim::{ApiServer, Fault};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
@@ -19,14 +18,22 @@ use memcached_operator::demo::SEED_SAMPLE;
 use serde_json::json;
 
 mod common;
-use common::wait_for;
+use common::cluster::{Cluster, Server, apply_crd};
+use common::{wait_for, wait_for_within};
 
 struct Env {
-    server: ApiServer,
+    cluster: Cluster,
     client: Client,
     counters: Arc<ReconcileCounters>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn sim_server() -> ApiServer {
+    ApiServer::builder()
+        .workload_simulator(true)
+        .pod_ready_delay(Duration::from_millis(50))
+        .build()
 }
 
 impl Env {
@@ -34,12 +41,20 @@ impl Env {
         Self::start_with(ControllerConfig::default(), |_| {}).await
     }
 
+    /// The controller against `server`, in a namespace of its own on a real one.
+    async fn on(server: Server, test: &str) -> Env {
+        let cluster = Cluster::start(
+            server,
+            test,
+            |b| b.pod_ready_delay(Duration::from_millis(50)),
+            false,
+        )
+        .await;
+        Self::run(cluster, ControllerConfig::default(), |_| {}).await
+    }
+
     async fn start_with(config: ControllerConfig, before: impl FnOnce(&ApiServer)) -> Env {
-        let server = ApiServer::builder()
-            .workload_simulator(true)
-            .pod_ready_delay(Duration::from_millis(50))
-            .build();
-        Self::start_on(server, config, before).await
+        Self::start_on(sim_server(), config, before).await
     }
 
     async fn start_on(
@@ -48,20 +63,26 @@ impl Env {
         before: impl FnOnce(&ApiServer),
     ) -> Env {
         let client = server.client();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let crd = Memcached::crd();
-        if crds
-            .get_opt(&crd.name_any())
-            .await
-            .expect("CRDs readable")
-            .is_none()
-        {
-            crds.create(&PostParams::default(), &crd)
-                .await
-                .expect("CRD installs");
+        let cluster = Cluster {
+            client,
+            ns: "default".to_string(),
+            sim: Some(server),
+            real: None,
+        };
+        apply_crd(&cluster.client, &Memcached::crd()).await;
+        Self::run(cluster, config, before).await
+    }
+
+    async fn run(
+        cluster: Cluster,
+        config: ControllerConfig,
+        before: impl FnOnce(&ApiServer),
+    ) -> Env {
+        if let Some(sim) = cluster.sim.as_ref() {
+            before(sim);
         }
-        before(&server);
         let config = ControllerConfig {
+            namespace: cluster.watch_namespace(),
             backoff: Backoff {
                 base: Duration::from_millis(20),
                 cap: Duration::from_millis(500),
@@ -70,11 +91,12 @@ impl Env {
         };
         let counters = config.counters.clone();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let client = cluster.client.clone();
         let task = tokio::spawn(controller::run(client.clone(), config, async {
             let _ = rx.await;
         }));
         Env {
-            server,
+            cluster,
             client,
             counters,
             stop: Some(tx),
@@ -82,20 +104,28 @@ impl Env {
         }
     }
 
+    /// The in-memory server (scenarios that count its requests or inject its faults).
+    fn server(&self) -> &ApiServer {
+        self.cluster
+            .sim
+            .as_ref()
+            .expect("this scenario needs the in-memory server")
+    }
+
     fn memcacheds(&self) -> Api<Memcached> {
-        Api::default_namespaced(self.client.clone())
+        self.cluster.api()
     }
     fn deployments(&self) -> Api<Deployment> {
-        Api::default_namespaced(self.client.clone())
+        self.cluster.api()
     }
     fn services(&self) -> Api<Service> {
-        Api::default_namespaced(self.client.clone())
+        self.cluster.api()
     }
     fn pods(&self) -> Api<Pod> {
-        Api::default_namespaced(self.client.clone())
+        self.cluster.api()
     }
     fn events(&self) -> Api<Event> {
-        Api::default_namespaced(self.client.clone())
+        self.cluster.api()
     }
 
     async fn apply_sample(&self, name: &str, size: i32) {
@@ -164,9 +194,9 @@ async fn live_pods(env: &Env, name: &str) -> Vec<Pod> {
         .collect()
 }
 
-#[tokio::test]
-async fn seed_sample_gets_a_deployment_a_service_and_three_pod_names() {
-    let env = Env::start().await;
+on_every_server! {
+async fn seed_sample_gets_a_deployment_a_service_and_three_pod_names(server: Server) {
+    let env = Env::on(server, "seed_sample_gets_a_deployment_").await;
     env.apply_sample("memcached-sample", 3).await;
     let mc = env.converged("memcached-sample", 3).await;
 
@@ -228,10 +258,11 @@ async fn seed_sample_gets_a_deployment_a_service_and_three_pod_names() {
     assert_eq!(mc.metadata.generation, status.observed_generation);
     env.stop().await;
 }
+}
 
-#[tokio::test]
-async fn scaling_to_five_and_to_zero_follows_spec_size() {
-    let env = Env::start().await;
+on_every_server! {
+async fn scaling_to_five_and_to_zero_follows_spec_size(server: Server) {
+    let env = Env::on(server, "scaling_to_five_and_to_zero_fo").await;
     env.apply_sample("scaled", 3).await;
     env.converged("scaled", 3).await;
 
@@ -278,10 +309,11 @@ async fn scaling_to_five_and_to_zero_follows_spec_size() {
     );
     env.stop().await;
 }
+}
 
-#[tokio::test]
-async fn manual_replica_edit_is_repaired_and_deleted_service_recreated() {
-    let env = Env::start().await;
+on_every_server! {
+async fn manual_replica_edit_is_repaired_and_deleted_service_recreated(server: Server) {
+    let env = Env::on(server, "manual_replica_edit_is_repaire").await;
     env.apply_sample("drift", 3).await;
     env.converged("drift", 3).await;
 
@@ -312,13 +344,14 @@ async fn manual_replica_edit_is_repaired_and_deleted_service_recreated() {
     env.converged("drift", 3).await;
     env.stop().await;
 }
+}
 
+on_every_server! {
 /// Labels and annotations are cached as text (`cached::MetaText`), not typed: an edit of
 /// them alone (no generation change, so only the metadata hash can notice) is still drift,
 /// repaired at once; the default resync (5 min) is far beyond this test's deadline.
-#[tokio::test]
-async fn a_metadata_only_edit_of_a_child_is_repaired() {
-    let env = Env::start().await;
+async fn a_metadata_only_edit_of_a_child_is_repaired(server: Server) {
+    let env = Env::on(server, "a_metadata_only_edit_of_a_chil").await;
     env.apply_sample("relabel", 1).await;
     env.converged("relabel", 1).await;
     let ours = |meta: &ObjectMeta| {
@@ -371,17 +404,21 @@ async fn a_metadata_only_edit_of_a_child_is_repaired() {
     .await;
     env.stop().await;
 }
+}
 
-#[tokio::test]
-async fn deleting_the_memcached_leaves_nothing_behind() {
-    let env = Env::start().await;
+on_every_server! {
+async fn deleting_the_memcached_leaves_nothing_behind(server: Server) {
+    let env = Env::on(server, "deleting_the_memcached_leaves_").await;
     env.apply_sample("gone", 2).await;
     env.converged("gone", 2).await;
     env.memcacheds()
         .delete("gone", &DeleteParams::default())
         .await
         .expect("delete");
-    wait_for("children garbage-collected", || async {
+    // kube-controller-manager's garbage collector learns of a new resource kind from
+    // discovery, which it refreshes every 30 s: right after the CRD is installed, the
+    // Memcached's dependents may wait that long.
+    wait_for_within("children garbage-collected", Duration::from_secs(90), || async {
         let d = env.deployments().get_opt("gone").await.ok()?;
         let s = env.services().get_opt("gone").await.ok()?;
         let pods = live_pods(&env, "gone").await;
@@ -390,10 +427,11 @@ async fn deleting_the_memcached_leaves_nothing_behind() {
     .await;
     env.stop().await;
 }
+}
 
-#[tokio::test]
-async fn a_deleted_pod_is_replaced_and_status_nodes_follow() {
-    let env = Env::start().await;
+on_every_server! {
+async fn a_deleted_pod_is_replaced_and_status_nodes_follow(server: Server) {
+    let env = Env::on(server, "a_deleted_pod_is_replaced_and_").await;
     env.apply_sample("podchurn", 2).await;
     let before = env
         .converged("podchurn", 2)
@@ -415,6 +453,7 @@ async fn a_deleted_pod_is_replaced_and_status_nodes_follow() {
     assert_eq!(after, sorted_pod_names(&live_pods(&env, "podchurn").await));
     env.stop().await;
 }
+}
 
 /// What a new Memcached costs the API server: each child applied once, one event for the
 /// whole creation, and a status written when the children are made plus (batched) once as
@@ -422,12 +461,12 @@ async fn a_deleted_pod_is_replaced_and_status_nodes_follow() {
 #[tokio::test]
 async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes() {
     let env = Env::start().await;
-    env.server.reset_request_counts();
+    env.server().reset_request_counts();
     env.apply_sample("thrifty", 3).await;
     env.converged("thrifty", 3).await;
     // Past the status batching window, so its reconcile is counted too.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let counts = env.server.request_counts();
+    let counts = env.server().request_counts();
     for (resource, applies) in [
         ("deployments", 1),
         ("services", 2),
@@ -595,14 +634,14 @@ async fn converged_objects_cost_zero_writes_on_resync() {
     // Let the last status write's watch event and any reconcile it triggers settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    env.server.reset_request_counts();
+    env.server().reset_request_counts();
     let reconciles_before = env.counters.reconciles();
     // At least several resync periods for both objects.
     wait_for("ten resync reconciles", || async {
         (env.counters.reconciles() >= reconciles_before + 10).then_some(())
     })
     .await;
-    let counts = env.server.request_counts();
+    let counts = env.server().request_counts();
     assert_eq!(counts.writes(), 0, "writes during resync:\n{counts}");
     assert_eq!(env.counters.failures(), 0);
     env.stop().await;
@@ -716,9 +755,9 @@ async fn a_child_deleted_during_a_watch_gap_is_recreated_after_the_relist() {
 
     // The Service watch goes down and stays down while the Service is deleted and enough
     // other changes happen for its resume point to fall out of the server's history.
-    env.server
+    env.server()
         .inject(Fault::new().verb("watch").resource("services").status(500));
-    env.server.cut_watches();
+    env.server().cut_watches();
     tokio::time::sleep(Duration::from_millis(200)).await;
     env.services()
         .delete("gapped", &DeleteParams::default())
@@ -734,7 +773,7 @@ async fn a_child_deleted_during_a_watch_gap_is_recreated_after_the_relist() {
             .await
             .expect("create ConfigMap");
     }
-    env.server.clear_faults();
+    env.server().clear_faults();
 
     // The watch resumes with 410 Gone, re-lists, and finds the Service missing.
     wait_for("the Service recreated after the re-list", || async {
@@ -788,9 +827,9 @@ async fn a_name_too_long_for_child_objects_is_degraded_and_others_still_converge
     env.stop().await;
 }
 
-#[tokio::test]
-async fn creation_and_scaling_are_recorded_as_events() {
-    let env = Env::start().await;
+on_every_server! {
+async fn creation_and_scaling_are_recorded_as_events(server: Server) {
+    let env = Env::on(server, "creation_and_scaling_are_recor").await;
     env.apply_sample("evented", 1).await;
     env.converged("evented", 1).await;
     env.apply_sample("evented", 2).await;
@@ -816,4 +855,5 @@ async fn creation_and_scaling_are_recorded_as_events() {
         "{reasons:?}"
     );
     env.stop().await;
+}
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the operator's integration tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cluster;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
