@@ -266,15 +266,29 @@ async fn scaling_to_five_and_to_zero_follows_spec_size(server: Server) {
     env.apply_sample("scaled", 3).await;
     env.converged("scaled", 3).await;
 
-    // `kubectl scale memcached/scaled --replicas=5` goes through the scale subresource.
-    env.memcacheds()
-        .patch_scale(
-            "scaled",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 5}})),
-        )
-        .await
-        .expect("scale subresource accepts");
+    // `kubectl scale memcached/scaled --replicas=5` goes through the scale subresource: the
+    // pinned kubectl itself on a real server, the same request by hand on the in-memory one.
+    if let Some(cp) = env.cluster.real {
+        let out = cp
+            .kubectl()
+            .args(["scale", "memcached/scaled", "--replicas=5", "-n", &env.cluster.ns])
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "kubectl scale: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        env.memcacheds()
+            .patch_scale(
+                "scaled",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": 5}})),
+            )
+            .await
+            .expect("scale subresource accepts");
+    }
     let mc = env.converged("scaled", 5).await;
     assert_eq!(
         mc.status.expect("status").nodes,

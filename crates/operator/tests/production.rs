@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -18,23 +17,32 @@ use memcached_operator::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 
 mod common;
+use common::cluster::{Cluster, Server};
 use common::wait_for;
 
 struct Env {
+    cluster: Cluster,
     client: Client,
-    _server: ApiServer,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn start(pod_ready_delay: Duration, with_service_monitor_crd: bool) -> Env {
-    let server = ApiServer::builder()
-        .workload_simulator(true)
-        .pod_ready_delay(pod_ready_delay)
-        .build();
-    let client = server.client();
-    common::install_crds(&client, with_service_monitor_crd).await;
+async fn start(
+    server: Server,
+    test: &str,
+    pod_ready_delay: Duration,
+    with_service_monitor_crd: bool,
+) -> Env {
+    let cluster = Cluster::start(
+        server,
+        test,
+        |b| b.pod_ready_delay(pod_ready_delay),
+        with_service_monitor_crd,
+    )
+    .await;
+    let client = cluster.client.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let config = ControllerConfig {
+        namespace: cluster.watch_namespace(),
         secret_recheck: Duration::from_millis(100),
         ..ControllerConfig::default()
     };
@@ -42,8 +50,8 @@ async fn start(pod_ready_delay: Duration, with_service_monitor_crd: bool) -> Env
         let _ = rx.await;
     }));
     Env {
+        cluster,
         client,
-        _server: server,
         _stop: tx,
     }
 }
@@ -53,7 +61,7 @@ impl Env {
     where
         K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
     {
-        Api::default_namespaced(self.client.clone())
+        self.cluster.api()
     }
 
     async fn apply(&self, name: &str, spec: Value) {
@@ -88,9 +96,9 @@ impl Env {
     }
 }
 
-#[tokio::test]
-async fn a_disruption_budget_exists_from_two_pods_and_goes_below() {
-    let env = start(Duration::from_millis(20), false).await;
+on_every_server! {
+async fn a_disruption_budget_exists_from_two_pods_and_goes_below(server: Server) {
+    let env = start(server, "a_disruption_budget_exists_fro", Duration::from_millis(20), false).await;
     let pdbs = env.api::<PodDisruptionBudget>();
     env.apply("budget", json!({"size": 1})).await;
     env.converged("budget", 1).await;
@@ -118,10 +126,11 @@ async fn a_disruption_budget_exists_from_two_pods_and_goes_below() {
     })
     .await;
 }
+}
 
-#[tokio::test]
-async fn the_headless_service_and_status_endpoints_list_the_ready_pods() {
-    let env = start(Duration::from_millis(20), false).await;
+on_every_server! {
+async fn the_headless_service_and_status_endpoints_list_the_ready_pods(server: Server) {
+    let env = start(server, "the_headless_service_and_statu", Duration::from_millis(20), false).await;
     env.apply("hashed", json!({"size": 3, "containerPort": 11311}))
         .await;
     let mc = env.converged("hashed", 3).await;
@@ -161,10 +170,11 @@ async fn the_headless_service_and_status_endpoints_list_the_ready_pods() {
         want.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
     );
 }
+}
 
-#[tokio::test]
-async fn pods_are_spread_over_nodes_and_zones_by_default() {
-    let env = start(Duration::from_millis(20), false).await;
+on_every_server! {
+async fn pods_are_spread_over_nodes_and_zones_by_default(server: Server) {
+    let env = start(server, "pods_are_spread_over_nodes_and", Duration::from_millis(20), false).await;
     env.apply("spread", json!({"size": 2})).await;
     env.apply("strict", json!({"size": 2, "topologySpread": "Required"}))
         .await;
@@ -191,11 +201,12 @@ async fn pods_are_spread_over_nodes_and_zones_by_default() {
         }
     }
 }
+}
 
-#[tokio::test]
-async fn an_image_change_rolls_the_pods_and_shows_progress_until_done() {
+on_every_server! {
+async fn an_image_change_rolls_the_pods_and_shows_progress_until_done(server: Server) {
     // Slow readiness so the rollout is long enough to watch.
-    let env = start(Duration::from_millis(300), false).await;
+    let env = start(server, "an_image_change_rolls_the_pods", Duration::from_millis(300), false).await;
     env.apply(
         "rolling",
         json!({"size": 2, "image": "memcached:1.6.38-alpine"}),
@@ -260,10 +271,11 @@ async fn an_image_change_rolls_the_pods_and_shows_progress_until_done() {
         ["memcached:1.6.39-alpine", "memcached:1.6.39-alpine"]
     );
 }
+}
 
-#[tokio::test]
-async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers() {
-    let env = start(Duration::from_millis(20), false).await;
+on_every_server! {
+async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers(server: Server) {
+    let env = start(server, "a_missing_secret_is_a_degraded", Duration::from_millis(20), false).await;
     env.apply(
         "locked",
         json!({"size": 1, "sasl": {"secretName": "memcached-auth"}}),
@@ -322,12 +334,14 @@ async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers() {
             .contains(&"-S".to_string())
     );
 }
+}
 
-#[tokio::test]
-async fn the_exporter_and_its_service_monitor_appear_only_when_asked() {
-    let env = start(Duration::from_millis(20), true).await;
-    let monitors: Api<DynamicObject> = Api::default_namespaced_with(
+on_every_server! {
+async fn the_exporter_and_its_service_monitor_appear_only_when_asked(server: Server) {
+    let env = start(server, "the_exporter_and_its_service_m", Duration::from_millis(20), true).await;
+    let monitors: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
+        &env.cluster.ns,
         &ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
             "servicemonitors",
@@ -391,10 +405,11 @@ async fn the_exporter_and_its_service_monitor_appear_only_when_asked() {
     })
     .await;
 }
+}
 
-#[tokio::test]
-async fn the_seed_sample_still_means_three_pods_named_in_status() {
-    let env = start(Duration::from_millis(20), false).await;
+on_every_server! {
+async fn the_seed_sample_still_means_three_pods_named_in_status(server: Server) {
+    let env = start(server, "the_seed_sample_still_means_th", Duration::from_millis(20), false).await;
     let sample: Memcached =
         serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("sample");
     env.api::<Memcached>()
@@ -424,4 +439,5 @@ async fn the_seed_sample_still_means_three_pods_named_in_status() {
         "nothing added to the seed's spec but the port default"
     );
     assert_eq!(stored.spec.container_port, 11211);
+}
 }
