@@ -38,8 +38,36 @@ lint: ## Lint the code (clippy, warnings are errors).
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: ## Run all tests (no cluster needed; config/ is checked against the code).
+test: controlplane ## Run all tests (what CI runs): builds the pinned control plane, then every test, the real-server suites included.
 	$(CARGO) test --workspace --locked
+
+##@ Control plane (a real Kubernetes without a cluster)
+
+.PHONY: controlplane
+controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok into bin/ (Go; only when a pin changed).
+	hack/controlplane/build.sh
+
+# Which pinned Kubernetes version the dev cluster runs: newest or oldest.
+KUBE ?= newest
+DEV_KUBECONFIG ?= bin/dev-cluster.kubeconfig
+
+.PHONY: dev-cluster
+dev-cluster: controlplane ## Start a local cluster (real control plane, 3 kwok nodes) in the background; prints the KUBECONFIG to export.
+	@if [ -f bin/dev-cluster.pid ] && kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; then \
+	  echo "dev-cluster already running (pid $$(cat bin/dev-cluster.pid)); make dev-cluster-down first"; exit 1; fi
+	$(CARGO) build -q -p envtest --bin dev-cluster
+	@rm -f $(DEV_KUBECONFIG)
+	@nohup target/debug/dev-cluster --kube $(KUBE) --kubeconfig $(DEV_KUBECONFIG) > bin/dev-cluster.log 2>&1 & echo $$! > bin/dev-cluster.pid
+	@for i in $$(seq 1 600); do \
+	  if [ -f $(DEV_KUBECONFIG) ]; then cat bin/dev-cluster.log; exit 0; fi; \
+	  if ! kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; then cat bin/dev-cluster.log; rm -f bin/dev-cluster.pid; exit 1; fi; \
+	  sleep 0.1; done; echo "dev-cluster did not start within 60 s; see bin/dev-cluster.log"; exit 1
+
+.PHONY: dev-cluster-down
+dev-cluster-down: ## Stop the local cluster started by make dev-cluster (its data is thrown away).
+	@if [ -f bin/dev-cluster.pid ]; then kill "$$(cat bin/dev-cluster.pid)" 2>/dev/null || true; \
+	  while kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; do sleep 0.1; done; rm -f bin/dev-cluster.pid; \
+	  echo "dev-cluster stopped"; else echo "no dev-cluster running"; fi
 
 .PHONY: e2e
 e2e: ## Run the end-to-end tests against a real cluster: make e2e E2E_KUBECONFIG=~/.kube/config

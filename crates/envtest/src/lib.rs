@@ -452,6 +452,8 @@ impl ControlPlane {
                         "topology.kubernetes.io/region": "envtest",
                     },
                 },
+                // Each node its own pod range, from which kwok gives its pods their IPs.
+                "spec": {"podCIDR": format!("10.{}.0.0/16", 100 + i), "podCIDRs": [format!("10.{}.0.0/16", 100 + i)]},
                 "status": {
                     "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "5000"},
                     "capacity": {"cpu": "64", "memory": "512Gi", "pods": "5000"},

@@ -114,18 +114,15 @@ async fn workloads_run_on_the_oldest_pinned_version() {
 }
 
 #[tokio::test]
-async fn an_owned_control_plane_starts_fast_and_leaves_no_process_behind() {
+async fn an_owned_control_plane_stores_objects_and_leaves_no_process_behind() {
     let cp = ControlPlane::start(Options {
         workloads: false,
         ..Options::new(Kube::Newest)
     })
     .await
     .expect("control plane starts");
-    assert!(
-        cp.started_in() < Duration::from_secs(20),
-        "etcd and kube-apiserver ready in {:?}",
-        cp.started_in()
-    );
+    // How long start-up takes is reported, not asserted (a busy machine would flake it).
+    eprintln!("etcd and kube-apiserver ready in {:?}", cp.started_in());
     let client = cp.client().await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
     cms.create(
@@ -186,4 +183,87 @@ async fn a_missing_binary_is_named_with_the_command_that_builds_it() {
         msg.contains(&format!("hack/controlplane/build.sh {oldest}")),
         "{msg}"
     );
+}
+
+/// `make dev-cluster`'s program: a kubeconfig appears once the cluster is ready, the seed's
+/// workflow (`make install`, `kubectl apply -k config/samples`) works against it with the
+/// pinned kubectl, and SIGTERM stops every process and removes the kubeconfig.
+#[tokio::test]
+async fn the_dev_cluster_serves_the_seed_workflow_and_stops_on_term() {
+    let root = envtest::repo_root();
+    let dir = std::env::temp_dir().join(format!("dev-cluster-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dev-cluster"))
+        .args(["--kube", "newest", "--nodes", "1", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("dev-cluster starts");
+    eventually("the kubeconfig written", || async {
+        kubeconfig.exists().then_some(())
+    })
+    .await;
+    let kubectl = envtest::kubectl_path().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args)
+            .current_dir(&root)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["apply", "--server-side", "-k", "config/crd"]);
+    run(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/memcacheds.memcached.cache.example.com",
+    ]);
+    run(&["apply", "-k", "config/samples"]);
+    let size = run(&[
+        "get",
+        "memcached",
+        "memcached-sample",
+        "-o",
+        "jsonpath={.spec.size}",
+    ]);
+    assert_eq!(size, "3");
+    let nodes = run(&["get", "nodes", "-o", "name"]);
+    assert_eq!(nodes.trim(), "node/kwok-node-0");
+
+    let pid = child.id();
+    let children: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(") ").next().map(str::to_owned))
+                .and_then(|rest| rest.split_whitespace().nth(1).map(str::to_owned))
+                .is_some_and(|ppid| ppid == pid.to_string())
+        })
+        .collect();
+    assert!(
+        children.len() >= 5,
+        "etcd, apiserver, controllers, scheduler, kwok: {children:?}"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!kubeconfig.exists(), "the kubeconfig is removed");
+    for p in children {
+        let gone = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true);
+        assert!(gone, "process {p} stopped");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,105 @@
+//! A cluster for people without one: the pinned control plane with kwok's fake nodes, kept
+//! running until interrupted, with its admin kubeconfig written where asked.
+//!
+//! ```sh
+//! make dev-cluster        # in the background; make dev-cluster-down stops it
+//! dev-cluster --kube newest --nodes 3 --kubeconfig bin/dev-cluster.kubeconfig
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use envtest::{ControlPlane, Kube, Options};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Which {
+    Oldest,
+    Newest,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Run the pinned Kubernetes control plane with kwok's fake nodes until interrupted"
+)]
+struct Args {
+    /// Which pinned Kubernetes version.
+    #[arg(long, value_enum, default_value = "newest")]
+    kube: Which,
+    /// Fake nodes (zones zone-a, zone-b, zone-c in turn).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Where to write the admin kubeconfig (written once the cluster is ready).
+    #[arg(long, default_value = "bin/dev-cluster.kubeconfig")]
+    kubeconfig: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dev-cluster: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async {
+        let kube = match args.kube {
+            Which::Oldest => Kube::Oldest,
+            Which::Newest => Kube::Newest,
+        };
+        let cp = match ControlPlane::start(Options {
+            nodes: args.nodes,
+            ..Options::new(kube)
+        })
+        .await
+        {
+            Ok(cp) => cp,
+            Err(e) => {
+                eprintln!("dev-cluster: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let kubeconfig = std::env::current_dir()
+            .map(|d| d.join(&args.kubeconfig))
+            .unwrap_or_else(|_| args.kubeconfig.clone());
+        println!(
+            "Kubernetes {} at {} with {} kwok nodes (started in {:.1?}); logs in {}\n\
+             export KUBECONFIG={} PATH={}:$PATH",
+            cp.version(),
+            cp.url(),
+            args.nodes,
+            cp.started_in(),
+            cp.dir().display(),
+            kubeconfig.display(),
+            cp.bin_dir().display(),
+        );
+        // Written last: its appearance tells `make dev-cluster` the cluster is ready.
+        let partial = kubeconfig.with_extension("partial");
+        if let Err(e) = std::fs::copy(cp.kubeconfig(), &partial)
+            .and_then(|_| std::fs::rename(&partial, &kubeconfig))
+        {
+            eprintln!("dev-cluster: writing {}: {e}", kubeconfig.display());
+            return ExitCode::FAILURE;
+        }
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("dev-cluster: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = std::fs::remove_file(&kubeconfig);
+        drop(cp);
+        println!("dev-cluster stopped");
+        ExitCode::SUCCESS
+    })
+}
