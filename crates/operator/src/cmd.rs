@@ -105,6 +105,11 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Run even on a Kubernetes older than the oldest supported one (which `run` otherwise
+    /// refuses at start-up, naming both versions).
+    #[arg(long, default_value_t = false)]
+    pub allow_unsupported_kubernetes: bool,
+
     /// Longest wait for in-flight reconciles after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub graceful_shutdown_timeout: Duration,
@@ -237,6 +242,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     } else {
         args.namespaces.iter().cloned().map(Some).collect()
     };
+    crd::check_version(&client, args.allow_unsupported_kubernetes).await?;
     for scope in &scopes {
         crd::check_installed(&client, scope.as_deref()).await?;
     }

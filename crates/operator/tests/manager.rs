@@ -678,6 +678,91 @@ fn run_once(kubeconfig: &Path) -> (ExitStatus, String) {
     (out.status, String::from_utf8_lossy(&out.stderr).to_string())
 }
 
+/// An API server that answers every request with this `/version` (the first thing `run`
+/// asks); returns its kubeconfig.
+fn server_of_version(dir: &TempDir, major: &str, minor: &str, git: &str) -> PathBuf {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let body = json!({"major": major, "minor": minor, "gitVersion": git}).to_string();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let kubeconfig = dir.0.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    kubeconfig
+}
+
+/// Below the oldest supported Kubernetes (v1.33, the version of the API types and of the
+/// oldest control plane the tests run on) `run` refuses at start-up, once, naming both
+/// versions, instead of having every write refused later; a provider's `33+` minor is
+/// supported; `--allow-unsupported-kubernetes` goes on to the next check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsupported_kubernetes_is_refused_once_at_start_up() {
+    let dir = TempDir::new("old-kube");
+    let old = server_of_version(&dir, "1", "32", "v1.32.4");
+    let (status, stderr) = {
+        let old = old.clone();
+        tokio::task::spawn_blocking(move || run_once(&old))
+            .await
+            .expect("join")
+    };
+    assert!(!status.success());
+    assert!(
+        stderr
+            .contains("Kubernetes v1.32.4 is older than this operator supports (v1.33 and newer)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--allow-unsupported-kubernetes"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+
+    let allowed = tokio::task::spawn_blocking(move || {
+        Command::new(BIN)
+            .args([
+                "run",
+                "--metrics-bind-address=0",
+                "--health-probe-bind-address=0",
+                "--allow-unsupported-kubernetes",
+            ])
+            .env("KUBECONFIG", &old)
+            .env("RUST_LOG", "off")
+            .env("ENABLE_WEBHOOKS", "false")
+            .output()
+            .expect("operator runs")
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&allowed.stderr);
+    assert!(!stderr.contains("older than"), "let through: {stderr}");
+
+    let dir = TempDir::new("provider-kube");
+    let provider = server_of_version(&dir, "1", "33+", "v1.33.5-gke.1");
+    let (_, stderr) = tokio::task::spawn_blocking(move || run_once(&provider))
+        .await
+        .expect("join");
+    assert!(
+        !stderr.contains("older than"),
+        "1.33+ is supported: {stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_crd_or_an_unreachable_cluster_is_a_one_line_error() {
     let cluster = Cluster::start(false).await;

@@ -471,3 +471,23 @@ fn manager_args_parse_as_the_run_command() {
         format!(":{}", manifests::HEALTH_PORT)
     );
 }
+
+/// The oldest supported Kubernetes is one number in three places: the operator's start-up
+/// check, the API types it is built with (k8s-openapi's feature in the workspace
+/// Cargo.toml) and the oldest control plane the tests run on (`hack/controlplane`).
+#[test]
+fn the_oldest_supported_kubernetes_is_the_api_types_and_the_oldest_tested() {
+    let (major, minor) = memcached_operator::crd::OLDEST_SUPPORTED_KUBERNETES;
+    let cargo = std::fs::read_to_string(config_dir().join("../Cargo.toml")).expect("Cargo.toml");
+    let feature = format!("\"v{major}_{minor}\"");
+    let line = cargo
+        .lines()
+        .find(|l| l.starts_with("k8s-openapi"))
+        .expect("k8s-openapi in the workspace");
+    assert!(
+        line.contains(&feature),
+        "k8s-openapi feature {feature}: {line}"
+    );
+    let oldest = &envtest::pinned_kube_versions().expect("pins")[0];
+    assert_eq!((oldest.major, oldest.minor), (major, minor));
+}
