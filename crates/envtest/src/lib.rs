@@ -21,6 +21,7 @@
 //! kernel to die with the test binary (`PR_SET_PDEATHSIG`), so a crashed or killed test leaves
 //! no process behind.
 
+pub mod audit;
 mod certs;
 mod process;
 mod versions;
@@ -313,7 +314,17 @@ impl ControlPlane {
             ],
         )?;
 
+        // Every request is logged (metadata only) with who made it and from which program,
+        // so a test can count what one client did, as the server saw it.
+        let audit_policy = write(
+            "audit-policy.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )?;
+        let audit_log = dir.join("audit.log");
         let mut apiserver_args = vec![
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", audit_log.display()),
+            "--audit-log-maxsize=0".into(),
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -618,6 +629,17 @@ impl ControlPlane {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(name)
+    }
+
+    /// The API server's audit log (one JSON event per request, metadata level): see
+    /// [`audit::read`].
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// Every request the API server has logged so far.
+    pub fn audit(&self) -> Result<Vec<audit::Request>, Error> {
+        audit::read(&self.audit_log())
     }
 
     /// The API server's own `/metrics` text.

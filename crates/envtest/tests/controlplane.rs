@@ -267,3 +267,48 @@ async fn the_dev_cluster_serves_the_seed_workflow_and_stops_on_term() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The audit log tells who did what: a client acting as its own user is counted apart from
+/// everyone else, writes apart from reads, and a server-side dry run is not a write.
+#[tokio::test]
+async fn the_audit_log_counts_one_clients_writes() {
+    let cp = ControlPlane::shared(Kube::Newest).expect("control plane starts");
+    let ns = cp.namespace("audit").await.unwrap();
+    let alice = cp.client_as("alice", &["system:masters"]).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(alice, &ns);
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "a"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    cms.get("a").await.unwrap();
+    cms.create(
+        &PostParams {
+            dry_run: true,
+            ..Default::default()
+        },
+        &serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mine = eventually("alice's three requests logged", || async {
+        let mine: Vec<_> = cp
+            .audit()
+            .ok()?
+            .into_iter()
+            .filter(|r| r.username == "alice" && r.namespace == ns)
+            .collect();
+        (mine.len() >= 3).then_some(mine)
+    })
+    .await;
+    let writes: Vec<_> = mine.iter().filter(|r| r.is_write()).collect();
+    assert_eq!(writes.len(), 1, "{mine:#?}");
+    assert_eq!(
+        (
+            writes[0].verb.as_str(),
+            writes[0].resource.as_str(),
+            writes[0].name.as_str(),
+            writes[0].code
+        ),
+        ("create", "configmaps", "a", 201)
+    );
+    assert!(mine.iter().any(|r| r.verb == "get" && r.name == "a"));
+    assert!(mine.iter().any(|r| r.is_dry_run() && r.verb == "create"));
+}
