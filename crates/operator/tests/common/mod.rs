@@ -1,7 +1,9 @@
 //! Helpers shared by the operator's integration tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod bad_inputs;
 pub mod cluster;
+pub mod foreign_crds;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

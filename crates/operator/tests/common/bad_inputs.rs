@@ -1,0 +1,219 @@
+//! The bad-input table shared by the tests that feed bad Memcacheds to an API server: the
+//! in-memory one (`bad_input.rs`) and the real control plane with the webhooks registered
+//! (`real_cluster.rs`).
+
+use serde_json::{Value, json};
+
+/// A well-formed sha256 hex digest.
+pub const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// A Memcached in `default` with `spec` (tests on a real server move it to their namespace).
+pub fn memcached(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "memcached.cache.example.com/v1",
+        "kind": "Memcached",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+/// Objects the CRD schema (or the API server's own checks) rejects, with what the error
+/// must name.
+pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
+    let mut wrong_kind = memcached("wrong-kind", json!({"size": 1}));
+    wrong_kind["kind"] = json!("Redis");
+    let mut wrong_version = memcached("wrong-version", json!({"size": 1}));
+    wrong_version["apiVersion"] = json!("memcached.cache.example.com/v2");
+    vec![
+        (
+            "negative size",
+            memcached("neg", json!({"size": -1})),
+            422,
+            vec!["spec.size", "greater than or equal to 0"],
+        ),
+        (
+            "huge size",
+            memcached("huge", json!({"size": 101})),
+            422,
+            vec!["spec.size", "less than or equal to 100"],
+        ),
+        (
+            "size beyond int32",
+            memcached("int64", json!({"size": 99_999_999_999i64})),
+            422,
+            vec!["spec.size"],
+        ),
+        (
+            "size as a word",
+            memcached("word", json!({"size": "three"})),
+            422,
+            vec!["spec.size", "must be of type integer"],
+        ),
+        (
+            "fractional size",
+            memcached("frac", json!({"size": 2.5})),
+            422,
+            vec!["spec.size", "integer"],
+        ),
+        (
+            "boolean size",
+            memcached("bool", json!({"size": true})),
+            422,
+            vec!["spec.size", "integer"],
+        ),
+        (
+            "missing size",
+            memcached("nosize", json!({"containerPort": 11211})),
+            422,
+            vec!["spec.size", "Required value"],
+        ),
+        (
+            "port 0",
+            memcached("port0", json!({"size": 1, "containerPort": 0})),
+            422,
+            vec!["spec.containerPort", "greater than or equal to 1"],
+        ),
+        (
+            "port 70000",
+            memcached("port70000", json!({"size": 1, "containerPort": 70000})),
+            422,
+            vec!["spec.containerPort", "less than or equal to 65535"],
+        ),
+        (
+            "port as a string",
+            memcached("portstr", json!({"size": 1, "containerPort": "11211"})),
+            422,
+            vec!["spec.containerPort", "integer"],
+        ),
+        (
+            "image with spaces",
+            memcached("img-space", json!({"size": 1, "image": "memcached 1.6"})),
+            422,
+            vec!["spec.image", "should match"],
+        ),
+        (
+            "image with an uppercase path",
+            memcached(
+                "img-upper",
+                json!({"size": 1, "image": "team/Memcached:1.6"}),
+            ),
+            422,
+            vec!["spec.image", "should match"],
+        ),
+        (
+            "image with a bad tag",
+            memcached("img-tag", json!({"size": 1, "image": "memcached:-1.6"})),
+            422,
+            vec!["spec.image", "should match"],
+        ),
+        (
+            "image with a short digest",
+            memcached(
+                "img-digest",
+                json!({"size": 1, "image": "memcached@sha256:abc"}),
+            ),
+            422,
+            vec!["spec.image", "should match"],
+        ),
+        (
+            "image with a scheme",
+            memcached(
+                "img-scheme",
+                json!({"size": 1, "image": "https://registry.example.com/memcached"}),
+            ),
+            422,
+            vec!["spec.image", "should match"],
+        ),
+        (
+            "empty image",
+            memcached("img-empty", json!({"size": 1, "image": ""})),
+            422,
+            vec!["spec.image", "at least 1 chars"],
+        ),
+        (
+            "image as a number",
+            memcached("img-num", json!({"size": 1, "image": 42})),
+            422,
+            vec!["spec.image", "string"],
+        ),
+        (
+            "null spec",
+            memcached("nullspec", Value::Null),
+            422,
+            vec!["spec"],
+        ),
+        (
+            "spec as a list",
+            memcached("listspec", json!([1, 2])),
+            422,
+            vec!["spec", "object"],
+        ),
+        (
+            "uppercase name",
+            memcached("Memcached-Sample", json!({"size": 1})),
+            422,
+            vec!["metadata.name"],
+        ),
+        (
+            "name with an underscore",
+            memcached("my_cache", json!({"size": 1})),
+            422,
+            vec!["metadata.name"],
+        ),
+        ("wrong kind", wrong_kind, 400, vec!["kind", "Redis"]),
+        (
+            "wrong apiVersion",
+            wrong_version,
+            400,
+            vec!["memcached.cache.example.com/v2"],
+        ),
+    ]
+}
+
+/// Objects the schema lets through that the operator must refuse: `(name, spec, field)`.
+pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
+    vec![
+        (
+            format!("m{}", "x".repeat(63)),
+            json!({"size": 2}),
+            "metadata.name",
+        ),
+        (
+            format!("m{}", "x".repeat(54)),
+            json!({"size": 2}),
+            "metadata.name",
+        ),
+        ("my.cache".into(), json!({"size": 2}), "metadata.name"),
+        ("1cache".into(), json!({"size": 2}), "metadata.name"),
+        (
+            "port-clash".into(),
+            json!({"size": 2, "containerPort": 9150}),
+            "spec.containerPort",
+        ),
+        (
+            "md5-digest".into(),
+            json!({"size": 2, "image": format!("memcached@md5:{}", &SHA[..32])}),
+            "spec.image",
+        ),
+        (
+            "short-digest".into(),
+            json!({"size": 2, "image": format!("memcached@sha256:{}", &SHA[..40])}),
+            "spec.image",
+        ),
+        (
+            "upper-digest".into(),
+            json!({"size": 2, "image": format!("memcached@sha256:{}", SHA.to_uppercase())}),
+            "spec.image",
+        ),
+        (
+            "bad-registry-port".into(),
+            json!({"size": 2, "image": "registry.example.com:99999/memcached:1"}),
+            "spec.image",
+        ),
+        (
+            "image-id".into(),
+            json!({"size": 2, "image": SHA}),
+            "spec.image",
+        ),
+    ]
+}
