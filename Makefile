@@ -49,6 +49,8 @@ controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-
 
 # Which pinned Kubernetes version the dev cluster runs: newest or oldest.
 KUBE ?= newest
+# The pinned kubectl of the newest version (the dev cluster's tools).
+KUBECTL_PINNED = $(lastword $(sort $(wildcard bin/k8s-v*/kubectl)))
 DEV_KUBECONFIG ?= bin/dev-cluster.kubeconfig
 
 .PHONY: dev-cluster
@@ -85,6 +87,13 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: ## Benchmark (release build; not part of the tests): convergence vs raw writes, steady state, latency, memory.
 	$(CARGO) run --release -p memcached-operator -- bench --n $(BENCH_N) $(BENCH_ARGS)
+
+.PHONY: bench-real
+bench-real: dev-cluster ## Benchmark on the real control plane with kwok nodes (release build; starts and stops a dev-cluster): make bench-real BENCH_N=1000
+	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) apply --server-side -k config/crd
+	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established crd/memcacheds.memcached.cache.example.com
+	$(CARGO) run --release -p memcached-operator -- bench --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(BENCH_N) $(BENCH_ARGS); \
+	  status=$$?; $(MAKE) -s dev-cluster-down; exit $$status
 
 ##@ Build
 

@@ -54,6 +54,11 @@ pub struct BenchArgs {
     /// in-memory API server. The CRD must be installed.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// With `--kubeconfig`: the API server's audit log (metadata level, one JSON event per
+    /// line, as `make dev-cluster` writes it). The operator's requests (its `User-Agent` is
+    /// `memcached-operator/…`) are counted from it, as the server saw them.
+    #[arg(long, requires = "kubeconfig")]
+    pub audit_log: Option<PathBuf>,
     /// The operator binary to run (default: this one).
     #[arg(long)]
     pub operator_bin: Option<PathBuf>,
@@ -109,6 +114,48 @@ struct Env {
     server: Option<apisim::ApiServer>,
     _handle: Option<apisim::ServeHandle>,
     cluster: bool,
+    /// The real API server's audit log, when given.
+    audit: Option<PathBuf>,
+}
+
+/// Where request counting started: the in-memory server resets its counts; an audit log is
+/// read on from the byte it had reached.
+struct Mark(u64);
+
+/// The operator's requests in an audit log after byte `from`, by verb (dry runs are not
+/// writes).
+fn audit_requests(path: &Path, from: u64) -> Result<Requests> {
+    use std::io::{BufRead, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(SeekFrom::Start(from))?;
+    let mut by_verb = BTreeMap::new();
+    let mut writes = 0;
+    for line in std::io::BufReader::new(f).lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line?) else {
+            continue;
+        };
+        let field = |name: &str| event.get(name).and_then(|v| v.as_str()).unwrap_or_default();
+        if field("stage") != "ResponseComplete" || field("userAgent") != crate::cmd::USER_AGENT {
+            continue;
+        }
+        let verb = field("verb").to_string();
+        let dry_run = field("requestURI").contains("dryRun=All");
+        if !dry_run
+            && matches!(
+                verb.as_str(),
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
+        {
+            writes += 1;
+        }
+        let key = if dry_run {
+            format!("{verb} (dry run)")
+        } else {
+            verb
+        };
+        *by_verb.entry(key).or_insert(0) += 1;
+    }
+    Ok(Requests { by_verb, writes })
 }
 
 impl Env {
@@ -134,6 +181,7 @@ impl Env {
                 server: None,
                 _handle: None,
                 cluster: true,
+                audit: args.audit_log.clone(),
             });
         }
         let server = apisim::ApiServer::builder()
@@ -156,11 +204,42 @@ impl Env {
             server: Some(server),
             _handle: Some(handle),
             cluster: false,
+            audit: None,
         })
     }
 
     fn memcacheds(&self) -> Api<Memcached> {
         Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Starts counting requests from here.
+    fn mark(&self) -> Mark {
+        if let Some(server) = &self.server {
+            server.reset_request_counts();
+        }
+        let offset = self
+            .audit
+            .as_ref()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .unwrap_or(0);
+        Mark(offset)
+    }
+
+    /// Requests since `mark`: every client's on the in-memory server, the operator's on a
+    /// real one with an audit log, unknown otherwise.
+    fn requests_since(&self, mark: &Mark) -> Option<Requests> {
+        if let Some(server) = &self.server {
+            return Some(Requests::of(&server.request_counts()));
+        }
+        let path = self.audit.as_ref()?;
+        match audit_requests(path, mark.0) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                log(format!("cannot read the audit log {}: {e}", path.display()));
+                None
+            }
+        }
     }
 
     async fn cleanup(&self) {
@@ -863,9 +942,7 @@ async fn catch_up(
     .await?;
     let (progress, tracker) = track(env, n);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    if let Some(server) = &env.server {
-        server.reset_request_counts();
-    }
+    let mark = env.mark();
     let bench_cpu = cpu_time(std::process::id());
     let started = Instant::now();
     let mut op = Operator::start(args, env, dir, reconciles).await?;
@@ -884,10 +961,7 @@ async fn catch_up(
             cpu_time(op.pid()),
             cpu_time(std::process::id()).saturating_sub(bench_cpu),
         ),
-        requests: env
-            .server
-            .as_ref()
-            .map(|server| Requests::of(&server.request_counts())),
+        requests: env.requests_since(&mark),
         ..Pair::default()
     };
     tracker.abort();
@@ -932,9 +1006,7 @@ async fn operator_phases(
     let (progress, tracker) = track(env, n);
     // Let the watches list before the clock starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    if let Some(server) = &env.server {
-        server.reset_request_counts();
-    }
+    let mark = env.mark();
     let started = Instant::now();
     let cpu_before = (cpu_time(op.pid()), cpu_time(std::process::id()));
     let create = async {
@@ -969,11 +1041,11 @@ async fn operator_phases(
     );
     if let Some(server) = &env.server {
         let counts = server.request_counts();
-        row.converging = Some(Requests::of(&counts));
         log(format!(
             "N={n}: requests while converging (all clients):\n{counts}"
         ));
     }
+    row.converging = env.requests_since(&mark);
     row.rss_converged = op.memory().0;
     log(format!(
         "N={n}: CRs created in {}, children and status in {}, {}",
@@ -996,15 +1068,12 @@ async fn operator_phases(
         secs(row.pods_ready),
         mib(row.rss_pods)
     ));
-    if let Some(server) = &env.server {
-        server.reset_request_counts();
-    }
+    let mark = env.mark();
     let cpu_before = cpu_time(op.pid());
     tokio::time::sleep(args.steady_window).await;
     row.steady_cpu = cpu_time(op.pid()).saturating_sub(cpu_before);
-    if let Some(server) = &env.server {
-        let counts = server.request_counts();
-        row.steady = Some(Requests::of(&counts));
+    row.steady = env.requests_since(&mark);
+    if row.steady.is_some() {
         log(format!(
             "N={n}: requests in {}: {} (operator CPU {})",
             secs(args.steady_window),
@@ -1098,6 +1167,19 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
         .collect();
     let _ = writeln!(out, "| | {} |", header.join(" | "));
     let _ = writeln!(out, "|---|{}", "---:|".repeat(rows.len()));
+    // On a real cluster the API server is another process: the CPU beside the operator's
+    // is the bench's own client, and requests are the operator's, read from the audit log.
+    let real = args.kubeconfig.is_some();
+    let others = if real {
+        "bench client"
+    } else {
+        "API server + simulator + clients"
+    };
+    let whose = if real {
+        "the operator's (audit log)"
+    } else {
+        "all clients"
+    };
     let mut line = |label: &str, cell: &dyn Fn(&Row) -> String| {
         let cells: Vec<String> = rows.iter().map(cell).collect();
         let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
@@ -1109,14 +1191,24 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
         ),
         &|r| spread(r.bounds().iter().map(Duration::as_secs_f64).collect(), " s"),
     );
-    line("  CPU: API server + simulator + client", &|r| {
-        let cpu = r
-            .pairs
-            .iter()
-            .filter(|p| p.bound.is_some())
-            .map(|p| p.bound_cpu);
-        median_duration(cpu).map(secs).unwrap_or_else(|| "–".into())
-    });
+    line(
+        &format!(
+            "  CPU: {}",
+            if real {
+                "bench client"
+            } else {
+                "API server + simulator + client"
+            }
+        ),
+        &|r| {
+            let cpu = r
+                .pairs
+                .iter()
+                .filter(|p| p.bound.is_some())
+                .map(|p| p.bound_cpu);
+            median_duration(cpu).map(secs).unwrap_or_else(|| "–".into())
+        },
+    );
     line("creating the N Memcacheds (client)", &|r| {
         secs(r.create_crs)
     });
@@ -1126,14 +1218,14 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
     line("  ratio to the bound (median)", &|r| {
         ratio(r.children_and_status, median_duration(r.bounds()))
     });
-    line("requests until then, all clients (writes)", &|r| {
+    line(&format!("requests until then, {whose} (writes)"), &|r| {
         r.converging
             .as_ref()
             .map(|s| format!("{} ({})", s.show(), s.writes))
             .unwrap_or_else(|| "n/a".into())
     });
     line(
-        "CPU while converging: operator / API server + simulator + clients",
+        &format!("CPU while converging: operator / {others}"),
         &|r| {
             format!(
                 "{} / {}",
@@ -1162,23 +1254,23 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
                 .unwrap_or_else(|| "–".into())
         },
     );
-    line("  requests (writes), the median catch-up's", &|r| {
-        r.median_pair()
-            .and_then(|p| p.requests.as_ref())
-            .map(|s| format!("{} ({})", s.show(), s.writes))
-            .unwrap_or_else(|| "n/a".into())
-    });
     line(
-        "  CPU: operator / API server + simulator + clients (medians)",
+        &format!("  requests (writes), the median catch-up's, {whose}"),
         &|r| {
-            let operator = median_duration(r.pairs.iter().map(|p| p.cpu.0));
-            let rest = median_duration(r.pairs.iter().map(|p| p.cpu.1));
-            match (operator, rest) {
-                (Some(operator), Some(rest)) => format!("{} / {}", secs(operator), secs(rest)),
-                _ => "–".into(),
-            }
+            r.median_pair()
+                .and_then(|p| p.requests.as_ref())
+                .map(|s| format!("{} ({})", s.show(), s.writes))
+                .unwrap_or_else(|| "n/a".into())
         },
     );
+    line(&format!("  CPU: operator / {others} (medians)"), &|r| {
+        let operator = median_duration(r.pairs.iter().map(|p| p.cpu.0));
+        let rest = median_duration(r.pairs.iter().map(|p| p.cpu.1));
+        match (operator, rest) {
+            (Some(operator), Some(rest)) => format!("{} / {}", secs(operator), secs(rest)),
+            _ => "–".into(),
+        }
+    });
     line("convergence: all pods ready in status", &|r| {
         secs(r.pods_ready)
     });
@@ -1195,7 +1287,7 @@ fn table(args: &BenchArgs, rows: &[Row]) -> String {
                 .unwrap_or_else(|| "n/a".into())
         },
     );
-    line("steady state: requests by verb", &|r| {
+    line(&format!("steady state: requests by verb, {whose}"), &|r| {
         r.steady
             .as_ref()
             .map(Requests::show)

@@ -32,6 +32,10 @@ struct Args {
     /// Where to write the admin kubeconfig (written once the cluster is ready).
     #[arg(long, default_value = "bin/dev-cluster.kubeconfig")]
     kubeconfig: PathBuf,
+    /// Where to link the API server's audit log (every request, metadata level: what
+    /// `memcached-operator bench --audit-log` counts).
+    #[arg(long, default_value = "bin/dev-cluster.audit.log")]
+    audit_log: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -77,6 +81,10 @@ fn main() -> ExitCode {
             kubeconfig.display(),
             cp.bin_dir().display(),
         );
+        let _ = std::fs::remove_file(&args.audit_log);
+        if let Err(e) = std::os::unix::fs::symlink(cp.audit_log(), &args.audit_log) {
+            eprintln!("dev-cluster: linking {}: {e}", args.audit_log.display());
+        }
         // Written last: its appearance tells `make dev-cluster` the cluster is ready.
         let partial = kubeconfig.with_extension("partial");
         if let Err(e) = std::fs::copy(cp.kubeconfig(), &partial)
@@ -98,6 +106,7 @@ fn main() -> ExitCode {
             _ = term.recv() => {}
         }
         let _ = std::fs::remove_file(&kubeconfig);
+        let _ = std::fs::remove_file(&args.audit_log);
         drop(cp);
         println!("dev-cluster stopped");
         ExitCode::SUCCESS
