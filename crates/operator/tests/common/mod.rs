@@ -4,6 +4,7 @@
 pub mod bad_inputs;
 pub mod cluster;
 pub mod foreign_crds;
+pub mod process;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
