@@ -189,12 +189,33 @@ pub async fn handle(
             format!("Request entity too large: limit is {MAX_BODY}"),
         ));
     }
+    // kube-apiserver answers paths outside every API group it serves with a plain-text 404
+    let mut segs = path.split('/').filter(|s| !s.is_empty());
+    let group = match (segs.next(), segs.next()) {
+        (Some("api") | Some("apis"), None) | (Some("api"), _) => Some(String::new()),
+        (Some("apis"), Some(g)) => Some(util::url_decode(g)),
+        _ => None,
+    };
     let res = match route {
         Route::Resource(r) => resource_request(&inner, &parts.method, &parts.headers, r, &q, &body),
         other => discovery(&inner, &parts.method, &parts.headers, other),
     };
     match res {
         Ok(r) => r,
+        Err(e) if e.code == 404 && e.message == NOT_FOUND_RESOURCE => {
+            let served = group.is_some_and(|g| {
+                g.is_empty() || inner.state.lock().reg.types.keys().any(|(tg, _)| *tg == g)
+            });
+            if served {
+                error_response(&e)
+            } else {
+                full(
+                    404,
+                    Bytes::from_static(b"404 page not found\n"),
+                    "text/plain; charset=utf-8",
+                )
+            }
+        }
         Err(e) => error_response(&e),
     }
 }
@@ -268,8 +289,10 @@ fn discovery(
     Ok(json_response(200, &v))
 }
 
+const NOT_FOUND_RESOURCE: &str = "the server could not find the requested resource";
+
 fn not_found_resource() -> ApiError {
-    ApiError::new(404, "the server could not find the requested resource").with_details(json!({}))
+    ApiError::new(404, NOT_FOUND_RESOURCE).with_details(json!({}))
 }
 
 fn content_type(h: &HeaderMap) -> String {
@@ -794,7 +817,13 @@ fn scale_of(rt: &ResourceType, obj: &Value) -> Value {
     if !selector.is_empty() {
         st["selector"] = json!(selector);
     }
-    json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta, "spec": {"replicas": spec}, "status": st})
+    // autoscaling/v1 ScaleSpec.replicas is `omitempty`
+    let spec = if spec == 0 {
+        json!({})
+    } else {
+        json!({"replicas": spec})
+    };
+    json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta, "spec": spec, "status": st})
 }
 
 type PatchFn<'a> = dyn Fn(&mut Value) -> Result<(), ApiError> + 'a;

@@ -66,14 +66,19 @@ pub fn merge_patch(doc: &mut Value, patch: &Value) {
 
 /// RFC 6902 JSON patch.
 pub fn json_patch(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
-    let p: json_patch::Patch = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    json_patch::patch(doc, &p.0).map_err(|e| {
+    // like kube-apiserver: a patch that is JSON but not a valid JSON patch (an unknown op), or
+    // that fails to apply (a failed test, a missing path), is 422 with no more detail
+    let rejected = || {
         ApiError::new(
             422,
-            format!("the server rejected our request due to an error in our request: {e}"),
+            "the server rejected our request due to an error in our request",
         )
-    })
+        .with_details(serde_json::json!({}))
+    };
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let p: json_patch::Patch = serde_json::from_value(v).map_err(|_| rejected())?;
+    json_patch::patch(doc, &p.0).map_err(|_| rejected())
 }
 
 /// Approximate strategic merge patch (see the crate docs).

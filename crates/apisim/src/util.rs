@@ -436,6 +436,38 @@ fn extra_fields(group: &str, plural: &str) -> &'static [&'static str] {
     }
 }
 
+/// kube-apiserver's answer to a field selector on a field it cannot select by: kinds with
+/// field label conversions of their own (and custom resources) say "field label not
+/// supported", the others that only metadata.name and metadata.namespace are known.
+fn unsupported_field_label(group: &str, plural: &str, k: &str) -> String {
+    const BUILTIN_GROUPS: &[&str] = &[
+        "",
+        "apps",
+        "events.k8s.io",
+        "coordination.k8s.io",
+        "policy",
+        "apiextensions.k8s.io",
+        "rbac.authorization.k8s.io",
+        "admissionregistration.k8s.io",
+        "authentication.k8s.io",
+        "authorization.k8s.io",
+    ];
+    let own_conversion = matches!(
+        (group, plural),
+        (
+            "",
+            "pods" | "nodes" | "events" | "namespaces" | "secrets" | "services"
+        ) | ("events.k8s.io", "events")
+    );
+    if own_conversion || !BUILTIN_GROUPS.contains(&group) {
+        format!("field label not supported: {k}")
+    } else {
+        format!(
+            "\"{k}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+        )
+    }
+}
+
 impl FieldSelector {
     pub fn parse(s: &str, group: &str, plural: &str) -> Result<FieldSelector, ApiError> {
         let mut out = vec![];
@@ -456,8 +488,8 @@ impl FieldSelector {
                 && k != "metadata.namespace"
                 && !extra_fields(group, plural).contains(&k)
             {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {k}"
+                return Err(ApiError::bad_request(unsupported_field_label(
+                    group, plural, k,
                 )));
             }
             out.push((k.to_string(), eq, v.trim().to_string()));

@@ -52,8 +52,9 @@ async fn discovery_and_version() {
         .map(|r| r["name"].as_str().unwrap())
         .collect();
     assert!(names.contains(&"deployments/scale") && names.contains(&"deployments/status"));
+    // no OpenAPI: a path outside every API group is a plain-text 404, as kube-apiserver's
     let (code, body) = raw(&h.url(), "GET", "/openapi/v2", "application/json", "").await;
-    assert_eq!((code, body["kind"].as_str()), (404, Some("Status")));
+    assert_eq!((code, body), (404, serde_json::Value::Null));
 }
 
 #[tokio::test]
