@@ -175,7 +175,8 @@ pub struct MemcachedConfig {
     #[schemars(range(min = 1, max = 64))]
     pub threads: i32,
     /// Largest item memcached stores (`-I`): a number of bytes, or with a `k` or `m` suffix
-    /// (`512k`, `2m`), from 1k to 1024m and at most half the cache.
+    /// (`512k`, `2m`); a multiple of 512k (memcached's chunk size) from 512k to 1024m, and at
+    /// most half the cache.
     #[serde(default = "default_max_item_size")]
     #[schemars(pattern(r"^[0-9]{1,10}[kKmM]?$"))]
     pub max_item_size: String,
