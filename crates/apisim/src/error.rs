@@ -133,9 +133,11 @@ impl ApiError {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
+        if !self.reason.is_empty() {
+            v["reason"] = json!(self.reason);
+        }
         if let Some(d) = &self.details {
             v["details"] = d.clone();
         }

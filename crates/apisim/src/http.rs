@@ -2,6 +2,7 @@
 
 use crate::error::{ApiError, FieldError};
 use crate::faults::RequestInfo;
+use crate::fields::{self, FieldPath};
 use crate::registry::ResourceType;
 use crate::store::{DeleteOpts, Managed, State, WriteCtx};
 use crate::util::{self, FieldSelector, LabelSelector, meta_str};
@@ -452,14 +453,159 @@ fn dry_run(q: &Query) -> Result<bool, ApiError> {
     }
 }
 
-fn strict(q: &Query) -> Result<bool, ApiError> {
+/// The `fieldValidation` parameter: what create, update and patch do with unknown fields
+/// (kube-apiserver's default is Warn).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+fn field_validation(q: &Query) -> Result<FieldValidation, ApiError> {
     match q.get("fieldValidation").map(String::as_str) {
-        None | Some("") | Some("Ignore") | Some("Warn") => Ok(false),
-        Some("Strict") => Ok(true),
+        None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
+        Some("Ignore") => Ok(FieldValidation::Ignore),
+        Some("Strict") => Ok(FieldValidation::Strict),
         Some(o) => Err(ApiError::bad_request(format!(
             "fieldValidation parameter unsupported: {o}; must be one of Ignore, Warn, Strict"
         ))),
     }
+}
+
+fn unknown_field_list(paths: &[FieldPath]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("unknown field \"{}\"", p.decoder()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Drops the unknown fields of a create or update body (or of a patch's result), returning a
+/// warning for each (none with Ignore); with Strict refuses them with the error `strict`
+/// makes of them instead.
+fn drop_unknown(
+    rt: &ResourceType,
+    version: &str,
+    obj: &mut Value,
+    fv: FieldValidation,
+    strict: impl FnOnce(&[FieldPath]) -> ApiError,
+) -> Result<Vec<String>, ApiError> {
+    let paths = fields::unknown(rt, version, obj);
+    if paths.is_empty() {
+        return Ok(vec![]);
+    }
+    if fv == FieldValidation::Strict {
+        return Err(strict(&paths));
+    }
+    fields::remove(obj, &paths);
+    if fv == FieldValidation::Ignore {
+        return Ok(vec![]);
+    }
+    Ok(paths
+        .iter()
+        .map(|p| format!("unknown field \"{}\"", p.decoder()))
+        .collect())
+}
+
+/// The Strict answer to a create or update body with unknown fields (400, as the decoder's).
+fn strict_decoding_error(rt: &ResourceType, version: &str, paths: &[FieldPath]) -> ApiError {
+    ApiError::bad_request(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+        unknown_field_list(paths),
+        kind = rt.kind,
+    ))
+}
+
+/// The Strict answer to a patch whose result has unknown fields: 422 on the field `patch`,
+/// whose value is the patched object (a strategic merge patch: the patch, as Go prints a
+/// map).
+fn strict_patch_error(value: String, paths: &[FieldPath]) -> ApiError {
+    ApiError::invalid(
+        "",
+        "",
+        "",
+        "",
+        vec![FieldError::invalid(
+            "patch",
+            &Value::String(value),
+            &format!("strict decoding error: {}", unknown_field_list(paths)),
+        )],
+    )
+}
+
+/// A JSON value as Go's `fmt` prints the `map[string]interface{}` it decodes to.
+fn go_format(v: &Value) -> String {
+    match v {
+        Value::Null => "<nil>".to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => match n.as_f64() {
+            // float64, printed as %v does: exponent from 1e21 up, or for very small values
+            Some(f) if f != 0.0 && (f.abs() >= 1e21 || f.abs() < 1e-4) => {
+                let s = format!("{f:e}");
+                match s.split_once('e') {
+                    Some((m, e)) => {
+                        let (sign, digits) = match e.strip_prefix('-') {
+                            Some(d) => ('-', d),
+                            None => ('+', e),
+                        };
+                        format!("{m}e{sign}{digits:0>2}")
+                    }
+                    None => s,
+                }
+            }
+            Some(f) => f.to_string(),
+            None => n.to_string(),
+        },
+        Value::String(s) => s.clone(),
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(go_format).collect::<Vec<_>>().join(" ")
+        ),
+        Value::Object(m) => format!(
+            "map[{}]",
+            m.iter()
+                .map(|(k, v)| format!("{k}:{}", go_format(v)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    }
+}
+
+/// Server-side apply's answer to an applied configuration with fields the schema does not
+/// declare, whatever `fieldValidation` says: 500 without a reason, naming the object by the
+/// namespace and name in the body.
+fn apply_unknown_error(rt: &ResourceType, version: &str, applied: &Value) -> Option<ApiError> {
+    let paths = fields::unknown_for_apply(rt, version, applied);
+    let errs: Vec<String> = paths
+        .iter()
+        .map(|p| format!("{}: field not declared in schema", p.apply()))
+        .collect();
+    let errs = match errs.as_slice() {
+        [] => return None,
+        [one] => one.clone(),
+        many => format!("errors:\n  {}", many.join("\n  ")),
+    };
+    let mut e = ApiError::internal(format!(
+        "failed to create typed patch object ({}/{}; {}/{version}, Kind={}): {errs}",
+        meta_str(applied, "namespace"),
+        meta_str(applied, "name"),
+        rt.group,
+        rt.kind,
+    ));
+    e.reason = String::new();
+    Some(e)
+}
+
+/// Adds one `Warning: 299 - "…"` header per warning, as kube-apiserver does.
+fn with_warnings(mut r: Response<ResponseBody>, warnings: &[String]) -> Response<ResponseBody> {
+    for w in warnings {
+        let text = serde_json::to_string(w).unwrap_or_default();
+        if let Ok(v) = header::HeaderValue::from_bytes(format!("299 - {text}").as_bytes()) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
 }
 
 fn wants_partial(h: &HeaderMap) -> bool {
@@ -566,20 +712,24 @@ fn resource_request(
                 let out = crate::sim::review(&st, &rt, obj)?;
                 return Ok(json_response(201, &out));
             }
+            let warnings = drop_unknown(&rt, &version, &mut obj, field_validation(q)?, |p| {
+                strict_decoding_error(&rt, &version, p)
+            })?;
             let ctx = WriteCtx {
                 dry_run: dry_run(q)?,
-                strict: strict(q)?,
                 managed: Managed::Update(manager(q, headers)?),
                 version: version.clone(),
             };
             let out = inner.state.lock().create(&rt, r.ns.as_deref(), obj, &ctx)?;
-            Ok(json_response(201, &present(&out, &rt, &version)))
+            Ok(with_warnings(
+                json_response(201, &present(&out, &rt, &version)),
+                &warnings,
+            ))
         }
         (Method::PUT, Some(name)) => {
             let mut obj = parse_body(headers, body)?;
             let ctx = WriteCtx {
                 dry_run: dry_run(q)?,
-                strict: strict(q)?,
                 managed: Managed::Update(manager(q, headers)?),
                 version: version.clone(),
             };
@@ -588,6 +738,9 @@ fn resource_request(
                 return scale_write(&mut st, &rt, &ns, &name, None, Some(obj), &ctx);
             }
             check_type(&rt, &version, &mut obj, false)?;
+            let warnings = drop_unknown(&rt, &version, &mut obj, field_validation(q)?, |p| {
+                strict_decoding_error(&rt, &version, p)
+            })?;
             check_ns(&rt, &r, &obj)?;
             if rt.crd && meta_str(&obj, "resourceVersion").is_empty() {
                 // custom resources don't allow unconditional updates
@@ -608,7 +761,10 @@ fn resource_request(
                 .state
                 .lock()
                 .update(&rt, &ns, &name, &sub, obj, &ctx)?;
-            Ok(json_response(200, &present(&out, &rt, &version)))
+            Ok(with_warnings(
+                json_response(200, &present(&out, &rt, &version)),
+                &warnings,
+            ))
         }
         (Method::PATCH, Some(name)) => patch_request(inner, headers, &rt, &r, &name, q, body),
         (Method::DELETE, Some(name)) => {
@@ -931,6 +1087,9 @@ fn patch_request(
         let force = q.get("force").map(String::as_str) == Some("true");
         let mut applied = parse_body(headers, body)?;
         check_type(rt, version, &mut applied, true)?;
+        if let Some(e) = apply_unknown_error(rt, version, &applied) {
+            return Err(e);
+        }
         check_ns(rt, r, &applied)?;
         let body_name = meta_str(&applied, "name");
         if !body_name.is_empty() && body_name != name {
@@ -941,7 +1100,6 @@ fn patch_request(
         util::meta_mut(&mut applied).insert("name".into(), json!(name));
         let ctx = WriteCtx {
             dry_run: dry,
-            strict: strict(q)?,
             managed: Managed::Keep,
             version: version.to_string(),
         };
@@ -979,9 +1137,9 @@ fn patch_request(
             }
         };
     }
+    let fv = field_validation(q)?;
     let ctx = WriteCtx {
         dry_run: dry,
-        strict: strict(q)?,
         managed: Managed::Update(manager(q, headers)?),
         version: version.to_string(),
     };
@@ -1030,8 +1188,24 @@ fn patch_request(
         _ => return Err(ApiError::bad_request("metadata must be an object")),
     }
     check_type(rt, version, &mut doc, false)?;
+    let warnings = drop_unknown(rt, version, &mut doc, fv, |p| {
+        let value = if ct == "application/strategic-merge-patch+json" {
+            serde_json::from_slice(body)
+                .map(|v: Value| go_format(&v))
+                .unwrap_or_default()
+        } else {
+            // the patched object, unknown fields included
+            let mut d = present(&cur, rt, version);
+            let _ = apply_patch(&mut d);
+            d.to_string()
+        };
+        strict_patch_error(value, p)
+    })?;
     let out = st.update(rt, &ns, name, &sub, doc, &ctx)?;
-    Ok(json_response(200, &present(&out, rt, version)))
+    Ok(with_warnings(
+        json_response(200, &present(&out, rt, version)),
+        &warnings,
+    ))
 }
 
 // ------------------------------------------------------------------ serving

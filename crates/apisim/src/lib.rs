@@ -55,6 +55,7 @@
 
 mod error;
 mod faults;
+mod fields;
 mod http;
 mod patch;
 mod registry;

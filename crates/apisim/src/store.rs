@@ -57,8 +57,6 @@ pub enum Managed {
 #[derive(Debug, Clone)]
 pub struct WriteCtx {
     pub dry_run: bool,
-    /// `fieldValidation=Strict`: unknown fields are an error instead of being pruned.
-    pub strict: bool,
     pub managed: Managed,
     pub version: String,
 }
@@ -67,7 +65,6 @@ impl WriteCtx {
     pub fn internal(version: &str) -> WriteCtx {
         WriteCtx {
             dry_run: false,
-            strict: false,
             managed: Managed::Internal,
             version: version.to_string(),
         }
@@ -351,17 +348,8 @@ impl State {
                     &permissive
                 }
             };
-            let (e, pruned) = schema::process(schema, obj);
-            if ctx.strict && !pruned.is_empty() {
-                let fields: Vec<String> = pruned
-                    .iter()
-                    .map(|p| format!("unknown field \"{p}\""))
-                    .collect();
-                return Err(ApiError::bad_request(format!(
-                    "strict decoding error: {}",
-                    fields.join(", ")
-                )));
-            }
+            // unknown fields are dropped (or refused) before a write gets here
+            let (e, _pruned) = schema::process(schema, obj);
             errs.extend(e);
         }
         if rt.group.is_empty() && (rt.plural == "configmaps" || rt.plural == "secrets") {

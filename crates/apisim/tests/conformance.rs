@@ -432,6 +432,8 @@ async fn suite(c: kube::Client, ns: &str, server: Server) {
     let e = status(other.create(&pp, &cm("x", json!({}))).await.unwrap_err());
     assert_eq!(e.code, 404);
     assert_eq!(e.message, format!("namespaces \"{ns}-missing\" not found"));
+
+    unknown_fields(&c, ns).await;
 }
 
 /// A raw request: (HTTP status, the `Warning` headers, the JSON body).
@@ -466,6 +468,375 @@ async fn send(
     let body = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into()));
     (code, warnings, body)
+}
+
+fn warning(text: &str) -> String {
+    format!("299 - {}", serde_json::to_string(text).unwrap())
+}
+
+/// Fields the server's schema does not declare: server-side apply refuses them (500, whatever
+/// fieldValidation says); create, update and patch drop them with a warning (kube-rs sends no
+/// fieldValidation, and the server's default is Warn), or refuse them with Strict.
+async fn unknown_fields(c: &kube::Client, ns: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), ns);
+    let deps: Api<Deployment> = Api::namespaced(c.clone(), ns);
+
+    // server-side apply: a ConfigMap with an unknown top-level field
+    let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa-unknown"},
+        "data": {"k": "v"}, "someUnknownField": 1});
+    for pp in [
+        PatchParams::apply("conf"),
+        PatchParams::apply("conf").validation_ignore(),
+        PatchParams::apply("conf").validation_strict(),
+    ] {
+        let e = status(
+            cms.patch("ssa-unknown", &pp, &Patch::Apply(&obj))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((e.code, e.reason.as_str()), (500, ""), "{e:?}");
+        assert_eq!(
+            e.message,
+            "failed to create typed patch object (/ssa-unknown; /v1, Kind=ConfigMap): \
+             .someUnknownField: field not declared in schema"
+        );
+    }
+    assert!(cms.get_opt("ssa-unknown").await.unwrap().is_none());
+
+    // a Deployment whose pod spec has topologySpreadConstraints[0].someUnknownField (keyed
+    // list items are named by their keys), with the namespace in the body
+    let dep = |extra: serde_json::Value| {
+        let mut tsc = json!({"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway"});
+        if let (Some(t), Some(x)) = (tsc.as_object_mut(), extra.as_object()) {
+            t.extend(x.clone());
+        }
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "ssa-tsc", "namespace": ns},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "tsc"}},
+                "template": {"metadata": {"labels": {"app": "tsc"}}, "spec": {
+                    "topologySpreadConstraints": [tsc],
+                    "containers": [{"name": "c", "image": "busybox"}]}}}})
+    };
+    let e = status(
+        deps.patch(
+            "ssa-tsc",
+            &PatchParams::apply("conf"),
+            &Patch::Apply(dep(json!({"someUnknownField": "x"}))),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (500, ""), "{e:?}");
+    assert_eq!(
+        e.message,
+        format!(
+            "failed to create typed patch object ({ns}/ssa-tsc; apps/v1, Kind=Deployment): \
+             .spec.template.spec.topologySpreadConstraints[topologyKey=\"topology.kubernetes.io/zone\",\
+             whenUnsatisfiable=\"ScheduleAnyway\"].someUnknownField: field not declared in schema"
+        )
+    );
+    // several: one line each (the real server lists them in no fixed order)
+    let e = status(
+        deps.patch(
+            "ssa-tsc",
+            &PatchParams::apply("conf"),
+            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "ssa-tsc", "bogusMeta": 1},
+                "spec": {"selector": {"matchLabels": {"app": "tsc"}},
+                    "template": {"metadata": {"labels": {"app": "tsc"}}, "spec": {
+                        "tolerations": [{"key": "k", "bogusT": 1}],
+                        "containers": [{"name": "c", "image": "busybox",
+                            "ports": [{"containerPort": 80, "bogusP": 1}]}]}}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(e.code, 500);
+    let (head, rest) = e
+        .message
+        .split_once(": errors:\n  ")
+        .expect("several errors");
+    assert_eq!(
+        head,
+        "failed to create typed patch object (/ssa-tsc; apps/v1, Kind=Deployment)"
+    );
+    let mut lines: Vec<&str> = rest.split("\n  ").collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            ".metadata.bogusMeta: field not declared in schema",
+            ".spec.template.spec.containers[name=\"c\"].ports[containerPort=80,protocol=\"TCP\"].bogusP: field not declared in schema",
+            ".spec.template.spec.tolerations[0].bogusT: field not declared in schema",
+        ]
+    );
+    // the same applied without the unknown field works
+    deps.patch(
+        "ssa-tsc",
+        &PatchParams::apply("conf"),
+        &Patch::Apply(dep(json!({}))),
+    )
+    .await
+    .unwrap();
+
+    // create: the unknown fields are dropped, one warning each
+    let base = format!("/api/v1/namespaces/{ns}/configmaps");
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "post-unknown"},
+        "data": {"k": "v"}, "someUnknownField": 1, "other": {"x": 1}});
+    let (code, mut warnings, out) = send(c, "POST", &base, "application/json", body.clone()).await;
+    assert_eq!(code, 201, "{out}");
+    warnings.sort();
+    assert_eq!(
+        warnings,
+        [
+            warning("unknown field \"other\""),
+            warning("unknown field \"someUnknownField\""),
+        ]
+    );
+    assert!(out.get("someUnknownField").is_none() && out.get("other").is_none());
+    assert_eq!(out["data"], json!({"k": "v"}));
+    let (_, _, stored) = send(c, "GET", &format!("{base}/post-unknown"), "", json!(null)).await;
+    assert!(stored.get("someUnknownField").is_none(), "{stored}");
+    // ... refused with fieldValidation=Strict
+    let mut strict = body.clone();
+    strict["metadata"]["name"] = json!("post-strict");
+    let (code, _, out) = send(
+        c,
+        "POST",
+        &format!("{base}?fieldValidation=Strict"),
+        "application/json",
+        strict,
+    )
+    .await;
+    assert_eq!((code, out["reason"].as_str()), (400, Some("BadRequest")));
+    let msg = out["message"].as_str().unwrap();
+    let (head, fields) = msg.split_once("strict decoding error: ").unwrap();
+    assert_eq!(
+        head,
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: "
+    );
+    let mut fields: Vec<&str> = fields.split(", ").collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "unknown field \"other\"",
+            "unknown field \"someUnknownField\""
+        ]
+    );
+    // ... silently with Ignore
+    let mut ignore = body.clone();
+    ignore["metadata"]["name"] = json!("post-ignore");
+    let (code, warnings, out) = send(
+        c,
+        "POST",
+        &format!("{base}?fieldValidation=Ignore"),
+        "application/json",
+        ignore,
+    )
+    .await;
+    assert_eq!((code, warnings.len()), (201, 0));
+    assert!(out.get("someUnknownField").is_none());
+    // nested: named by index
+    let (code, warnings, _) = send(
+        c,
+        "POST",
+        &format!("/apis/apps/v1/namespaces/{ns}/deployments"),
+        "application/json",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "post-nested"},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "n"}},
+                "template": {"metadata": {"labels": {"app": "n"}}, "spec": {
+                    "containers": [{"name": "c", "image": "busybox", "bogus": 1}]}}}}),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert_eq!(
+        warnings,
+        [warning(
+            "unknown field \"spec.template.spec.containers[0].bogus\""
+        )]
+    );
+
+    // update and patches: the same
+    let (code, warnings, out) = send(
+        c,
+        "PUT",
+        &format!("{base}/post-unknown"),
+        "application/json",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "post-unknown"},
+            "data": {"k": "w"}, "someUnknownField": 1}),
+    )
+    .await;
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(warnings, [warning("unknown field \"someUnknownField\"")]);
+    assert!(out.get("someUnknownField").is_none());
+    for ct in [
+        "application/merge-patch+json",
+        "application/strategic-merge-patch+json",
+    ] {
+        let (code, warnings, out) = send(
+            c,
+            "PATCH",
+            &format!("{base}/post-unknown"),
+            ct,
+            json!({"someUnknownField": 1, "data": {"q": "r"}}),
+        )
+        .await;
+        assert_eq!(code, 200, "{ct}: {out}");
+        assert_eq!(
+            warnings,
+            [warning("unknown field \"someUnknownField\"")],
+            "{ct}"
+        );
+        assert!(out.get("someUnknownField").is_none());
+        assert_eq!(out["data"]["q"], "r");
+    }
+    // a strict patch is refused as an invalid `patch`
+    let (code, _, out) = send(
+        c,
+        "PATCH",
+        &format!("{base}/post-unknown?fieldValidation=Strict"),
+        "application/strategic-merge-patch+json",
+        json!({"someUnknownField": 1}),
+    )
+    .await;
+    assert_eq!((code, out["reason"].as_str()), (422, Some("Invalid")));
+    assert_eq!(
+        out["message"],
+        " \"\" is invalid: patch: Invalid value: \"map[someUnknownField:1]\": \
+         strict decoding error: unknown field \"someUnknownField\""
+    );
+    assert_eq!(out["details"]["causes"][0]["field"], "patch");
+    let (code, _, out) = send(
+        c,
+        "PATCH",
+        &format!("{base}/post-unknown?fieldValidation=Strict"),
+        "application/merge-patch+json",
+        json!({"someUnknownField": 1}),
+    )
+    .await;
+    assert_eq!((code, out["reason"].as_str()), (422, Some("Invalid")));
+    let msg = out["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(" \"\" is invalid: patch: Invalid value: \"{")
+            && msg.ends_with("}\": strict decoding error: unknown field \"someUnknownField\""),
+        "{msg}"
+    );
+
+    unknown_fields_of_custom_resources(c, ns).await;
+}
+
+/// The same for a custom resource: its CRD's structural schema decides what is unknown;
+/// its `metadata` is an ObjectMeta.
+async fn unknown_fields_of_custom_resources(c: &kube::Client, ns: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    let crd: CustomResourceDefinition = from_json(json!({
+        "metadata": {"name": "widgets.conformance.apisim.example.com"},
+        "spec": {"group": "conformance.apisim.example.com", "scope": "Namespaced",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": {
+                    "size": {"type": "integer"},
+                    "items": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"}}}}}}}}}}]}}));
+    crds.patch(
+        "widgets.conformance.apisim.example.com",
+        &PatchParams::apply("conf").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    let base = format!("/apis/conformance.apisim.example.com/v1/namespaces/{ns}/widgets");
+    {
+        let c = c.clone();
+        let base = base.clone();
+        eventually(30, "widgets served", move || {
+            let c = c.clone();
+            let base = base.clone();
+            async move { (send(&c, "GET", &base, "", json!(null)).await.0 == 200).then_some(()) }
+        })
+        .await;
+    }
+    // (one unknown field per object: the real server reports only the first it meets in an
+    // object, in no fixed order, and does not look further into that object)
+    let (code, _, out) = send(
+        c,
+        "PATCH",
+        &format!("{base}/w?fieldManager=conf"),
+        "application/apply-patch+yaml",
+        json!({"apiVersion": "conformance.apisim.example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "bogusMeta": 1},
+            "spec": {"size": 1, "items": [{"name": "a", "zz": 1}]}}),
+    )
+    .await;
+    assert_eq!((code, out.get("reason")), (500, None), "{out}");
+    let msg = out["message"].as_str().unwrap();
+    let (head, rest) = msg.split_once(": errors:\n  ").expect("several errors");
+    assert_eq!(
+        head,
+        "failed to create typed patch object (/w; conformance.apisim.example.com/v1, Kind=Widget)"
+    );
+    let mut lines: Vec<&str> = rest.split("\n  ").collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            ".metadata.bogusMeta: field not declared in schema",
+            ".spec.items[0].zz: field not declared in schema",
+        ]
+    );
+    let body = json!({"apiVersion": "conformance.apisim.example.com/v1", "kind": "Widget",
+        "metadata": {"name": "w", "bogusMeta": 1},
+        "spec": {"size": 1, "bogus": 2, "items": [{"name": "a", "zz": 1}]}, "top": 1});
+    let (code, mut warnings, out) = send(c, "POST", &base, "application/json", body.clone()).await;
+    assert_eq!(code, 201, "{out}");
+    warnings.sort();
+    assert_eq!(
+        warnings,
+        [
+            warning("unknown field \"metadata.bogusMeta\""),
+            warning("unknown field \"spec.bogus\""),
+            warning("unknown field \"spec.items[0].zz\""),
+            warning("unknown field \"top\""),
+        ]
+    );
+    assert_eq!(out["spec"], json!({"size": 1, "items": [{"name": "a"}]}));
+    assert!(out["metadata"].get("bogusMeta").is_none() && out.get("top").is_none());
+    let mut strict = body.clone();
+    strict["metadata"] = json!({"name": "w2"});
+    let (code, _, out) = send(
+        c,
+        "POST",
+        &format!("{base}?fieldValidation=Strict"),
+        "application/json",
+        strict,
+    )
+    .await;
+    assert_eq!((code, out["reason"].as_str()), (400, Some("BadRequest")));
+    assert_eq!(
+        out["message"],
+        "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: \
+         unknown field \"spec.bogus\", unknown field \"spec.items[0].zz\", unknown field \"top\""
+    );
+    let (code, warnings, _) = send(
+        c,
+        "PATCH",
+        &format!("{base}/w"),
+        "application/merge-patch+json",
+        json!({"spec": {"bogus": 1}}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(warnings, [warning("unknown field \"spec.bogus\"")]);
+    crds.delete(
+        "widgets.conformance.apisim.example.com",
+        &DeleteParams::default(),
+    )
+    .await
+    .unwrap();
 }
 
 /// Which server the suite runs against: the few places where apisim legitimately differs

@@ -199,7 +199,7 @@ async fn crd_install_discovery_validation() {
         s.get_object("cache.example.com/v1", "memcacheds", Some("default"), "bad")
             .is_none()
     );
-    // fieldValidation=Strict turns pruning into a 400
+    // fieldValidation=Strict turns pruning into a 422 on the patch
     let pp = PatchParams {
         field_validation: Some(kube::api::ValidationDirective::Strict),
         ..Default::default()
@@ -209,12 +209,14 @@ async fn crd_install_discovery_validation() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, 400);
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
     assert!(
-        e.message.contains("unknown field \"spec.bogus\""),
+        e.message
+            .ends_with("strict decoding error: unknown field \"spec.bogus\""),
         "{}",
         e.message
     );
+    assert_eq!(e.details.unwrap().causes[0].field, "patch");
     // strategic merge is not supported for CRs
     let e = status(
         api.patch(
