@@ -23,7 +23,7 @@ use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -506,7 +506,8 @@ struct WireDeployment {
     status: Option<WireDeploymentStatus>,
 }
 
-/// The rollout counts of a Deployment's status (its conditions are not read).
+/// The rollout counts of a Deployment's status, and of its conditions only the one that
+/// says the rollout is stuck (`Progressing=False`, `ProgressDeadlineExceeded`).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireDeploymentStatus {
@@ -515,16 +516,45 @@ struct WireDeploymentStatus {
     ready_replicas: Option<i32>,
     replicas: Option<i32>,
     updated_replicas: Option<i32>,
+    #[serde(default)]
+    conditions: Vec<WireDeploymentCondition>,
+}
+
+#[derive(Deserialize)]
+struct WireDeploymentCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    status: String,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 impl From<WireDeploymentStatus> for DeploymentStatus {
     fn from(s: WireDeploymentStatus) -> Self {
+        let stuck: Vec<DeploymentCondition> = s
+            .conditions
+            .into_iter()
+            .filter(|c| {
+                c.type_ == "Progressing"
+                    && c.reason.as_deref() == Some(crate::status::PROGRESS_DEADLINE_EXCEEDED)
+            })
+            .map(|c| DeploymentCondition {
+                type_: c.type_,
+                status: c.status,
+                reason: c.reason,
+                message: c.message,
+                ..DeploymentCondition::default()
+            })
+            .collect();
         DeploymentStatus {
             available_replicas: s.available_replicas,
             observed_generation: s.observed_generation,
             ready_replicas: s.ready_replicas,
             replicas: s.replicas,
             updated_replicas: s.updated_replicas,
+            conditions: (!stuck.is_empty()).then_some(stuck),
             ..DeploymentStatus::default()
         }
     }
@@ -664,6 +694,80 @@ mod tests {
             "the rollout counts, not the conditions"
         );
         assert_eq!(view.metadata.generation, Some(2));
+    }
+
+    /// A rollout to pods that crash (a flag memcached refuses) or never become ready: after
+    /// `progressDeadlineSeconds` kube-controller-manager sets `Progressing=False` with
+    /// reason `ProgressDeadlineExceeded` (the form below is what it writes). The cache must
+    /// keep that condition, and the status must say `Degraded`, not `Progressing`.
+    #[test]
+    fn a_stuck_rollout_survives_the_cache_and_is_degraded() {
+        let full = json!({
+            "metadata": {"name": "m", "namespace": "ns", "generation": 2},
+            "spec": {"replicas": 3},
+            "status": {"observedGeneration": 2, "replicas": 4, "updatedReplicas": 1,
+                "readyReplicas": 3, "availableReplicas": 3, "unavailableReplicas": 1,
+                "conditions": [
+                    {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                     "message": "Deployment has minimum availability."},
+                    {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                     "message": "ReplicaSet \"m-7d9c\" has timed out progressing."}]},
+        });
+        let cached: CachedDeployment = serde_json::from_value(full).unwrap_or_default();
+        let view = cached.without_spec();
+        let mut mc = memcached_api::Memcached::new("m", memcached_api::MemcachedSpec::with_size(3));
+        mc.metadata.generation = Some(1);
+        let status = crate::status::desired_status(
+            &mc,
+            &crate::status::Observed {
+                deployment: Some(&view),
+                pods: vec![],
+                problem: None,
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).cloned();
+        let degraded = get(memcached_api::condition::DEGRADED).expect("Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "ProgressDeadlineExceeded")
+        );
+        assert!(
+            degraded.message.contains("has timed out progressing"),
+            "{}",
+            degraded.message
+        );
+        let progressing = get(memcached_api::condition::PROGRESSING).expect("Progressing");
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("False", "ProgressDeadlineExceeded")
+        );
+
+        // Once the rollout completes, the controller replaces the condition: no longer stuck.
+        let done: CachedDeployment = serde_json::from_value(json!({
+            "metadata": {"name": "m", "namespace": "ns", "generation": 3},
+            "status": {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 3,
+                "readyReplicas": 3, "availableReplicas": 3,
+                "conditions": [{"type": "Progressing", "status": "True",
+                    "reason": "NewReplicaSetAvailable", "message": "done"}]},
+        }))
+        .unwrap_or_default();
+        let view = done.without_spec();
+        let status = crate::status::desired_status(
+            &mc,
+            &crate::status::Observed {
+                deployment: Some(&view),
+                pods: vec![],
+                problem: None,
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let degraded = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == memcached_api::condition::DEGRADED)
+            .map(|c| c.status.clone());
+        assert_eq!(degraded.as_deref(), Some("False"));
     }
 
     #[test]

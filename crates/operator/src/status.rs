@@ -48,12 +48,18 @@ pub struct Observed<'a> {
     pub problem: Option<Problem>,
 }
 
+/// The reason kube-controller-manager gives a Deployment whose rollout made no progress
+/// within its `progressDeadlineSeconds` (pods that crash or never become ready).
+pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+
 struct Rollout {
     replicas: i32,
     updated: i32,
     ready: i32,
     available: i32,
     observed: bool,
+    /// The Deployment's own message when its rollout is stuck.
+    stuck: Option<String>,
 }
 
 fn rollout(deployment: &Deployment) -> Rollout {
@@ -63,12 +69,23 @@ fn rollout(deployment: &Deployment) -> Rollout {
         (_, None) => true,
         (None, Some(_)) => false,
     };
+    let stuck = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some(PROGRESS_DEADLINE_EXCEEDED)
+        })
+        .map(|c| c.message.clone().unwrap_or_default());
     Rollout {
         replicas: status.replicas.unwrap_or(0),
         updated: status.updated_replicas.unwrap_or(0),
         ready: status.ready_replicas.unwrap_or(0),
         available: status.available_replicas.unwrap_or(0),
         observed,
+        stuck,
     }
 }
 
@@ -109,7 +126,7 @@ pub fn desired_status(
         })
         .collect();
 
-    let (replicas, ready, available_cond, progressing_cond) = match observed.deployment {
+    let (replicas, ready, available_cond, progressing_cond, stuck) = match observed.deployment {
         None => (
             0,
             0,
@@ -133,6 +150,7 @@ pub fn desired_status(
                     "waiting for the problem to be fixed".into()
                 },
             ),
+            None,
         ),
         Some(deployment) => {
             let r = rollout(deployment);
@@ -177,13 +195,31 @@ pub fn desired_status(
                     format!("{} of {size} pods ready", r.ready),
                 )
             };
-            let progressing_cond = cond(condition::PROGRESSING, !done, reason, message);
-            (r.replicas, r.ready, available_cond, progressing_cond)
+            // The Deployment controller gave up waiting for this rollout.
+            let stuck = r.stuck.clone().filter(|_| r.observed && !done);
+            let progressing_cond = match &stuck {
+                Some(why) => cond(
+                    condition::PROGRESSING,
+                    false,
+                    PROGRESS_DEADLINE_EXCEEDED,
+                    format!("{message}; the rollout is stuck: {why}"),
+                ),
+                None => cond(condition::PROGRESSING, !done, reason, message),
+            };
+            (r.replicas, r.ready, available_cond, progressing_cond, stuck)
         }
     };
-    let degraded_cond = match &observed.problem {
-        Some(p) => cond(condition::DEGRADED, true, &p.reason, p.message.clone()),
-        None => cond(
+    let degraded_cond = match (&observed.problem, stuck) {
+        (Some(p), _) => cond(condition::DEGRADED, true, &p.reason, p.message.clone()),
+        (None, Some(why)) => cond(
+            condition::DEGRADED,
+            true,
+            PROGRESS_DEADLINE_EXCEEDED,
+            format!(
+                "the rollout of Deployment {name} made no progress: {why} (pods crash or never become ready: kubectl describe pods -l app.kubernetes.io/instance={name})"
+            ),
+        ),
+        (None, None) => cond(
             condition::DEGRADED,
             false,
             "AsExpected",
