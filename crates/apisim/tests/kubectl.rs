@@ -1,18 +1,10 @@
-//! kubectl over HTTP (skipped with a printed reason if kubectl is not on PATH).
+//! kubectl over HTTP: the pinned kubectl (`make controlplane` builds it).
 //! kubectl needs `--validate=false` for create/apply: apisim serves no OpenAPI.
 
 use std::process::Command;
 
-fn kubectl_available() -> bool {
-    Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn kubectl(kubeconfig: &str, args: &[&str], stdin_file: Option<&str>) -> (bool, String) {
-    let mut c = Command::new("kubectl");
+    let mut c = Command::new(envtest::kubectl_path().unwrap_or_else(|e| panic!("{e}")));
     c.arg("--kubeconfig").arg(kubeconfig).args(args);
     if let Some(f) = stdin_file {
         c.arg("-f").arg(f);
@@ -28,10 +20,6 @@ fn kubectl(kubeconfig: &str, args: &[&str], stdin_file: Option<&str>) -> (bool, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_get_apply_delete() {
-    if !kubectl_available() {
-        eprintln!("SKIPPED: kubectl is not on PATH");
-        return;
-    }
     let server = apisim::ApiServer::new();
     let h = server.serve().await.unwrap();
     let dir = std::env::temp_dir().join(format!("apisim-kubectl-{}", h.port()));
