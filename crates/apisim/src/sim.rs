@@ -423,11 +423,14 @@ impl Sim {
         m
     }
 
-    /// Non-deleting objects of a kind grouped by their controller's uid.
+    /// Active objects of a kind grouped by their controller's uid: neither being deleted nor
+    /// ended (a pod in phase `Failed` or `Succeeded` no longer counts for its ReplicaSet,
+    /// which replaces it, as kube-controller-manager's `FilterActivePods` does).
     fn index(st: &State, rt: &ResourceType) -> HashMap<String, Vec<Arc<Value>>> {
         let mut m: HashMap<String, Vec<Arc<Value>>> = HashMap::new();
         for o in st.list(&rt.key(), None) {
-            if deleting(&o) {
+            let phase = o["status"]["phase"].as_str();
+            if deleting(&o) || matches!(phase, Some("Failed" | "Succeeded")) {
                 continue;
             }
             if let Some(u) = controller_uid(&o) {

@@ -47,6 +47,9 @@ pub struct CachedPod {
     pub ip: Option<String>,
     /// Whether `status.conditions` has `Ready=True`.
     pub ready: bool,
+    /// Whether the pod has ended (`status.phase` `Failed`, as an evicted pod, or
+    /// `Succeeded`): it stays until garbage-collected but is no longer part of the pool.
+    pub ended: bool,
 }
 
 /// `Resource` for a cached form of a built-in kind: the same kind, group, version and plural
@@ -246,6 +249,8 @@ struct WireStatus {
     #[serde(rename = "podIP", default)]
     pod_ip: Option<String>,
     #[serde(default)]
+    phase: Option<String>,
+    #[serde(default)]
     conditions: Option<Vec<WireCondition>>,
 }
 
@@ -272,11 +277,16 @@ impl From<WirePod> for CachedPod {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let ended = status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| phase == "Failed" || phase == "Succeeded");
         CachedPod {
             metadata,
             instance,
             ip: status.and_then(|s| s.pod_ip),
             ready,
+            ended,
         }
     }
 }

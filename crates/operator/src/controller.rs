@@ -498,11 +498,12 @@ fn pod_index_key(pod: &CachedPod) -> Option<String> {
     ))
 }
 
-/// The live pods of `mc` in the pod cache.
+/// The live pods of `mc` in the pod cache: neither being deleted nor ended (a Failed or
+/// evicted pod stays until garbage-collected, but serves nothing).
 fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
     pods.get(&format!("{namespace}/{name}"))
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && !p.ended)
         .map(|p| ObservedPod {
             name: p.name_any(),
             ip: p.ip.clone(),

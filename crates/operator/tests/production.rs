@@ -441,3 +441,41 @@ async fn the_seed_sample_still_means_three_pods_named_in_status(server: Server) 
     assert_eq!(stored.spec.container_port, 11211);
 }
 }
+
+on_every_server! {
+/// An evicted pod (phase `Failed`, as the kubelet leaves it) stays until garbage-collected,
+/// but serves nothing: it leaves `status.nodes` and `status.endpoints`, and the ReplicaSet's
+/// replacement takes its place.
+async fn an_evicted_pod_leaves_status_and_is_replaced(server: Server) {
+    let env = start(server, "an_evicted_pod_leaves_status", Duration::from_millis(20), false).await;
+    env.apply("evicted", json!({"size": 2})).await;
+    let before = env.converged("evicted", 2).await.status.expect("status").nodes;
+    let victim = before[0].clone();
+    env.api::<Pod>()
+        .patch_status(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Failed", "reason": "Evicted",
+                "message": "The node was low on resource: memory.",
+                "conditions": [{"type": "Ready", "status": "False"}],
+            }})),
+        )
+        .await
+        .expect("the pod's status is patched");
+    let api = env.api::<Memcached>();
+    let mc = wait_for("the evicted pod replaced in status.nodes", || async {
+        let mc = api.get("evicted").await.ok()?;
+        let s = mc.status.as_ref()?;
+        (s.nodes.len() == 2 && !s.nodes.contains(&victim) && s.endpoints.len() == 2)
+            .then_some(mc)
+    })
+    .await;
+    let failed = env.api::<Pod>().get(&victim).await.expect("the evicted pod is still there");
+    assert_eq!(
+        failed.status.and_then(|s| s.phase).as_deref(),
+        Some("Failed")
+    );
+    assert_eq!(mc.status.expect("status").ready_replicas, 2);
+}
+}
