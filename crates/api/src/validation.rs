@@ -186,8 +186,21 @@ pub fn validate_name(name: &str) -> Result<(), FieldError> {
             format!("{DNS1035_RULE}; the name is used for the Service, which must be one"),
         ));
     }
+    if let Some(other) = name.strip_suffix(HEADLESS_SUFFIX) {
+        return Err(FieldError::invalid(
+            FIELD,
+            name,
+            format!(
+                "must not end in \"{HEADLESS_SUFFIX}\": the headless Service of a Memcached named \"{other}\" has this name, and the two would fight over it"
+            ),
+        ));
+    }
     Ok(())
 }
+
+/// The suffix of a Memcached's headless Service (`NAME-headless`); no Memcached may be
+/// named so, or its client Service would be another's headless one.
+pub const HEADLESS_SUFFIX: &str = "-headless";
 
 /// Checks a `metadata.generateName` prefix: with the 5 characters the API server appends
 /// it must make a name [`validate_name`] accepts.
@@ -894,6 +907,8 @@ mod tests {
             "memcached-sample",
             "a",
             "cache-01",
+            "headless",
+            "headless-cache",
             &"a".repeat(MAX_NAME_LENGTH),
         ] {
             assert_eq!(validate_name(name), Ok(()), "{name}");
@@ -911,6 +926,8 @@ mod tests {
             "my.cache",
             "ca_che",
             too_long.as_str(),
+            // Memcached `cache` has a headless Service of this name.
+            "cache-headless",
         ] {
             let err = validate_name(name).expect_err(name);
             assert_eq!(err.field, "metadata.name");

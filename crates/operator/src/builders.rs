@@ -43,7 +43,7 @@ pub const MEMCACHED_UID: i64 = 11211;
 /// UID of the exporter image (`nobody`).
 pub const EXPORTER_UID: i64 = 65534;
 /// Suffix of the headless Service's name.
-pub const HEADLESS_SUFFIX: &str = "-headless";
+pub use memcached_api::validation::HEADLESS_SUFFIX;
 /// Key of the SASL password database in its Secret.
 pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
 const SASL_DIR: &str = "/etc/memcached/sasl";

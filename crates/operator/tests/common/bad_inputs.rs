@@ -185,6 +185,18 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
         ),
         ("my.cache".into(), json!({"size": 2}), "metadata.name"),
         ("1cache".into(), json!({"size": 2}), "metadata.name"),
+        // Memcached `cache`'s headless Service is `cache-headless`.
+        ("cache-headless".into(), json!({"size": 2}), "metadata.name"),
+        (
+            "maxitemsize-odd".into(),
+            json!({"size": 1, "config": {"maxItemSize": "1500k"}}),
+            "spec.config.maxItemSize",
+        ),
+        (
+            "extra-arg-space".into(),
+            json!({"size": 1, "config": {"extraArgs": ["-R 30"]}}),
+            "spec.config.extraArgs[0]",
+        ),
         (
             "port-clash".into(),
             json!({"size": 2, "containerPort": 9150}),
