@@ -53,7 +53,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "1s", value_parser = parse_batch_window)]
     pub status_batch_window: Duration,
     /// How often converged objects are checked again (they cost no writes).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = parse_resync_period)]
     pub resync_period: Duration,
 
     /// Run active/standby: only the holder of the Lease reconciles.
@@ -147,6 +147,17 @@ pub fn parse_batch_window(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(window)
+}
+
+/// A resync period: at least a second (a shorter one re-checks every object in a loop).
+pub fn parse_resync_period(s: &str) -> Result<Duration, String> {
+    let period = parse_duration(s)?;
+    if period < Duration::from_secs(1) {
+        return Err(format!(
+            "{s:?} is shorter than 1s: every object would be re-checked in a busy loop"
+        ));
+    }
+    Ok(period)
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -828,6 +828,27 @@ fn a_bad_worker_thread_count_is_refused_with_the_flag_named() {
     }
 }
 
+/// `--resync-period=0s` would re-check every object in a busy loop: refused at start-up,
+/// naming the flag and why; a second is the shortest accepted.
+#[test]
+fn a_resync_period_under_a_second_is_refused() {
+    for period in ["0s", "0ms", "500ms"] {
+        let out = Command::new(BIN)
+            .args(["run", &format!("--resync-period={period}")])
+            .env("RUST_LOG", "off")
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("operator runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{period} was accepted");
+        assert!(
+            stderr.contains("--resync-period") && stderr.contains("busy loop"),
+            "{period}: {stderr}"
+        );
+    }
+}
+
 fn https_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
     let mut tls = tls_connect(addr);
     write!(
