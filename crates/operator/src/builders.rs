@@ -413,6 +413,11 @@ pub fn desired_deployment_with(
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(MEMCACHED_UID),
+                        run_as_group: Some(MEMCACHED_UID),
+                        // The kubelet makes mounted Secret files root-owned with this group:
+                        // with mode 0440 the memcached user reads its TLS key and SASL
+                        // database, and no one else in the pod does.
+                        fs_group: Some(MEMCACHED_UID),
                         seccomp_profile: Some(SeccompProfile {
                             type_: "RuntimeDefault".to_string(),
                             localhost_profile: None,
@@ -1136,6 +1141,34 @@ mod tests {
         );
         let mounts = c.volume_mounts.clone().expect("mounts");
         assert!(mounts.iter().all(|m| m.read_only == Some(true)));
+
+        // Who can read the mounted files, by the kubelet's rules: Secret files are owned by
+        // root, with the pod's fsGroup as their group when it is set, and `defaultMode`.
+        let pod = pod_spec(&d);
+        let sc = pod.security_context.clone().expect("pod security context");
+        let uid = sc.run_as_user.expect("runs as a fixed user");
+        assert_ne!(uid, 0);
+        let process_groups: Vec<i64> = sc.run_as_group.into_iter().chain(sc.fs_group).collect();
+        for v in &volumes {
+            let mode = v
+                .secret
+                .as_ref()
+                .and_then(|s| s.default_mode)
+                .unwrap_or(0o644);
+            let group_reads =
+                sc.fs_group.is_some_and(|g| process_groups.contains(&g)) && mode & 0o040 != 0;
+            let others_read = mode & 0o004 != 0;
+            assert!(
+                group_reads || others_read,
+                "volume {} (mode {mode:o}) is unreadable by UID {uid} in groups {process_groups:?}",
+                v.name
+            );
+            assert!(
+                !others_read,
+                "volume {}: secrets readable by every user",
+                v.name
+            );
+        }
     }
 
     #[test]
