@@ -25,6 +25,7 @@ use manager::ReconcileResult;
 use memcached_api::{Memcached, MemcachedStatus, validation};
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
@@ -33,7 +34,7 @@ use crate::builders::{
     MANAGED_BY, SecretVersions,
 };
 use crate::cached::{CacheForm, CachedDeployment, CachedPdb, CachedPod, CachedService};
-use crate::drift;
+use crate::drift::{self, NormalForm, NormalForms};
 use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
 use crate::triggers::{self, Busy, Classifier, Urgency};
@@ -271,6 +272,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
     /// Reconciles running (status refreshes wait while every slot is taken).
     busy: Busy,
+    /// What the server stores for each child's desired state (see [`drift::NormalForm`]).
+    normal_forms: Arc<NormalForms>,
 }
 
 impl Context {
@@ -444,8 +447,105 @@ enum Applied<T> {
     Updated { before: Arc<T>, after: T },
 }
 
+/// The Memcached a child belongs to, as the normal forms are filed under.
+struct Owner {
+    object: ObjectRef<Memcached>,
+    key: u64,
+}
+
+impl Owner {
+    fn of(mc: &Memcached) -> Self {
+        let object = ObjectRef::from_obj(mc);
+        let key = owner_key(&object);
+        Owner { object, key }
+    }
+}
+
+fn owner_key(mc: &ObjectRef<Memcached>) -> u64 {
+    drift::key((mc.namespace.as_deref(), &mc.name))
+}
+
+fn child_key(kind: &str, name: &str) -> u64 {
+    drift::key((kind, name))
+}
+
+/// Whether `have` (the live child) holds what applying `want` (its desired state, hashed as
+/// `hash`) would store, so that applying it would change nothing. The server decides what it
+/// stores: the desired state's normal form is the one learned from the server's answer to
+/// the last apply; when none was (after a restart), a desired state found verbatim in the
+/// child needs none, and otherwise it is learned from `dry_run`, the server's answer to an
+/// apply of `want` that stores nothing, but only when the child was last applied from this
+/// same desired state (if not, it must be written anyway).
+async fn converged<Fut>(
+    ctx: &Context,
+    owner: &Owner,
+    child: u64,
+    hash: u64,
+    want: &Value,
+    have: &Value,
+    dry_run: impl FnOnce() -> Fut,
+) -> bool
+where
+    Fut: Future<Output = Result<Option<Value>, kube::Error>>,
+{
+    if drift::is_converged(want, Some(have)) {
+        return true;
+    }
+    if let Some(form) = ctx.normal_forms.get(owner.key, child, hash) {
+        return form
+            .of(want)
+            .is_some_and(|normal| drift::is_converged(&normal, Some(have)));
+    }
+    if !drift::same_applied_hash(want, have) {
+        return false;
+    }
+    match dry_run().await {
+        Ok(Some(stored)) => {
+            let form = NormalForm::learn(want, &stored);
+            let normal = form.of(want);
+            remember(ctx, owner, child, hash, form);
+            normal.is_some_and(|normal| drift::is_converged(&normal, Some(have)))
+        }
+        Ok(None) => false,
+        // A webhook with side effects refuses dry runs, for one: then the apply itself
+        // tells (and is what a failure to reach the server is reported by).
+        Err(e) => {
+            debug!(error = %e, "dry-run apply failed; applying");
+            false
+        }
+    }
+}
+
+/// Remembers the normal form of `child`'s desired state, unless its owner is gone or going
+/// (its deletion may have been seen while this reconcile ran, and its forms forgotten).
+fn remember(ctx: &Context, owner: &Owner, child: u64, hash: u64, form: NormalForm) {
+    ctx.normal_forms.record(owner.key, child, hash, form);
+    let gone = ctx
+        .memcacheds
+        .get(&owner.object)
+        .is_none_or(|mc| mc.metadata.deletion_timestamp.is_some());
+    if gone {
+        ctx.normal_forms.forget_owner(owner.key);
+    }
+}
+
+/// Learns the normal form of `want` from `stored`, the server's answer to applying it.
+fn learn_from_answer(
+    ctx: &Context,
+    owner: &Owner,
+    child: u64,
+    hash: u64,
+    want: Option<&Value>,
+    stored: Option<Value>,
+) {
+    if let (Some(want), Some(stored)) = (want, stored) {
+        remember(ctx, owner, child, hash, NormalForm::learn(want, &stored));
+    }
+}
+
 async fn apply_if_changed<C: CacheForm>(
     ctx: &Context,
+    owner: &Owner,
     cache: &Store<C>,
     desired: C::Full,
     kind: &'static str,
@@ -454,7 +554,12 @@ async fn apply_if_changed<C: CacheForm>(
     let name = desired.name_any();
     let namespace = desired.namespace().ok_or(Error::NoNamespace)?;
     let key = ObjectRef::new(&name).within(&namespace);
+    let child = child_key(kind, &name);
     let live = cache.get(&key);
+    // The answers are read straight into the cached form (only what the cache keeps).
+    let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let want = serde_json::to_value(&desired).ok();
     if let Some(live) = live.as_ref() {
         // This version of the child was compared with this desired state before: a resync
         // of a converged child costs one hash, not a JSON comparison.
@@ -465,16 +570,19 @@ async fn apply_if_changed<C: CacheForm>(
             .counters
             .drift_checks
             .fetch_add(1, Ordering::Relaxed);
-        if let (Ok(want), Some(have)) = (serde_json::to_value(&desired), live.live_json())
-            && drift::is_converged(&want, Some(&have))
-        {
-            live.verified().record(hash);
-            return Ok(Applied::Unchanged(live.clone()));
+        if let (Some(want), Some(have)) = (want.as_ref(), live.live_json()) {
+            let dry_run = || async {
+                let stored = api
+                    .patch(&name, &params.clone().dry_run(), &Patch::Apply(&desired))
+                    .await?;
+                Ok(stored.live_json())
+            };
+            if converged(ctx, owner, child, hash, want, &have, dry_run).await {
+                live.verified().record(hash);
+                return Ok(Applied::Unchanged(live.clone()));
+            }
         }
     }
-    // The answer is read straight into the cached form (only what the cache keeps).
-    let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
-    let params = PatchParams::apply(FIELD_MANAGER).force();
     let after = api
         .patch(&name, &params, &Patch::Apply(&desired))
         .await
@@ -483,6 +591,7 @@ async fn apply_if_changed<C: CacheForm>(
             object: format!("{namespace}/{name}"),
             source,
         })?;
+    learn_from_answer(ctx, owner, child, hash, want.as_ref(), after.live_json());
     Ok(match live {
         None => Applied::Created(after),
         Some(before) => Applied::Updated { before, after },
@@ -619,8 +728,10 @@ async fn reconcile_inner(
     ctx: &Context,
     changes: &mut Changes,
 ) -> Result<Action, Error> {
+    let owner = Owner::of(mc);
     if mc.metadata.deletion_timestamp.is_some() {
         // Owned objects go with the CR through ownerReference garbage collection.
+        ctx.normal_forms.forget_owner(owner.key);
         return Ok(Action::await_change());
     }
     let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
@@ -681,14 +792,16 @@ async fn reconcile_inner(
     // Memcached waits for one round trip instead of four. Whatever succeeded is reported
     // even if another failed; the first failure is returned.
     let (deployment, service, headless, pdb) = futures::join!(
-        apply_if_changed(ctx, &ctx.deployments, desired, "Deployment"),
-        apply_if_changed(ctx, &ctx.services, service, "Service"),
-        apply_if_changed(ctx, &ctx.services, headless, "Service"),
+        apply_if_changed(ctx, &owner, &ctx.deployments, desired, "Deployment"),
+        apply_if_changed(ctx, &owner, &ctx.services, service, "Service"),
+        apply_if_changed(ctx, &owner, &ctx.services, headless, "Service"),
         async {
             match pdb {
-                Some(desired) => apply_if_changed(ctx, &ctx.pdbs, desired, "PodDisruptionBudget")
-                    .await
-                    .map(Some),
+                Some(desired) => {
+                    apply_if_changed(ctx, &owner, &ctx.pdbs, desired, "PodDisruptionBudget")
+                        .await
+                        .map(Some)
+                }
                 None => Ok(None),
             }
         },
@@ -737,7 +850,7 @@ async fn reconcile_inner(
         delete_if_cached(ctx, changes, mc, &ctx.pdbs, &name).await?;
     }
 
-    reconcile_service_monitor(ctx, changes, mc, &namespace, &name).await?;
+    reconcile_service_monitor(ctx, changes, mc, &owner, &namespace, &name).await?;
     let deployment = deployment.without_spec();
     let observed = Observed {
         deployment: Some(&deployment),
@@ -850,6 +963,8 @@ async fn delete_if_cached<C: CacheForm>(
     }
     let api: Api<C::Full> = Api::namespaced(ctx.client.clone(), &namespace);
     let kind = C::kind(&()).into_owned();
+    ctx.normal_forms
+        .forget_child(Owner::of(mc).key, child_key(&kind, name));
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {
             info!(object = %object_key(mc), kind, name, "deleted");
@@ -907,6 +1022,7 @@ async fn reconcile_service_monitor(
     ctx: &Context,
     changes: &mut Changes,
     mc: &Memcached,
+    owner: &Owner,
     namespace: &str,
     name: &str,
 ) -> Result<(), Error> {
@@ -933,22 +1049,30 @@ async fn reconcile_service_monitor(
             .flatten()
             .any(|o| Some(&o.uid) == mc.metadata.uid.as_ref())
     });
+    let child = child_key("ServiceMonitor", name);
     match desired {
         Some(mut desired) => {
-            let hash = drift::desired_hash(&desired);
+            let hash = drift::desired_hash_value(&desired);
             desired["metadata"]["annotations"] =
-                serde_json::json!({ APPLIED_HASH_ANNOTATION: hash });
-            let live_json = live.as_ref().and_then(|l| serde_json::to_value(l).ok());
-            if live_json
-                .as_ref()
-                .is_some_and(|l| drift::is_converged(&desired, Some(l)))
-            {
-                return Ok(());
-            }
+                serde_json::json!({ APPLIED_HASH_ANNOTATION: drift::annotation_value(hash) });
             let params = PatchParams::apply(FIELD_MANAGER).force();
-            api.patch(name, &params, &Patch::Apply(&desired))
+            if let Some(have) = live.as_ref().and_then(|l| serde_json::to_value(l).ok()) {
+                let dry_run = || async {
+                    let stored = api
+                        .patch(name, &params.clone().dry_run(), &Patch::Apply(&desired))
+                        .await?;
+                    Ok(serde_json::to_value(stored).ok())
+                };
+                if converged(ctx, owner, child, hash, &desired, &have, dry_run).await {
+                    return Ok(());
+                }
+            }
+            let stored = api
+                .patch(name, &params, &Patch::Apply(&desired))
                 .await
                 .map_err(err)?;
+            let stored = serde_json::to_value(stored).ok();
+            learn_from_answer(ctx, owner, child, hash, Some(&desired), stored);
             let verb = if live.is_some() { "Updated" } else { "Created" };
             changes.push(
                 verb,
@@ -956,11 +1080,14 @@ async fn reconcile_service_monitor(
                 format!("{verb} ServiceMonitor {name}"),
             );
         }
-        None if ours => match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(source) => return Err(err(source)),
-        },
+        None if ours => {
+            ctx.normal_forms.forget_child(owner.key, child);
+            match api.delete(name, &DeleteParams::background()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => return Err(err(source)),
+            }
+        }
         None => {}
     }
     Ok(())
@@ -1160,9 +1287,19 @@ pub async fn run_controller(
         key
     };
     let q1 = queued.clone();
+    let normal_forms = Arc::new(NormalForms::default());
+    let forms = normal_forms.clone();
     let memcacheds = caches
         .memcacheds
         .subscribe()
+        // A deleted Memcached's children go, and what was learned about them with it.
+        .inspect(move |mc| {
+            if let Ok(mc) = mc
+                && mc.metadata.deletion_timestamp.is_some()
+            {
+                forms.forget_owner(owner_key(&ObjectRef::from_obj(mc)));
+            }
+        })
         // Status writes (ours included) and metadata-only edits do not change the outcome.
         .predicate_filter(predicates::generation, Default::default())
         .inspect(move |mc| {
@@ -1187,6 +1324,7 @@ pub async fn run_controller(
         service_monitors: tokio::sync::Mutex::new(None),
         failures: Mutex::new(HashMap::new()),
         busy: busy.clone(),
+        normal_forms,
         config: config.clone(),
     });
 
