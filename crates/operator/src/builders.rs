@@ -5,7 +5,6 @@
 //! what they return.
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
@@ -72,11 +71,14 @@ impl Default for BuildSettings {
     }
 }
 
-/// Versions (`metadata.resourceVersion`) of the Secrets the pods mount, as read by the
-/// reconciler; part of the config hash so that a rotated Secret rolls the pods.
+/// Digests of the contents of the Secrets the pods mount, as read by the reconciler; part
+/// of the config hash, so that a rotated Secret rolls the pods and an edit of a Secret's
+/// metadata alone does not.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SecretVersions {
+    /// [`secret_digest`] of the SASL Secret's password database.
     pub sasl: Option<String>,
+    /// [`secret_digest`] of the TLS Secret's certificate and key.
     pub tls: Option<String>,
 }
 
@@ -302,13 +304,44 @@ fn exporter_container(mc: &Memcached, settings: &BuildSettings) -> Container {
     }
 }
 
-/// A stable hash of everything that configures the memcached process, Secret versions
-/// included.
+/// A hash of everything that configures the memcached process, the Secrets' contents
+/// included: SHA-256 over a fixed encoding, so the same configuration gives the same
+/// pod-template annotation under every build of the operator (a change would roll every
+/// pool).
 pub fn config_hash(args: &[String], secrets: &SecretVersions) -> String {
-    let mut hasher = DefaultHasher::new();
-    args.hash(&mut hasher);
-    secrets.hash(&mut hasher);
-    format!("{:016x}", hasher.finish())
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut field = |bytes: &[u8]| {
+        ctx.update(&(bytes.len() as u64).to_le_bytes());
+        ctx.update(bytes);
+    };
+    for arg in args {
+        field(arg.as_bytes());
+    }
+    for secret in [&secrets.sasl, &secrets.tls] {
+        field(secret.as_deref().unwrap_or("-").as_bytes());
+    }
+    let digest = ctx.finish();
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A digest of the keys of a Secret that memcached reads (in the order given), as
+/// [`SecretVersions`] carries it: the same contents give the same digest, whatever else
+/// changed in the Secret (labels, annotations, its `resourceVersion`).
+pub fn secret_digest<'a>(data: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for (key, value) in data {
+        for bytes in [key.as_bytes(), value] {
+            ctx.update(&(bytes.len() as u64).to_le_bytes());
+            ctx.update(bytes);
+        }
+    }
+    ctx.finish().as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The Deployment that runs `mc.spec.size` memcached pods, with no Secrets read.

@@ -913,7 +913,12 @@ async fn referenced_secrets(
                 message: format!("Secret \"{secret}\" ({field}) has no key \"{key}\""),
             }));
         }
-        let version = found.metadata.resource_version.clone();
+        let version = data.map(|d| {
+            builders::secret_digest(
+                keys.iter()
+                    .map(|k| (*k, d.get(*k).map(|v| v.0.as_slice()).unwrap_or_default())),
+            )
+        });
         if i == 0 {
             versions.sasl = version;
         } else {

@@ -32,6 +32,23 @@ async fn start(
     pod_ready_delay: Duration,
     with_service_monitor_crd: bool,
 ) -> Env {
+    start_with(
+        server,
+        test,
+        pod_ready_delay,
+        with_service_monitor_crd,
+        ControllerConfig::default(),
+    )
+    .await
+}
+
+async fn start_with(
+    server: Server,
+    test: &str,
+    pod_ready_delay: Duration,
+    with_service_monitor_crd: bool,
+    config: ControllerConfig,
+) -> Env {
     let cluster = Cluster::start(
         server,
         test,
@@ -44,7 +61,7 @@ async fn start(
     let config = ControllerConfig {
         namespace: cluster.watch_namespace(),
         secret_recheck: Duration::from_millis(100),
-        ..ControllerConfig::default()
+        ..config
     };
     tokio::spawn(controller::run(client.clone(), config, async {
         let _ = rx.await;
@@ -477,5 +494,80 @@ async fn an_evicted_pod_leaves_status_and_is_replaced(server: Server) {
         Some("Failed")
     );
     assert_eq!(mc.status.expect("status").ready_replicas, 2);
+}
+}
+
+on_every_server! {
+/// A Secret's contents, not its version, roll the pods: relabelling the SASL Secret (a new
+/// `resourceVersion`, same data) changes nothing, rotating its password database rolls them
+/// once. The Deployment's ReplicaSets, one per pod template the server saw, are the record.
+async fn only_a_secrets_contents_roll_the_pods(server: Server) {
+    let config = ControllerConfig {
+        resync: Duration::from_millis(200),
+        ..ControllerConfig::default()
+    };
+    let counters = config.counters.clone();
+    let env = start_with(server, "only_a_secrets_contents_roll", Duration::from_millis(20), false, config).await;
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "auth"},
+        "stringData": {"sasl-pwdb": "app:one\n"}
+    }))
+    .expect("secret");
+    let secrets = env.api::<Secret>();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create Secret");
+    env.apply("rotated", json!({"size": 1, "sasl": {"secretName": "auth"}}))
+        .await;
+    env.converged("rotated", 1).await;
+    let template_hash = || async {
+        let d = env.api::<Deployment>().get("rotated").await.ok()?;
+        d.spec?.template.metadata?.annotations?.get(memcached_operator::builders::CONFIG_HASH_ANNOTATION).cloned()
+    };
+    let first = template_hash().await.expect("hash");
+
+    secrets
+        .patch(
+            "auth",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "cache"}}})),
+        )
+        .await
+        .expect("relabel");
+    // Several resyncs read the relabelled Secret.
+    let seen = counters.reconciles();
+    wait_for("three resyncs after the relabel", || async {
+        (counters.reconciles() >= seen + 3).then_some(())
+    })
+    .await;
+    assert_eq!(template_hash().await.as_deref(), Some(first.as_str()), "a relabel rolls nothing");
+
+    secrets
+        .patch(
+            "auth",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"sasl-pwdb": "app:two\n"}})),
+        )
+        .await
+        .expect("rotate");
+    wait_for("the rotation rolls the pods", || async {
+        (template_hash().await? != first).then_some(())
+    })
+    .await;
+    env.converged("rotated", 1).await;
+    let d = env.api::<Deployment>().get("rotated").await.expect("Deployment");
+    let uid = d.metadata.uid.clone().expect("uid");
+    let replica_sets = env
+        .api::<k8s_openapi::api::apps::v1::ReplicaSet>()
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=rotated"))
+        .await
+        .expect("ReplicaSets");
+    let templates = replica_sets
+        .items
+        .iter()
+        .filter(|rs| rs.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
+        .count();
+    assert_eq!(templates, 2, "the first pods and the rotation's, nothing between");
 }
 }
