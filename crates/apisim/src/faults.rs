@@ -3,12 +3,15 @@
 use crate::error::ApiError;
 use std::collections::BTreeMap;
 
-/// A fault to inject: requests matching every set filter fail with `status`.
+/// A fault to inject: requests matching every set filter fail with `status`, or, with
+/// [`Fault::hang`], are held unanswered.
 ///
 /// ```
 /// use apisim::Fault;
 /// let f = Fault::new().verb("patch").resource("deployments").status(500).times(2);
-/// # let _ = f;
+/// // A network partition of one client: its requests get no answer until the fault is cleared.
+/// let p = Fault::new().user("op-a").hang();
+/// # let _ = (f, p);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Fault {
@@ -17,6 +20,8 @@ pub struct Fault {
     pub(crate) subresource: Option<String>,
     pub(crate) namespace: Option<String>,
     pub(crate) name: Option<String>,
+    pub(crate) user: Option<String>,
+    pub(crate) hang: bool,
     pub(crate) status: u16,
     pub(crate) message: Option<String>,
     pub(crate) times: Option<u64>,
@@ -38,6 +43,8 @@ impl Fault {
             subresource: None,
             namespace: None,
             name: None,
+            user: None,
+            hang: false,
             status: 500,
             message: None,
             times: None,
@@ -76,6 +83,21 @@ impl Fault {
         self.name = Some(n.to_string());
         self
     }
+    /// Only requests of this user: the username [`crate::ApiServer::allow_token`] registered
+    /// for the request's bearer token, `system:anonymous` without a registered one.
+    pub fn user(mut self, u: &str) -> Fault {
+        self.user = Some(u.to_string());
+        self
+    }
+    /// Hold matching requests unanswered (instead of failing them) until the fault is
+    /// cleared, as a network partition between the client and the server would; they are
+    /// served then if their client still waits. A client that gives up first (drops the
+    /// request, closes the connection) never has its request served. Open watch streams are
+    /// not held (see [`crate::ApiServer::cut_watches`]).
+    pub fn hang(mut self) -> Fault {
+        self.hang = true;
+        self
+    }
     /// HTTP status of the injected error (reason follows: 409 Conflict, 429 TooManyRequests ...).
     pub fn status(mut self, code: u16) -> Fault {
         self.status = code;
@@ -105,6 +127,7 @@ pub(crate) struct FaultState {
 }
 
 pub(crate) struct RequestInfo<'a> {
+    pub user: &'a str,
     pub verb: &'a str,
     pub resource: &'a str,
     pub subresource: &'a str,
@@ -112,11 +135,18 @@ pub(crate) struct RequestInfo<'a> {
     pub name: &'a str,
 }
 
+/// What a fault does to the request it fires for.
+pub(crate) enum Fired {
+    Fail(ApiError),
+    Hang,
+}
+
 impl FaultState {
-    /// Check one request; counts matches and says whether to fail it.
-    pub fn check(&mut self, r: &RequestInfo<'_>) -> Option<ApiError> {
+    /// Check one request; counts matches and says whether to fail or hold it.
+    pub fn check(&mut self, r: &RequestInfo<'_>) -> Option<Fired> {
         let f = &self.fault;
         if f.verb.as_deref().is_some_and(|v| v != r.verb)
+            || f.user.as_deref().is_some_and(|v| v != r.user)
             || f.resource.as_deref().is_some_and(|v| v != r.resource)
             || f.subresource.as_deref().is_some_and(|v| v != r.subresource)
             || f.namespace.as_deref().is_some_and(|v| v != r.namespace)
@@ -136,6 +166,9 @@ impl FaultState {
         {
             return None;
         }
+        if f.hang {
+            return Some(Fired::Hang);
+        }
         let msg = f
             .message
             .clone()
@@ -144,7 +177,7 @@ impl FaultState {
         if f.status == 429 || f.status == 500 || f.status == 503 {
             e = e.with_details(serde_json::json!({"retryAfterSeconds": 1}));
         }
-        Some(e)
+        Some(Fired::Fail(e))
     }
 }
 
@@ -199,5 +232,40 @@ impl std::fmt::Display for RequestCounts {
             writeln!(f, "{v:<18} {r:<40} {c:>8}")?;
         }
         write!(f, "{:<18} {:<40} {:>8}", "total", "", self.total())
+    }
+}
+
+/// One request as the server answered it, like an entry of kube-apiserver's audit log:
+/// who asked for what and the status code of the answer. Kept, in the order the answers
+/// were given, by a server built with [`crate::ApiServerBuilder::audit_log`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEvent {
+    /// The username [`crate::ApiServer::allow_token`] registered for the request's bearer
+    /// token; `system:anonymous` without a registered one.
+    pub user: String,
+    /// The request's `User-Agent` header (empty without one).
+    pub user_agent: String,
+    /// Audit verb: get, list, watch, create, update, patch, delete, deletecollection (the
+    /// lower-case method for non-resource requests).
+    pub verb: String,
+    /// Resource plural, `plural/subresource` for a subresource, the path for non-resource
+    /// requests.
+    pub resource: String,
+    /// Namespace in the URL (empty when cluster-scoped or across namespaces).
+    pub namespace: String,
+    /// Name in the URL (empty for create, list and watch).
+    pub name: String,
+    /// HTTP status code of the answer.
+    pub code: u16,
+}
+
+impl AuditEvent {
+    /// A create, update, patch, delete or deletecollection that succeeded (2xx): a change
+    /// the server made for this user.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        ) && (200..300).contains(&self.code)
     }
 }

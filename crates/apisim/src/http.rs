@@ -1,7 +1,7 @@
 //! Routing and request handling.
 
 use crate::error::{ApiError, FieldError};
-use crate::faults::RequestInfo;
+use crate::faults::{AuditEvent, Fired, RequestInfo};
 use crate::fields::{self, FieldPath};
 use crate::registry::ResourceType;
 use crate::store::{DeleteOpts, Managed, State, WriteCtx};
@@ -165,25 +165,89 @@ pub async fn handle(
     *inner
         .counts
         .lock()
-        .entry((verb.clone(), counted))
+        .entry((verb.clone(), counted.clone()))
         .or_insert(0) += 1;
+    let user = user_of(&inner, &parts.headers);
     let latency = *inner.latency.lock();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let fault = {
-        let info = RequestInfo {
-            verb: &verb,
-            resource: &resource,
-            subresource: &sub,
-            namespace: &ns,
-            name: &name,
-        };
-        inner.faults.lock().iter_mut().find_map(|f| f.check(&info))
+    let info = RequestInfo {
+        user: &user,
+        verb: &verb,
+        resource: &resource,
+        subresource: &sub,
+        namespace: &ns,
+        name: &name,
     };
-    if let Some(e) = fault {
-        return error_response(&e);
+    let response = match held_or_failed(&inner, &info).await {
+        Some(e) => error_response(&e),
+        None => respond(&inner, &parts, &path, route, &q, &body),
+    };
+    if let Some(log) = &inner.audit {
+        let user_agent = parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        log.lock().push(AuditEvent {
+            user,
+            user_agent,
+            verb,
+            resource: counted,
+            namespace: ns,
+            name,
+            code: response.status().as_u16(),
+        });
     }
+    response
+}
+
+/// The user a request is attributed to: the one registered for its bearer token, if any.
+fn user_of(inner: &Inner, headers: &HeaderMap) -> String {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    token
+        .and_then(|t| {
+            inner
+                .state
+                .lock()
+                .tokens
+                .get(t)
+                .map(|(user, _)| user.clone())
+        })
+        .unwrap_or_else(|| "system:anonymous".to_string())
+}
+
+/// Applies the injected faults: the error of the first that fails the request, or `None`
+/// to serve it. A hanging fault holds the request until the faults change, then looks again.
+async fn held_or_failed(inner: &Inner, info: &RequestInfo<'_>) -> Option<ApiError> {
+    let mut changed = inner.faults_changed.subscribe();
+    loop {
+        let fired = inner.faults.lock().iter_mut().find_map(|f| f.check(info));
+        match fired {
+            None => return None,
+            Some(Fired::Fail(e)) => return Some(e),
+            Some(Fired::Hang) => {
+                // The sender lives in `inner`, which this request holds: never closed.
+                let _ = changed.changed().await;
+            }
+        }
+    }
+}
+
+fn respond(
+    inner: &Arc<Inner>,
+    parts: &http::request::Parts,
+    path: &str,
+    route: Route,
+    q: &Query,
+    body: &Bytes,
+) -> Response<ResponseBody> {
     if body.len() > MAX_BODY {
         return error_response(&ApiError::new(
             413,
@@ -198,8 +262,8 @@ pub async fn handle(
         _ => None,
     };
     let res = match route {
-        Route::Resource(r) => resource_request(&inner, &parts.method, &parts.headers, r, &q, &body),
-        other => discovery(&inner, &parts.method, &parts.headers, other),
+        Route::Resource(r) => resource_request(inner, &parts.method, &parts.headers, r, q, body),
+        other => discovery(inner, &parts.method, &parts.headers, other),
     };
     match res {
         Ok(r) => r,

@@ -67,7 +67,7 @@ mod util;
 mod watch;
 
 pub use error::ApiError;
-pub use faults::{Fault, RequestCounts};
+pub use faults::{AuditEvent, Fault, RequestCounts};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -102,6 +102,10 @@ pub(crate) struct Inner {
     pub tx: broadcast::Sender<Arc<store::Event>>,
     pub cut: tokio::sync::watch::Sender<u64>,
     pub faults: Mutex<Vec<faults::FaultState>>,
+    /// Bumped whenever the faults change, waking requests held by a hanging fault.
+    pub faults_changed: tokio::sync::watch::Sender<u64>,
+    /// Every answered request, in order, when the server keeps an audit log.
+    pub audit: Option<Mutex<Vec<faults::AuditEvent>>>,
     pub counts: Mutex<BTreeMap<(String, String), u64>>,
     pub latency: Mutex<Duration>,
     pub cfg: Config,
@@ -190,6 +194,7 @@ pub struct ApiServerBuilder {
     pod_ready_delay: Duration,
     watch_history: usize,
     bookmark_interval: Duration,
+    audit_log: bool,
 }
 
 impl ApiServerBuilder {
@@ -213,6 +218,12 @@ impl ApiServerBuilder {
         self.bookmark_interval = d;
         self
     }
+    /// Keep a record of every answered request (who, what, status code), read with
+    /// [`ApiServer::audit_events`] (default: off; it grows with every request).
+    pub fn audit_log(mut self, on: bool) -> Self {
+        self.audit_log = on;
+        self
+    }
     pub fn build(self) -> ApiServer {
         let (tx, _) = broadcast::channel(EVENT_CHANNEL);
         let state = store::State::new(self.watch_history, tx.clone());
@@ -222,6 +233,8 @@ impl ApiServerBuilder {
             tx,
             cut,
             faults: Mutex::new(vec![]),
+            faults_changed: tokio::sync::watch::channel(0u64).0,
+            audit: self.audit_log.then(|| Mutex::new(Vec::new())),
             counts: Mutex::new(BTreeMap::new()),
             latency: Mutex::new(Duration::ZERO),
             cfg: Config {
@@ -319,6 +332,7 @@ impl ApiServer {
             pod_ready_delay: Duration::from_millis(200),
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(1),
+            audit_log: false,
         }
     }
 
@@ -345,10 +359,13 @@ impl ApiServer {
             .faults
             .lock()
             .push(faults::FaultState { fault, matched: 0 });
+        self.inner.faults_changed.send_modify(|v| *v += 1);
     }
 
+    /// Removes every fault; requests held by a [`Fault::hang`] go on.
     pub fn clear_faults(&self) {
         self.inner.faults.lock().clear();
+        self.inner.faults_changed.send_modify(|v| *v += 1);
     }
 
     /// Delay added to every request.
@@ -371,7 +388,18 @@ impl ApiServer {
         self.inner.counts.lock().clear();
     }
 
-    /// Register a bearer token for TokenReview.
+    /// The answered requests so far, in the order answered (empty unless the server was
+    /// built with [`ApiServerBuilder::audit_log`]).
+    pub fn audit_events(&self) -> Vec<AuditEvent> {
+        self.inner
+            .audit
+            .as_ref()
+            .map(|log| log.lock().clone())
+            .unwrap_or_default()
+    }
+
+    /// Register a bearer token: TokenReview authenticates it, and requests carrying it are
+    /// attributed to `username` (in [`Fault::user`] and the audit log).
     pub fn allow_token(&self, token: &str, username: &str, groups: &[&str]) {
         self.inner.state.lock().tokens.insert(
             token.to_string(),

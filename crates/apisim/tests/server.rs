@@ -323,3 +323,102 @@ async fn change_feed_reports_writes_in_order_and_gaps() {
     }
     assert_eq!(late.recv().await.unwrap().event_type(), "LAGGED");
 }
+
+/// A kube::Client that talks HTTP to `url` with a bearer token, as a kubeconfig user would.
+async fn client_with_token(url: &str, token: &str) -> kube::Client {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n    namespace: default\ncurrent-context: c\n"
+    );
+    let kc = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+/// A partition of one client: its requests (told apart by the user its token names) get no
+/// answer while a hanging fault lasts, and other users' are served. Once the fault is
+/// cleared a held request is served if its client still waits, never if it gave up. The
+/// audit log records who changed what, in order.
+#[tokio::test]
+async fn a_hanging_fault_partitions_one_user_until_cleared() {
+    let s = apisim::ApiServer::builder().audit_log(true).build();
+    s.allow_token("token-a", "alice", &[]);
+    s.allow_token("token-b", "bob", &[]);
+    let h = s.serve().await.unwrap();
+    let alice: Api<ConfigMap> =
+        Api::default_namespaced(client_with_token(&h.url(), "token-a").await);
+    let bob: Api<ConfigMap> = Api::default_namespaced(client_with_token(&h.url(), "token-b").await);
+    let cm = |name: &str| -> ConfigMap { from_json(json!({"metadata": {"name": name}})) };
+    alice
+        .create(&PostParams::default(), &cm("before"))
+        .await
+        .unwrap();
+
+    s.inject(Fault::new().user("alice").hang());
+    let held = {
+        let (alice, cm) = (alice.clone(), cm("held"));
+        tokio::spawn(async move { alice.create(&PostParams::default(), &cm).await })
+    };
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        alice.create(&PostParams::default(), &cm("abandoned")),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "alice's request was answered during the partition"
+    );
+    bob.create(&PostParams::default(), &cm("bob"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !held.is_finished(),
+        "alice's request was answered during the partition"
+    );
+    let exists = |name: &str| {
+        s.get_object("v1", "configmaps", Some("default"), name)
+            .is_some()
+    };
+    assert!(!exists("held") && !exists("abandoned") && exists("bob"));
+
+    s.clear_faults();
+    let created = tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("a held request is served once the fault is cleared")
+        .unwrap()
+        .unwrap();
+    assert_eq!(created.metadata.name.as_deref(), Some("held"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !exists("abandoned"),
+        "a request its client gave up on was served"
+    );
+
+    let writes: Vec<(String, String, String, u16)> = s
+        .audit_events()
+        .into_iter()
+        .filter(|e| e.is_write())
+        .map(|e| (e.user, e.verb, e.resource, e.code))
+        .collect();
+    let write = |user: &str| {
+        (
+            user.to_string(),
+            "create".to_string(),
+            "configmaps".to_string(),
+            201,
+        )
+    };
+    assert_eq!(writes, [write("alice"), write("bob"), write("alice")]);
+    let anonymous = apisim::ApiServer::builder().audit_log(true).build();
+    let cms: Api<ConfigMap> = Api::default_namespaced(anonymous.client());
+    cms.create(&PostParams::default(), &cm("x")).await.unwrap();
+    assert_eq!(anonymous.audit_events()[0].user, "system:anonymous");
+    assert!(
+        s.audit_events()
+            .iter()
+            .all(|e| e.user != "system:anonymous")
+    );
+    assert!(apisim::ApiServer::new().audit_events().is_empty());
+}
