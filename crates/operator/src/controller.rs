@@ -255,6 +255,14 @@ pub enum Error {
     Status { object: String, source: kube::Error },
     #[error("Memcached has no namespace (it is a namespaced kind)")]
     NoNamespace,
+    #[error(
+        "{kind} {object} is controlled by another owner ({controller}); not taking it over: delete it or rename this Memcached"
+    )]
+    Conflict {
+        kind: &'static str,
+        object: String,
+        controller: String,
+    },
 }
 
 /// Shared state of the reconciler: the client for writes and the caches for reads.
@@ -451,13 +459,33 @@ enum Applied<T> {
 struct Owner {
     object: ObjectRef<Memcached>,
     key: u64,
+    uid: Option<String>,
 }
 
 impl Owner {
     fn of(mc: &Memcached) -> Self {
         let object = ObjectRef::from_obj(mc);
         let key = owner_key(&object);
-        Owner { object, key }
+        Owner {
+            object,
+            key,
+            uid: mc.metadata.uid.clone(),
+        }
+    }
+
+    /// The child's controller, when it is not this Memcached: `Kind name (uid …)`.
+    fn other_controller<K: CacheForm>(&self, child: &K) -> Option<String> {
+        let controller = child
+            .meta_text()
+            .owner_references()
+            .into_iter()
+            .find(|o| o.controller == Some(true))?;
+        (Some(&controller.uid) != self.uid.as_ref()).then(|| {
+            format!(
+                "{} {} (uid {})",
+                controller.kind, controller.name, controller.uid
+            )
+        })
     }
 }
 
@@ -556,6 +584,18 @@ async fn apply_if_changed<C: CacheForm>(
     let key = ObjectRef::new(&name).within(&namespace);
     let child = child_key(kind, &name);
     let live = cache.get(&key);
+    // Never take over a child another controller owns (a field manager's apply would move
+    // the ownerReference and the selector from one pool to the other on every reconcile).
+    if let Some(controller) = live
+        .as_ref()
+        .and_then(|l| owner.other_controller(l.as_ref()))
+    {
+        return Err(Error::Conflict {
+            kind,
+            object: format!("{namespace}/{name}"),
+            controller,
+        });
+    }
     // The answers are read straight into the cached form (only what the cache keeps).
     let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -960,17 +1000,31 @@ async fn delete_if_cached<C: CacheForm>(
     name: &str,
 ) -> Result<(), Error> {
     let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
-    if cache
-        .get(&ObjectRef::new(name).within(&namespace))
-        .is_none()
-    {
+    let Some(cached) = cache.get(&ObjectRef::new(name).within(&namespace)) else {
+        return Ok(());
+    };
+    let owner = Owner::of(mc);
+    // Only ours, and only the version we saw: not another pool's object of the same name,
+    // nor one recreated meanwhile.
+    if owner.other_controller(cached.as_ref()).is_some() {
         return Ok(());
     }
     let api: Api<C::Full> = Api::namespaced(ctx.client.clone(), &namespace);
     let kind = C::kind(&()).into_owned();
     ctx.normal_forms
-        .forget_child(Owner::of(mc).key, child_key(&kind, name));
-    match api.delete(name, &DeleteParams::background()).await {
+        .forget_child(owner.key, child_key(&kind, name));
+    let params = DeleteParams {
+        preconditions: cached
+            .meta()
+            .uid
+            .clone()
+            .map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
         Ok(_) => {
             info!(object = %object_key(mc), kind, name, "deleted");
             changes.push(
@@ -980,7 +1034,9 @@ async fn delete_if_cached<C: CacheForm>(
             );
             Ok(())
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        // Gone already, or replaced by another object of that name since we saw it (the
+        // uid precondition failed): the next reconcile sees what is there now.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
         Err(source) => Err(Error::Delete {
             kind,
             object: format!("{namespace}/{name}"),

@@ -571,3 +571,58 @@ async fn only_a_secrets_contents_roll_the_pods(server: Server) {
     assert_eq!(templates, 2, "the first pods and the rotation's, nothing between");
 }
 }
+
+on_every_server! {
+/// A child of the name a Memcached needs, controlled by another pool, is not taken over: a
+/// field manager's apply would move its ownerReference and selector from one pool to the
+/// other on every reconcile. The Memcached is Degraded, naming the object and its owner.
+async fn a_child_another_pool_controls_is_not_taken_over(server: Server) {
+    let env = start(server, "a_child_another_pool_controls", Duration::from_millis(20), false).await;
+    env.apply("owner", json!({"size": 1})).await;
+    let owner = env.converged("owner", 1).await;
+    let uid = owner.metadata.uid.clone().expect("uid");
+    let foreign: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {
+            "name": "victim-headless",
+            "labels": {"app.kubernetes.io/managed-by": "memcached-operator",
+                       "app.kubernetes.io/instance": "owner"},
+            "ownerReferences": [{"apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+                "name": "owner", "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": {"clusterIP": "None", "selector": {"pool": "owner"},
+                 "ports": [{"name": "memcached", "port": 11211}]},
+    }))
+    .expect("Service");
+    env.api::<Service>()
+        .create(&PostParams::default(), &foreign)
+        .await
+        .expect("the other pool's Service");
+    env.apply("victim", json!({"size": 1})).await;
+    let api = env.api::<Memcached>();
+    let mc = wait_for("victim Degraded over the Service", || async {
+        let mc = api.get("victim").await.ok()?;
+        (mc.condition(condition::DEGRADED)?.status == "True").then_some(mc)
+    })
+    .await;
+    let message = mc.condition(condition::DEGRADED).expect("Degraded").message.clone();
+    assert!(
+        message.contains("victim-headless") && message.contains("owner") && message.contains(&uid),
+        "{message}"
+    );
+    let svc = env.api::<Service>().get("victim-headless").await.expect("still there");
+    let controller = svc
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone());
+    assert_eq!(controller, Some(uid), "still the other pool's");
+    assert_eq!(
+        svc.spec.and_then(|s| s.selector).and_then(|s| s.get("pool").cloned()).as_deref(),
+        Some("owner"),
+        "its selector untouched"
+    );
+}
+}
