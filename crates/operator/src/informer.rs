@@ -6,7 +6,9 @@
 //! kube-runtime's own shared streams (`Writer::subscribe`) do not pass deletions on, and a
 //! deleted child must trigger its owner at once, so the fan-out here is ours; the watching,
 //! backoff and caching are kube-runtime's. Objects deleted while the watch was down (and so
-//! missing from the re-list, with no Delete event) are passed on as deletions too.
+//! missing from the re-list, with no Delete event) are passed on as deletions too. A re-list
+//! is passed on only once the store has swapped it in (at `InitDone`), so an object a
+//! subscriber hears of is in the store when the reconcile it triggers looks for it.
 //!
 //! An informer can also keep an [`Index`]: the cached objects grouped by a key (the pods of
 //! one Memcached), so a reader finds its few objects without scanning the whole cache.
@@ -220,7 +222,7 @@ where
                     index.apply(event);
                 }
                 let changed = match event {
-                    Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => vec![obj],
+                    Ok(watcher::Event::Apply(obj)) => vec![obj],
                     // A deleted object is passed on marked as being deleted, so predicates
                     // that look at the deletion state let it through (a deleted child must
                     // trigger its owner, to be recreated).
@@ -229,10 +231,22 @@ where
                         before_relist = store_for_task.state();
                         continue;
                     }
-                    // Objects deleted while the watch was down are gone from the new list
-                    // without a Delete event: passed on as deletions all the same.
+                    // A re-listed object goes to a buffer the store swaps in at InitDone, and
+                    // a reconcile finds its object in the store or not at all (kube-runtime
+                    // drops it then, without a requeue): the re-list is passed on once the
+                    // store holds it.
+                    Ok(watcher::Event::InitApply(_)) => continue,
+                    // The store now holds exactly the re-list: every object in it, then the
+                    // objects deleted while the watch was down (gone from the new list
+                    // without a Delete event), passed on as deletions.
                     Ok(watcher::Event::InitDone) => {
-                        vanished(std::mem::take(&mut before_relist), &store_for_task)
+                        let before = std::mem::take(&mut before_relist);
+                        // Nobody to tell (a standby, or the first list): no copies made. A
+                        // subscriber arriving later starts from the store.
+                        if fan_out.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                            continue;
+                        }
+                        relisted(&store_for_task, before)
                     }
                     Err(e) => {
                         warn!(kind, error = %e, "watch failed; retrying with backoff");
@@ -309,6 +323,17 @@ fn marked_deleted<K: Resource>(mut obj: K) -> K {
         .deletion_timestamp
         .get_or_insert_with(|| Time(jiff::Timestamp::now()));
     obj
+}
+
+/// After a re-list: every object `now` holds, then those of `before` it no longer holds,
+/// marked as being deleted.
+fn relisted<K>(now: &Store<K>, before: Vec<Arc<K>>) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut changed: Vec<K> = now.state().iter().map(|o| (**o).clone()).collect();
+    changed.extend(vanished(before, now));
+    changed
 }
 
 /// The objects of `before` that `now` no longer holds, marked as being deleted.

@@ -797,6 +797,93 @@ async fn a_child_deleted_during_a_watch_gap_is_recreated_after_the_relist() {
     env.stop().await;
 }
 
+/// Memcacheds created while the operator's Memcached watch is down, more than one list page
+/// of them (kube-runtime lists 500 at a time), come back in the re-list that follows the
+/// watch's 410 Gone, and every one of them is reconciled without anyone editing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memcacheds_created_during_a_watch_gap_all_converge_after_the_relist() {
+    const COUNT: usize = 600;
+    // No workload simulator: children and status are the point, and 600 pools of pods would
+    // only slow the test down.
+    let server = ApiServer::builder().watch_history(100).build();
+    let env = Env::start_on(server, ControllerConfig::default(), |_| {}).await;
+    env.apply_sample("before-the-gap", 1).await;
+    let api = env.memcacheds();
+    wait_for("the controller to write a status", || async {
+        let mc = api.get_opt("before-the-gap").await.ok().flatten()?;
+        (mc.status?.observed_generation == mc.metadata.generation).then_some(())
+    })
+    .await;
+
+    // The Memcached watch ends and its next request gets no answer (a partition), while
+    // more Memcacheds are created than the server keeps history for.
+    env.server()
+        .inject(Fault::new().verb("watch").resource("memcacheds").hang());
+    env.server().cut_watches();
+    let names: Vec<String> = (0..COUNT).map(|i| format!("gap-{i:03}")).collect();
+    use futures::StreamExt;
+    futures::stream::iter(names.iter().cloned())
+        .for_each_concurrent(8, |name| {
+            let api = api.clone();
+            async move {
+                let mc: Memcached = serde_json::from_value(json!({
+                    "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+                    "metadata": {"name": name}, "spec": {"size": 1}
+                }))
+                .expect("a Memcached");
+                api.create(&PostParams::default(), &mc)
+                    .await
+                    .expect("create Memcached");
+            }
+        })
+        .await;
+    // The watch resumes from a resourceVersion the server no longer has: 410 Gone, re-list.
+    env.server().clear_faults();
+
+    let server = env.server();
+    let exists = |plural: &str, api_version: &str, name: &str| {
+        server
+            .get_object(api_version, plural, Some("default"), name)
+            .is_some()
+    };
+    let unconverged = || -> Vec<&String> {
+        names
+            .iter()
+            .filter(|name| {
+                let converged = server
+                    .get_object(
+                        "memcached.cache.example.com/v1",
+                        "memcacheds",
+                        Some("default"),
+                        name,
+                    )
+                    .is_some_and(|mc| {
+                        mc["status"]["observedGeneration"] == mc["metadata"]["generation"]
+                    });
+                !(converged
+                    && exists("deployments", "apps/v1", name)
+                    && exists("services", "v1", name))
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = unconverged();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {COUNT} Memcacheds created during the watch gap never converged (children \
+             and status), e.g. {:?}",
+            left.len(),
+            &left[..left.len().min(5)]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn a_name_too_long_for_child_objects_is_degraded_and_others_still_converge() {
     let env = Env::start().await;
