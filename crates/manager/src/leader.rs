@@ -19,9 +19,18 @@
 //! every attempt races the deadline — it cancels `leader_token` at once. Standbys cannot
 //! take over before `observed + lease_duration >= last_renew + lease_duration`, and
 //! `renew_deadline < lease_duration` leaves `lease_duration - renew_deadline` (5s by
-//! default) for the controllers to stop writing. After loss, `run_as_leader` waits for
-//! the controllers and returns [`Error::LeadershipLost`]; like controller-runtime, the
-//! binary should then exit non-zero and be restarted as a fresh candidate.
+//! default) for the controllers to stop writing. They get the first half of it to stop by
+//! themselves; whatever still runs then (a reconcile waiting on a request that never
+//! returns) is dropped, which cancels its requests, and `run_as_leader` returns
+//! [`Error::LeadershipLost`], leaving the second half for the process to exit. Like
+//! controller-runtime, the binary must then exit non-zero at once (its other tasks, which
+//! may still hold writes, end with it) and be restarted as a fresh candidate.
+//!
+//! The Lease deleted under its holder (404 on renewal), or held by another, is lost too,
+//! and the controllers are dropped at once: the Lease is not re-created by its last holder,
+//! since a standby may have done so already. A standby that saw a valid holder does not
+//! create a deleted Lease before that holder's record would have expired, so a deletion
+//! never lets two candidates lead at once.
 //!
 //! # Why not kube-lease-manager
 //!
@@ -59,10 +68,9 @@ pub enum Error {
     /// The durations violate `lease_duration > renew_deadline > 1.2 × retry_period > 0`.
     #[error("invalid leader election config: {0}")]
     InvalidConfig(String),
-    /// The Lease could not be renewed within `renew_deadline`; controllers were stopped.
-    #[error(
-        "leader election lost: lease {namespace}/{name} not renewed by {identity} within the renew deadline"
-    )]
+    /// The Lease could not be renewed within `renew_deadline`, was deleted, or is held by
+    /// another candidate; controllers were stopped.
+    #[error("leader election lost by {identity}: lease {namespace}/{name} {reason}")]
     LeadershipLost {
         /// Lease namespace.
         namespace: String,
@@ -70,6 +78,8 @@ pub enum Error {
         name: String,
         /// This candidate's identity.
         identity: String,
+        /// What happened to the Lease.
+        reason: String,
     },
     /// The controllers (`run`) returned an error.
     #[error("controllers failed: {0}")]
@@ -160,6 +170,9 @@ pub struct LeaseLock {
     config: LeaderElectionConfig,
     /// Last Lease read or written, with the local time its spec was first seen.
     observed: Option<(Lease, Instant)>,
+    /// Whether this candidate took or renewed the Lease last time and has not seen it lost
+    /// or released since.
+    holding: bool,
 }
 
 impl LeaseLock {
@@ -170,6 +183,7 @@ impl LeaseLock {
             api,
             config,
             observed: None,
+            holding: false,
         }
     }
 
@@ -198,9 +212,43 @@ impl LeaseLock {
         self.observed = Some((lease, at));
     }
 
+    /// Until when the last observed record keeps another holder's claim valid, measured on
+    /// the local clock from when it was first seen (`None`: unheld or held by this one).
+    fn other_holder_valid_until(&self) -> Option<Instant> {
+        let (lease, observed_at) = self.observed.as_ref()?;
+        let spec = lease.spec.as_ref()?;
+        let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+        if holder == self.config.identity {
+            return None;
+        }
+        let valid_for = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs)
+            .unwrap_or(self.config.lease_duration);
+        Some(*observed_at + valid_for)
+    }
+
     /// Tries to take or renew the Lease once. `Ok(true)`: this candidate holds it now.
     /// `Ok(false)`: someone else validly holds it, or another candidate won a race.
+    ///
+    /// A Lease deleted while this candidate held it is an `Err` with code 404 (leadership
+    /// is lost; it is not re-created, since a standby may already have). A deleted Lease
+    /// whose last observed holder was another candidate is created only once that holder's
+    /// record would have expired.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+        let result = self.attempt().await;
+        self.holding = match &result {
+            Ok(true) => true,
+            // A write conflict leaves the holder unknown until the next read.
+            Ok(false) => self.holding && self.holder().is_none(),
+            // A failed renewal keeps the claim until the caller's deadline, except a 404.
+            Err(e) => self.holding && !is_status(e, 404),
+        };
+        result
+    }
+
+    async fn attempt(&mut self) -> Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
         let duration = self.config.lease_duration_seconds();
@@ -213,7 +261,14 @@ impl LeaseLock {
                     self.observe(lease.clone());
                     lease
                 }
+                Err(e) if is_status(&e, 404) && self.holding => return Err(e),
                 Err(e) if is_status(&e, 404) => {
+                    if self
+                        .other_holder_valid_until()
+                        .is_some_and(|until| until > Instant::now())
+                    {
+                        return Ok(false);
+                    }
                     let lease = Lease {
                         metadata: ObjectMeta {
                             name: Some(self.config.lease_name.clone()),
@@ -244,21 +299,11 @@ impl LeaseLock {
 
         let spec = current.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let held_by_other = holder.as_ref().is_some_and(|h| *h != me);
-        if held_by_other {
-            let valid_for = spec
-                .lease_duration_seconds
-                .and_then(|s| u64::try_from(s).ok())
-                .map(Duration::from_secs)
-                .unwrap_or(self.config.lease_duration);
-            let observed_at = self
-                .observed
-                .as_ref()
-                .map(|(_, at)| *at)
-                .unwrap_or_else(Instant::now);
-            if observed_at + valid_for > Instant::now() {
-                return Ok(false);
-            }
+        if self
+            .other_holder_valid_until()
+            .is_some_and(|until| until > Instant::now())
+        {
+            return Ok(false);
         }
 
         let renewing = holder.as_deref() == Some(me.as_str());
@@ -319,6 +364,7 @@ impl LeaseLock {
             .replace(&self.config.lease_name, &PostParams::default(), &update)
             .await?;
         self.observe(written);
+        self.holding = false;
         Ok(true)
     }
 }
@@ -335,12 +381,18 @@ fn jitter(d: Duration) -> Duration {
 ///   of `shutdown`.
 /// * Otherwise waits (standby) until the Lease is acquired, sets
 ///   `leader_election_master_status{name}` to 1, and calls `run(leader_token)`.
-///   - Renewal failing for `renew_deadline`: `leader_token` is cancelled, `run`'s
-///     future is awaited, and [`Error::LeadershipLost`] is returned.
+///   - Renewal failing for `renew_deadline`: `leader_token` is cancelled and `run`'s
+///     future gets until half-way between the deadline and the earliest moment another
+///     candidate can take the Lease to finish; then it is dropped (its requests in flight
+///     cancelled) and [`Error::LeadershipLost`] is returned.
+///   - The Lease deleted (404) or held by another: the same, without the wait.
 ///   - `shutdown` cancelled: `leader_token` is cancelled (it is a child of
 ///     `shutdown`), `run` is awaited while the Lease keeps being renewed, then the
 ///     Lease is released and `run`'s result returned (`Ok(())` normally).
 ///   - `run` ending by itself: the Lease is released and its result returned.
+///
+/// After [`Error::LeadershipLost`] the process must exit at once: tasks the controllers
+/// spawned are not theirs to stop here, and only the exit ends their writes in time.
 ///
 /// `shutdown` cancelled while on standby returns `Ok(())` without calling `run`.
 pub async fn run_as_leader<F, Fut, E>(
@@ -399,9 +451,10 @@ where
 
     // Leading: renew every retry period; give up at last_renew + renew_deadline.
     // Renewal goes on while the controllers stop after `shutdown` (as controller-runtime
-    // does), so slow-stopping controllers never run without the Lease.
+    // does), so slow-stopping controllers never run without the Lease. The deadline is
+    // checked before the controllers are polled: past it, they start nothing new.
     enum End<R> {
-        Lost,
+        Lost(Loss),
         RunEnded(R),
     }
     let mut stopping = false;
@@ -410,6 +463,7 @@ where
         let deadline = last_renew + config.renew_deadline;
         tokio::select! {
             biased;
+            _ = tokio::time::sleep_until(deadline) => break End::Lost(Loss::Deadline),
             _ = shutdown.cancelled(), if !stopping => {
                 tracing::info!("shutdown requested, stopping controllers");
                 stopping = true;
@@ -417,49 +471,74 @@ where
                 continue;
             }
             r = &mut controllers => break End::RunEnded(r),
-            _ = tokio::time::sleep_until(deadline) => break End::Lost,
             _ = tokio::time::sleep_until(next_attempt) => {}
         }
         // One attempt, racing the deadline (a hung request must not delay the stop).
         let attempt_start = Instant::now();
         let outcome = tokio::select! {
             biased;
+            _ = tokio::time::sleep_until(deadline) => break End::Lost(Loss::Deadline),
             _ = shutdown.cancelled(), if !stopping => {
                 stopping = true;
                 leader_token.cancel();
                 continue;
             }
             r = &mut controllers => break End::RunEnded(r),
-            _ = tokio::time::sleep_until(deadline) => break End::Lost,
             r = lock.try_acquire_or_renew() => r,
         };
         match outcome {
             Ok(true) => last_renew = attempt_start,
             Ok(false) => match lock.holder() {
                 Some(holder) if holder != config.identity => {
-                    tracing::warn!(%holder, "lease taken by another candidate");
-                    break End::Lost;
+                    break End::Lost(Loss::TakenBy(holder));
                 }
                 // A write conflict: re-read and retry until the deadline.
                 _ => tracing::debug!("lease renewal conflicted, retrying"),
             },
+            Err(err) if is_status(&err, 404) => break End::Lost(Loss::Deleted),
             Err(err) => tracing::warn!(%err, "failed to renew leader lease, retrying"),
         }
         next_attempt = Instant::now() + config.retry_period;
     };
 
     match end {
-        End::Lost => {
+        End::Lost(loss) => {
             metrics.set_leader(&name, false);
-            tracing::error!(lease = %name, identity = %config.identity, "leader election lost, stopping controllers");
+            tracing::error!(lease = %name, identity = %config.identity, reason = %loss, "leader election lost, stopping controllers");
             leader_token.cancel();
-            if let Err(err) = controllers.await.map_err(Into::into) {
-                tracing::error!(%err, "controllers failed while stopping");
+            // The earliest another candidate can lead: a lease duration after the record
+            // of our last renewal, which it saw no earlier than we sent it; or now, when
+            // the Lease is gone or taken.
+            let takeover = match loss {
+                Loss::Deadline => last_renew + config.lease_duration,
+                Loss::Deleted | Loss::TakenBy(_) => Instant::now(),
+            };
+            // Half of what is left before then is for the controllers to stop by themselves,
+            // the other half for the process to exit.
+            let stop_by = takeover - (takeover.saturating_duration_since(Instant::now()) / 2);
+            // The time limit first: past it, the controllers are not polled again (a poll
+            // could send a new request).
+            let stopped = stop_by > Instant::now()
+                && tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep_until(stop_by) => false,
+                    r = &mut controllers => {
+                        if let Err(err) = r.map_err(Into::into) {
+                            tracing::error!(%err, "controllers failed while stopping");
+                        }
+                        true
+                    }
+                };
+            if !stopped {
+                tracing::error!(
+                    "controllers dropped before they stopped: their requests in flight are cancelled"
+                );
             }
             Err(Error::LeadershipLost {
                 namespace: config.lease_namespace.clone(),
                 name,
                 identity: config.identity.clone(),
+                reason: loss.to_string(),
             })
         }
         End::RunEnded(result) => {
@@ -467,6 +546,26 @@ where
             release(&mut lock, &config).await;
             metrics.set_leader(&name, false);
             result.map_err(|e| Error::Run(e.into()))
+        }
+    }
+}
+
+/// Why a leader stopped leading.
+enum Loss {
+    /// No renewal succeeded within the renew deadline.
+    Deadline,
+    /// The Lease was deleted.
+    Deleted,
+    /// Another candidate holds the Lease.
+    TakenBy(String),
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loss::Deadline => f.write_str("not renewed within the renew deadline"),
+            Loss::Deleted => f.write_str("the lease was deleted"),
+            Loss::TakenBy(holder) => write!(f, "the lease is held by {holder}"),
         }
     }
 }

@@ -58,6 +58,15 @@ enum Event {
     Stopping(&'static str, Option<String>),
 }
 
+/// Counts one candidate's controllers as running while it lives.
+struct Leading(Arc<AtomicUsize>);
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 struct Candidate {
     shutdown: CancellationToken,
     metrics: Metrics,
@@ -83,13 +92,14 @@ fn spawn_candidate(
             sd,
             move |leader_token| async move {
                 let now_leading = leading.fetch_add(1, Ordering::SeqCst) + 1;
+                // Leading until the controllers end or are dropped.
+                let _leading = Leading(leading);
                 assert_eq!(now_leading, 1, "two leaders at once");
                 let _ = events.send(Event::Started(identity, Instant::now()));
                 leader_token.cancelled().await;
                 let _ = events.send(Event::Stopping(identity, holder(&s)));
                 // Stopping takes a moment; the Lease must not be released meanwhile.
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                leading.fetch_sub(1, Ordering::SeqCst);
                 Ok::<(), std::io::Error>(())
             },
         )
@@ -382,4 +392,113 @@ async fn lease_is_kept_while_controllers_stop_slowly() {
     }
     other_shutdown.cancel();
     let _ = other.await;
+}
+
+/// Sends when dropped: tells a test that a future was dropped (cancelled), and when.
+struct DropSignal(Option<tokio::sync::oneshot::Sender<Instant>>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(Instant::now());
+        }
+    }
+}
+
+/// Controllers that do not stop when told (a reconcile stuck on a request that never
+/// returns) are dropped, cancelling whatever they had in flight, before another candidate
+/// could take the Lease: the leader's last renewal plus the lease duration.
+#[tokio::test]
+async fn controllers_that_do_not_stop_are_dropped_before_the_lease_can_expire() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<Instant>();
+    let client = server.client();
+    let task = tokio::spawn(async move {
+        run_as_leader(
+            client,
+            Some(config("stuck")),
+            &Metrics::new(),
+            CancellationToken::new(),
+            move |_leader_token| async move {
+                let _guard = DropSignal(Some(dropped_tx));
+                let _ = started_tx.send(());
+                // Never looks at the token, never finishes.
+                std::future::pending::<()>().await;
+                Ok::<(), std::io::Error>(())
+            },
+        )
+        .await
+    });
+    tokio::time::timeout(Duration::from_secs(5), started_rx)
+        .await
+        .expect("leads")
+        .expect("started");
+    server.inject(
+        apisim::Fault::new()
+            .verb("update")
+            .resource("leases")
+            .hang(),
+    );
+    let last_renew = renew_time(&server);
+    let result = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("run_as_leader returns although the controllers never stop")
+        .unwrap();
+    assert!(
+        matches!(result, Err(Error::LeadershipLost { .. })),
+        "{result:?}"
+    );
+    let dropped = dropped_rx.await.expect("the controllers were dropped");
+    let since_renew = Timestamp::now().duration_since(last_renew)
+        - k8s_openapi::jiff::SignedDuration::try_from(dropped.elapsed()).unwrap();
+    assert!(
+        since_renew < k8s_openapi::jiff::SignedDuration::from_secs(2),
+        "controllers dropped {since_renew:?} after the last renewal: not before the lease (2s) expired"
+    );
+    server.clear_faults();
+}
+
+/// A Lease deleted under its holder is lost: the leader stops at once (rather than creating
+/// a new Lease, which a standby may have done already), and a standby that saw it held does
+/// not create a new one before the old record would have expired, so the two never overlap.
+#[tokio::test]
+async fn a_deleted_lease_is_lost_and_never_held_by_two() {
+    let server = Arc::new(apisim::ApiServer::new());
+    let leading = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let a = spawn_candidate(&server, "a", leading.clone(), tx.clone());
+    let Event::Started("a", _) = next(&mut rx, Duration::from_secs(5)).await else {
+        panic!("expected a to lead");
+    };
+    let b = spawn_candidate(&server, "b", leading.clone(), tx.clone());
+    // b sees a's record (it retries every 200ms, jittered).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(server.client(), "default");
+    leases.delete(LEASE, &Default::default()).await.unwrap();
+    let deleted = Instant::now();
+
+    let r = tokio::time::timeout(Duration::from_secs(3), a.task)
+        .await
+        .expect("a stops")
+        .unwrap();
+    let stopped = deleted.elapsed();
+    assert!(matches!(r, Err(Error::LeadershipLost { .. })), "{r:?}");
+    assert!(
+        stopped < Duration::from_secs(1),
+        "a stopped {stopped:?} after its Lease was deleted"
+    );
+    assert_eq!(
+        leading.load(Ordering::SeqCst),
+        0,
+        "a's controllers still run"
+    );
+    let Event::Started("b", _) = next(&mut rx, Duration::from_secs(5)).await else {
+        panic!("expected b to take over");
+    };
+    assert_eq!(holder(&server).as_deref(), Some("b"));
+    b.shutdown.cancel();
+    let _ = b.task.await;
 }
