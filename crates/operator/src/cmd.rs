@@ -205,7 +205,18 @@ fn bind_address(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, R
 /// managers do), so the API server's audit log and metrics can tell its requests apart.
 pub const USER_AGENT: &str = concat!("memcached-operator/", env!("CARGO_PKG_VERSION"));
 
-/// A client from the kubeconfig or the in-cluster config, naming itself [`USER_AGENT`].
+/// Longest wait for a connection to the API server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest silence from the API server on a connection in use, counted from the last byte
+/// sent or received: above kube-apiserver's own 60 s limit on a request
+/// (`--request-timeout`) and the minute between its bookmarks on an idle watch, so only a
+/// dead connection reaches it. A request on one fails then instead of waiting forever.
+const READ_TIMEOUT: Duration = Duration::from_secs(90);
+/// Longest wait for a request to be written out.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client from the kubeconfig or the in-cluster config, naming itself [`USER_AGENT`], with
+/// time limits on connecting, writing and reading.
 async fn client_from_environment() -> Result<Client, RunError> {
     let mut config = kube::Config::infer()
         .await
@@ -214,6 +225,11 @@ async fn client_from_environment() -> Result<Client, RunError> {
         http::header::USER_AGENT,
         http::HeaderValue::from_static(USER_AGENT),
     ));
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    // Counted from the request, not from when its pooled connection last went quiet.
+    config.reset_reader_on_write = true;
+    config.write_timeout = Some(WRITE_TIMEOUT);
     Client::try_from(config).map_err(|e| RunError::Config(e.to_string()))
 }
 
@@ -395,8 +411,17 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         }
     };
     shutdown.cancel();
-    for server in servers {
-        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    // A lost Lease: another replica may lead in moments, and tasks of ours may still hold
+    // writes; the process exits now (the caller returns at once), without waiting on the
+    // servers' connections.
+    let lost = matches!(
+        result,
+        Err(RunError::Leader(leader::Error::LeadershipLost { .. }))
+    );
+    if !lost {
+        for server in servers {
+            let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+        }
     }
     info!("stopped");
     result

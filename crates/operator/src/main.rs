@@ -66,8 +66,18 @@ fn main() -> ExitCode {
         // The benchmark runs the in-memory API server, the demo the server and the operator.
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
+    let run = matches!(cli.command, Command::Run(_));
     match runtime.enable_all().build() {
-        Ok(runtime) => runtime.block_on(command(cli.command)),
+        Ok(runtime) => {
+            let code = runtime.block_on(command(cli.command));
+            if run {
+                // `run` exits at once: what still runs is dropped, blocking work (a DNS
+                // lookup) included, not waited for (a leader that lost its Lease must stop
+                // writing before another replica takes it over).
+                runtime.shutdown_background();
+            }
+            code
+        }
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
             ExitCode::FAILURE

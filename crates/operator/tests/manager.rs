@@ -60,6 +60,7 @@ impl Cluster {
         let server = ApiServer::builder()
             .workload_simulator(true)
             .pod_ready_delay(Duration::from_millis(50))
+            .audit_log(true)
             .build();
         let handle = server.serve().await.expect("serve over HTTP");
         let dir = TempDir::new("kubeconfig");
@@ -79,6 +80,24 @@ impl Cluster {
             kubeconfig,
             _dir: dir,
         }
+    }
+
+    /// A kubeconfig whose bearer token the server attributes to `user` (in its faults and its
+    /// audit log), so one operator's requests can be told from another's.
+    fn kubeconfig_as(&self, user: &str) -> PathBuf {
+        let token = format!("{user}-token");
+        self.server.allow_token(&token, user, &[]);
+        let yaml = self
+            ._handle
+            .kubeconfig_yaml()
+            .replace("user: {}", &format!("user:\n    token: {token}"));
+        assert!(
+            yaml.contains(&token),
+            "kubeconfig user entry not found:\n{yaml}"
+        );
+        let path = self.kubeconfig.with_file_name(format!("{user}.kubeconfig"));
+        std::fs::write(&path, yaml).expect("write kubeconfig");
+        path
     }
 
     fn memcacheds(&self) -> Api<Memcached> {
@@ -165,12 +184,16 @@ struct Operator {
 
 impl Operator {
     fn spawn(cluster: &Cluster, name: &str, args: &[&str]) -> Operator {
+        Self::spawn_with(cluster, &cluster.kubeconfig, name, args)
+    }
+
+    fn spawn_with(cluster: &Cluster, kubeconfig: &Path, name: &str, args: &[&str]) -> Operator {
         let log = cluster.kubeconfig.with_file_name(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(BIN)
             .arg("run")
             .args(args)
-            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", name)
             .env("RUST_LOG", "info")
             .env("ENABLE_WEBHOOKS", "false")
@@ -390,6 +413,99 @@ async fn a_leader_cut_off_from_the_api_stops_before_its_lease_can_expire() {
         "the log says why:\n{}",
         leader.logs()
     );
+}
+
+/// A leader partitioned from the API server in the middle of a reconcile: its requests,
+/// the Lease renewals and the reconcile's write among them, get no answer (the server holds
+/// them), a standby takes over, and then the partition heals. The old leader must have
+/// stopped before that: the server records no write of it after the new leader's first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_writes_nothing_after_the_new_leader_took_over() {
+    let cluster = Cluster::start(true).await;
+    let args = [
+        "--leader-elect",
+        "--leader-election-namespace=default",
+        "--leader-elect-lease-duration=4s",
+        "--leader-elect-renew-deadline=2s",
+        "--leader-elect-retry-period=250ms",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ];
+    let lease_duration = Duration::from_secs(4);
+    let mut old = Operator::spawn_with(&cluster, &cluster.kubeconfig_as("op-a"), "op-a", &args);
+    wait_for_within("op-a leads", Duration::from_secs(20), || async {
+        (cluster.lease_holder().await.as_deref() == Some("op-a")).then_some(())
+    })
+    .await;
+    let new = Operator::spawn_with(&cluster, &cluster.kubeconfig_as("op-b"), "op-b", &args);
+    cluster.apply("split", 1).await;
+    cluster.converged("split", 1).await;
+
+    // The partition: every new request of op-a is held unanswered. Its open watches still
+    // deliver the next change, so it starts a reconcile whose write hangs.
+    cluster.server.inject(Fault::new().user("op-a").hang());
+    let leases: Api<Lease> = Api::default_namespaced(cluster.server.client());
+    let last_renew = leases
+        .get(LEASE)
+        .await
+        .ok()
+        .and_then(|l| l.spec?.renew_time)
+        .map(|t| t.0)
+        .expect("renewTime");
+    cluster.apply("split", 2).await;
+    wait_for_within("op-b takes over", lease_duration * 3, || async {
+        (cluster.lease_holder().await.as_deref() == Some("op-b")).then_some(())
+    })
+    .await;
+    // op-a is gone by then, having given up as an error.
+    let status = old.child.try_wait().expect("try_wait");
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "op-a still runs ({status:?}) while op-b leads:\n{}",
+        old.logs()
+    );
+    // What op-a's hanging write would now undo.
+    cluster.apply("split", 3).await;
+    cluster.converged("split", 3).await;
+
+    // The partition heals; whatever op-a still had in flight reaches the server now.
+    cluster.server.clear_faults();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let log = cluster.server.audit_events();
+    let first_of_new = log
+        .iter()
+        .position(|e| e.user == "op-b" && e.is_write())
+        .expect("op-b wrote");
+    let stale: Vec<String> = log[first_of_new..]
+        .iter()
+        .filter(|e| e.user == "op-a" && e.is_write())
+        .map(|e| {
+            format!(
+                "{} {} {}/{} ({})",
+                e.verb, e.resource, e.namespace, e.name, e.code
+            )
+        })
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "op-a wrote after op-b's first write (the new leader's Lease takeover): {stale:#?}\n{}",
+        old.logs()
+    );
+    assert!(
+        log[..first_of_new]
+            .iter()
+            .any(|e| e.user == "op-a" && e.is_write() && e.resource == "deployments"),
+        "op-a led and wrote before the partition"
+    );
+
+    let logs = old.logs();
+    assert!(logs.contains("lost"), "the log says why:\n{logs}");
+    println!(
+        "op-a: last renewal {last_renew}, lease valid until {}; its log:\n{logs}",
+        last_renew + jiff::SignedDuration::try_from(lease_duration).expect("duration")
+    );
+    drop(new);
 }
 
 /// A TLS connection to `addr` that accepts any certificate (the servers under test use
