@@ -253,7 +253,29 @@ impl Env {
                     "could not delete namespace {}: {e}",
                     self.namespace
                 ));
+                return;
             }
+            // The next phase runs on the same server: wait until the garbage collector has
+            // removed this one's objects (thousands of pods at large N), so that it does not
+            // compete with what is measured next.
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(600) {
+                match namespaces.get_opt(&self.namespace).await {
+                    Ok(None) => {
+                        log(format!(
+                            "namespace {} gone after {}",
+                            self.namespace,
+                            secs(started.elapsed())
+                        ));
+                        return;
+                    }
+                    Ok(Some(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                }
+            }
+            log(format!(
+                "namespace {} still terminating after 10 min; going on",
+                self.namespace
+            ));
         }
     }
 }
