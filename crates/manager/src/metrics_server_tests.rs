@@ -1,5 +1,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures::StreamExt;
+
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
@@ -295,36 +297,8 @@ fn parses_controller_runtime_addresses() {
 /// through `MetricsServer::bind` in secure mode with a self-signed certificate.
 #[tokio::test]
 async fn secure_mode_end_to_end_with_kube_reviews() {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-
-    let api = apisim::ApiServer::new();
-    api.allow_token(
-        "prom-token",
-        "system:serviceaccount:monitoring:prometheus",
-        &["system:serviceaccounts"],
-    );
-    api.allow_token("nobody-token", "system:serviceaccount:default:nobody", &[]);
+    let api = apisim_with_prometheus().await;
     let client = api.client();
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "metrics-reader"},
-        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
-    }))
-    .unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "prometheus-metrics-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "metrics-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]
-    }))
-    .unwrap();
-    Api::<ClusterRole>::all(client.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-
     let config = MetricsServerConfig {
         bind: Some("127.0.0.1:0".parse().unwrap()),
         secure: true,
@@ -362,4 +336,206 @@ async fn secure_mode_end_to_end_with_kube_reviews() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// apisim with RBAC letting `prom-token` (monitoring/prometheus) `get /metrics`, and
+/// `nobody-token` authenticated but allowed nothing.
+async fn apisim_with_prometheus() -> apisim::ApiServer {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+    let api = apisim::ApiServer::new();
+    api.allow_token(
+        "prom-token",
+        "system:serviceaccount:monitoring:prometheus",
+        &["system:serviceaccounts"],
+    );
+    api.allow_token("nobody-token", "system:serviceaccount:default:nobody", &[]);
+    let client = api.client();
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "metrics-reader"},
+        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    }))
+    .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "prometheus-metrics-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "metrics-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    api
+}
+
+/// (TokenReviews, SubjectAccessReviews) the API server has received.
+fn reviews(api: &apisim::ApiServer) -> (u64, u64) {
+    let counts = api.request_counts();
+    (
+        counts.get("create", "tokenreviews"),
+        counts.get("create", "subjectaccessreviews"),
+    )
+}
+
+async fn scrape(addr: SocketAddr, token: &str) -> Response {
+    let bearer = format!("Bearer {token}");
+    test_http::get(addr, "/metrics", &[("Authorization", bearer.as_str())]).await
+}
+
+/// A flood of distinct junk bearer tokens costs at most the review budget in TokenReviews
+/// (the rest are answered 429 without one), and the cached decision for the authorized
+/// scraper survives it: its next scrape makes no review at all.
+#[tokio::test]
+async fn a_flood_of_junk_tokens_costs_at_most_the_review_budget() {
+    const BUDGET: u64 = 10;
+    // More than the 1024 decisions a cache keeps, so a shared cache would be cleared.
+    const FLOOD: usize = 1100;
+    let api = apisim_with_prometheus().await;
+    let kube: Arc<dyn Authorizer> = Arc::new(KubeAuthorizer::new(api.client()));
+    // A budget that does not refill during the test, so the bound is a count.
+    let limits = ReviewLimits {
+        burst: BUDGET as u32,
+        refill: Duration::from_secs(3600),
+        ..ReviewLimits::default()
+    };
+    let auth = Arc::new(CachingAuthorizer::with_limits(kube, limits));
+    let srv = start(None, Some(auth), CancellationToken::new()).await;
+
+    assert_metrics_body(&scrape(srv.addr, "prom-token").await);
+    assert_eq!(
+        reviews(&api),
+        (1, 1),
+        "the scraper's first request is reviewed"
+    );
+
+    let statuses: Vec<u16> = futures::stream::iter(0..FLOOD)
+        .map(|i| async move { scrape(srv.addr, &format!("junk-{i}")).await.status })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    let unauthenticated = statuses.iter().filter(|s| **s == 401).count();
+    assert_eq!(
+        refused + unauthenticated,
+        FLOOD,
+        "only 401 and 429: {statuses:?}"
+    );
+    let (token_reviews, _) = reviews(&api);
+    assert!(
+        token_reviews - 1 <= BUDGET,
+        "{FLOOD} junk tokens cost {} TokenReviews, more than the budget of {BUDGET}",
+        token_reviews - 1
+    );
+
+    let before = reviews(&api);
+    assert_metrics_body(&scrape(srv.addr, "prom-token").await);
+    assert_eq!(
+        reviews(&api),
+        before,
+        "the scraper's decision was evicted by the flood"
+    );
+    srv.stop().await;
+}
+
+/// While the API server holds TokenReviews unanswered, at most the concurrency limit of
+/// them are in flight: further unknown tokens are refused at once (429) without a review,
+/// and each is answered once the API server answers.
+#[tokio::test]
+async fn reviews_of_unknown_tokens_in_flight_are_limited() {
+    let api = apisim_with_prometheus().await;
+    let kube: Arc<dyn Authorizer> = Arc::new(KubeAuthorizer::new(api.client()));
+    let limits = ReviewLimits {
+        concurrent: 4,
+        timeout: Duration::from_secs(3600),
+        ..ReviewLimits::default()
+    };
+    let srv = start(
+        None,
+        Some(Arc::new(CachingAuthorizer::with_limits(kube, limits))),
+        CancellationToken::new(),
+    )
+    .await;
+    assert_metrics_body(&scrape(srv.addr, "prom-token").await);
+    api.inject(apisim::Fault::new().resource("tokenreviews").hang());
+    api.reset_request_counts();
+
+    let mut pending: futures::stream::FuturesUnordered<_> = (0..10)
+        .map(|i| async move { scrape(srv.addr, &format!("stuck-{i}")).await })
+        .collect();
+    // Four reviews hang; the six others are answered without one.
+    let mut refused = Vec::new();
+    for _ in 0..6 {
+        let r = pending.next().await.expect("a response");
+        refused.push((r.status, r.header("retry-after").map(str::to_string)));
+    }
+    assert_eq!(refused, vec![(429, Some("1".to_string())); 6]);
+    assert_eq!(reviews(&api).0, 4, "TokenReviews in flight");
+    api.clear_faults();
+    let rest: Vec<u16> = pending.map(|r| r.status).collect().await;
+    assert_eq!(rest, vec![401; 4]);
+    srv.stop().await;
+}
+
+/// Reviews of tokens the API server authenticated before do not spend the budget for
+/// unknown ones: a scraper whose decision expired is reviewed again while junk is refused.
+#[tokio::test]
+async fn a_known_scraper_is_reviewed_when_the_budget_is_spent() {
+    let fake = Arc::new(FakeAuth::default());
+    let limits = ReviewLimits {
+        ttl: Duration::ZERO, // every decision expires at once
+        burst: 1,
+        refill: Duration::from_secs(3600),
+        ..ReviewLimits::default()
+    };
+    let auth = CachingAuthorizer::with_limits(fake.clone(), limits);
+    assert_eq!(
+        auth.check("alice", "get", "/metrics").await.unwrap(),
+        Decision::Allowed
+    );
+    assert!(matches!(
+        auth.check("mallory", "get", "/metrics").await,
+        Err(CheckError::Busy { .. })
+    ));
+    for _ in 0..3 {
+        assert_eq!(
+            auth.check("alice", "get", "/metrics").await.unwrap(),
+            Decision::Allowed
+        );
+    }
+    assert_eq!(
+        fake.authn_calls.load(Ordering::SeqCst),
+        4,
+        "alice reviewed 4 times"
+    );
+}
+
+/// A review the API server never answers fails the request (503) after the review
+/// timeout instead of holding it forever.
+#[tokio::test]
+async fn a_review_that_never_returns_times_out() {
+    let api = apisim_with_prometheus().await;
+    let kube: Arc<dyn Authorizer> = Arc::new(KubeAuthorizer::new(api.client()));
+    let limits = ReviewLimits {
+        timeout: Duration::from_secs(1),
+        ..ReviewLimits::default()
+    };
+    let srv = start(
+        None,
+        Some(Arc::new(CachingAuthorizer::with_limits(kube, limits))),
+        CancellationToken::new(),
+    )
+    .await;
+    api.inject(apisim::Fault::new().resource("tokenreviews").hang());
+    let r = tokio::time::timeout(Duration::from_secs(60), scrape(srv.addr, "stuck"))
+        .await
+        .expect("a request whose TokenReview hangs is answered");
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(reviews(&api).0, 1);
+    api.clear_faults();
+    srv.stop().await;
 }
