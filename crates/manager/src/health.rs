@@ -12,6 +12,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use crate::serve::ConnectionLimits;
+
 /// Errors of the probe server, naming the step that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -204,17 +206,27 @@ pub async fn serve_probes_on(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    serve_probes_with(listener, health, ConnectionLimits::default(), shutdown).await
+}
+
+/// Like [`serve_probes_on`] within `limits` instead of the defaults.
+pub async fn serve_probes_with(
+    listener: tokio::net::TcpListener,
+    health: Health,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving health probes");
     }
-    axum::serve(listener, health.router())
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(Error::Serve)
+    crate::serve::serve(listener, None, health.router(), limits, shutdown).await;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::test_http::get;
 
@@ -262,6 +274,41 @@ mod tests {
 
         shutdown.cancel();
         tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+
+    /// More clients than the connection cap that connect and never finish a request are
+    /// all disconnected by the server, and a probe is answered all the same.
+    #[tokio::test]
+    async fn stalled_clients_beyond_the_cap_are_disconnected() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let limits = ConnectionLimits {
+            max_connections: 4,
+            header_read_timeout: Duration::from_secs(1),
+            ..ConnectionLimits::default()
+        };
+        let server = tokio::spawn(serve_probes_with(
+            listener,
+            Health::new(),
+            limits,
+            shutdown.clone(),
+        ));
+
+        let idle = crate::test_http::stalled(addr, 8).await;
+        let probe = tokio::time::timeout(Duration::from_secs(30), get(addr, "/healthz", &[]))
+            .await
+            .expect("the probe is answered");
+        assert_eq!(probe.status, 200);
+        let closed = crate::test_http::closed_by_server(idle, Duration::from_secs(30)).await;
+        assert_eq!(closed, 8, "stalled connections closed by the server");
+
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .unwrap()
             .unwrap()

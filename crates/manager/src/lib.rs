@@ -6,6 +6,7 @@ pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod metrics_server;
+pub mod serve;
 pub mod shutdown;
 pub mod webhook_tls;
 
@@ -14,6 +15,7 @@ pub use leader::{LeaderElectionConfig, run_as_leader};
 pub use logging::LogFormat;
 pub use metrics::{ControllerMetrics, Metrics, ReconcileResult, ReconcileTimer};
 pub use metrics_server::{MetricsServer, MetricsServerConfig, serve_metrics};
+pub use serve::ConnectionLimits;
 pub use shutdown::signal_token;
 
 #[cfg(test)]

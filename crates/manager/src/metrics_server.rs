@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::serve::ConnectionLimits;
 use crate::webhook_tls;
 
 /// controller-runtime's default secure metrics port.
@@ -567,6 +568,7 @@ pub struct MetricsServer {
     listener: TcpListener,
     tls: Option<Arc<ServerConfig>>,
     auth: Option<Arc<CachingAuthorizer>>,
+    limits: ConnectionLimits,
 }
 
 impl MetricsServer {
@@ -611,6 +613,7 @@ impl MetricsServer {
             listener,
             tls,
             auth,
+            limits: ConnectionLimits::default(),
         }))
     }
 
@@ -619,9 +622,23 @@ impl MetricsServer {
         self.listener.local_addr().map_err(Error::Serve)
     }
 
+    /// Serves within `limits` instead of the defaults.
+    pub fn with_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Serves until `shutdown`.
     pub async fn run(self, metrics: Metrics, shutdown: CancellationToken) -> Result<(), Error> {
-        serve_metrics_on(self.listener, self.tls, metrics, self.auth, shutdown).await
+        serve_metrics_with(
+            self.listener,
+            self.tls,
+            metrics,
+            self.auth,
+            self.limits,
+            shutdown,
+        )
+        .await
     }
 }
 
@@ -634,22 +651,24 @@ pub async fn serve_metrics_on(
     auth: Option<Arc<CachingAuthorizer>>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let limits = ConnectionLimits::default();
+    serve_metrics_with(listener, tls, metrics, auth, limits, shutdown).await
+}
+
+/// [`serve_metrics_on`] within `limits` instead of the defaults.
+pub async fn serve_metrics_with(
+    listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
+    metrics: Metrics,
+    auth: Option<Arc<CachingAuthorizer>>,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let app = router(metrics, auth);
     let addr = listener.local_addr().map_err(Error::Serve)?;
     tracing::info!(%addr, secure = tls.is_some(), "serving metrics");
-    match tls {
-        None => axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-            .map_err(Error::Serve),
-        Some(tls) => {
-            let listener = webhook_tls::TlsListener::new(listener, tls, shutdown.clone());
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-                .map_err(Error::Serve)
-        }
-    }
+    crate::serve::serve(listener, tls, app, limits, shutdown).await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -539,3 +539,59 @@ async fn a_review_that_never_returns_times_out() {
     api.clear_faults();
     srv.stop().await;
 }
+
+/// More clients than the connection cap that connect and never finish a request (no TLS
+/// handshake, or a handshake and nothing or half a request after it) are all disconnected
+/// by the server, and a scrape is served all the same.
+#[tokio::test]
+async fn stalled_clients_beyond_the_cap_are_disconnected() {
+    use tokio::io::AsyncWriteExt;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = ConnectionLimits {
+        max_connections: 4,
+        header_read_timeout: Duration::from_secs(1),
+        tls_handshake_timeout: Duration::from_secs(1),
+    };
+    let shutdown = CancellationToken::new();
+    let tls = webhook_tls::self_signed_server_config().unwrap();
+    let task = tokio::spawn(serve_metrics_with(
+        listener,
+        Some(tls),
+        Metrics::new(),
+        None,
+        limits,
+        shutdown.clone(),
+    ));
+    let srv = Running {
+        addr,
+        shutdown,
+        task,
+    };
+
+    let no_handshake = test_http::stalled(srv.addr, 4).await;
+    let mut after_handshake = Vec::new();
+    for i in 0..4 {
+        let mut s = test_http::tls::connect(srv.addr).await;
+        if i % 2 == 1 {
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHo").await.unwrap();
+            s.flush().await.unwrap();
+        }
+        after_handshake.push(s);
+    }
+    let (r, _) = tokio::time::timeout(
+        Duration::from_secs(30),
+        test_http::tls::get(srv.addr, "/metrics", &[]),
+    )
+    .await
+    .expect("the scrape is served");
+    assert_eq!(r.status, 200);
+    let within = Duration::from_secs(30);
+    let closed = tokio::join!(
+        test_http::closed_by_server(no_handshake, within),
+        test_http::closed_by_server(after_handshake, within)
+    );
+    assert_eq!(closed, (4, 4), "stalled connections closed by the server");
+    srv.stop().await;
+}

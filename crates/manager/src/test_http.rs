@@ -135,6 +135,23 @@ pub(crate) mod tls {
         }
     }
 
+    /// A TLS connection to `addr`, handshake done.
+    pub(crate) async fn connect(
+        addr: SocketAddr,
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        connector.connect(name, tcp).await.unwrap()
+    }
+
     /// GET over TLS; returns the response and the certificate the server presented.
     pub(crate) async fn get(
         addr: SocketAddr,
@@ -155,4 +172,42 @@ pub(crate) mod tls {
         let cert = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
         (get_over(stream, path, headers).await, cert)
     }
+}
+
+/// Opens `n` connections to `addr` that never finish a request: every other one sends
+/// nothing, the others half a request line (a slowloris client).
+pub(crate) async fn stalled(addr: SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut conns = Vec::new();
+    for i in 0..n {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        if i % 2 == 1 {
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: loc")
+                .await
+                .unwrap();
+        }
+        conns.push(s);
+    }
+    conns
+}
+
+/// How many of `conns` the server closes (end of stream or reset) within `within`.
+pub(crate) async fn closed_by_server<S: AsyncRead + Unpin>(
+    conns: Vec<S>,
+    within: std::time::Duration,
+) -> usize {
+    let waits = conns.into_iter().map(|mut s| async move {
+        let mut buf = [0u8; 1024];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+    });
+    let deadline = tokio::time::Instant::now() + within;
+    let results = futures::future::join_all(
+        waits.map(|w| async move { tokio::time::timeout_at(deadline, w).await.is_ok() }),
+    )
+    .await;
+    results.into_iter().filter(|closed| *closed).count()
 }

@@ -1,4 +1,4 @@
-//! TLS for the servers this process runs (metrics now, the admission webhook later):
+//! TLS for the servers this process runs (metrics, admission webhooks):
 //! a rustls server config (ring provider) whose certificate comes from `tls.crt`/`tls.key`
 //! in a directory and is swapped in when the files change, or a self-signed one (rcgen).
 
@@ -12,10 +12,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Certificate file name inside the certificate directory (as in a `kubernetes.io/tls` Secret).
@@ -243,77 +239,6 @@ pub fn self_signed_server_config() -> Result<Arc<ServerConfig>, Error> {
         pem.key_pem.as_bytes(),
     )?;
     server_config(Arc::new(Fixed(Arc::new(ck))))
-}
-
-/// A client that has not finished its TLS handshake by then is dropped.
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Accepts TCP connections and completes TLS handshakes in their own tasks (so one
-/// slow client cannot stall others), handing finished streams to axum.
-pub struct TlsListener {
-    rx: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    /// Starts accepting on `listener` until `shutdown`; handshakes time out after 10 s.
-    pub fn new(listener: TcpListener, tls: Arc<ServerConfig>, shutdown: CancellationToken) -> Self {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0));
-        let (tx, rx) = mpsc::channel(64);
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = listener.accept() => match r {
-                        Ok(x) => x,
-                        Err(err) => {
-                            tracing::debug!(%err, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = tx.send((stream, peer)).await;
-                        }
-                        Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Self { rx, local, task }
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ use kube::CustomResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
+use manager::ConnectionLimits;
 use manager::webhook_tls::{self, CertWatcher};
 use memcached_api::validation::{self, FieldError, ValidationErrors};
 use memcached_api::{GROUP, Memcached, MemcachedSpec, VERSION};
@@ -160,6 +161,7 @@ pub struct WebhookServer {
     certs: Arc<CertWatcher>,
     default_image: String,
     reload_interval: Duration,
+    limits: ConnectionLimits,
 }
 
 impl WebhookServer {
@@ -185,12 +187,20 @@ impl WebhookServer {
             certs,
             default_image: config.default_image,
             reload_interval: webhook_tls::DEFAULT_POLL_INTERVAL,
+            limits: ConnectionLimits::default(),
         })
     }
 
     /// How often the certificate files are re-read (default 5 s).
     pub fn with_reload_interval(mut self, interval: Duration) -> Self {
         self.reload_interval = interval;
+        self
+    }
+
+    /// Serves within `limits` (connections at once, header and TLS handshake deadlines)
+    /// instead of the defaults.
+    pub fn with_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -209,13 +219,10 @@ impl WebhookServer {
         );
         let addr = self.local_addr()?;
         tracing::info!(%addr, mutate = MUTATE_PATH, validate = VALIDATE_PATH, "serving admission webhooks");
-        let listener = webhook_tls::TlsListener::new(self.listener, tls, shutdown.clone());
-        let result = axum::serve(listener, router(self.default_image))
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-            .map_err(WebhookError::Serve);
+        let app = router(self.default_image);
+        manager::serve::serve(self.listener, Some(tls), app, self.limits, shutdown).await;
         watch.abort();
-        result
+        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use manager::ConnectionLimits;
 use manager::webhook_tls::{self, CERT_FILE, KEY_FILE};
 use memcached_api::{Memcached, MemcachedSpec, validation};
 use memcached_operator::builders::{self, BuildSettings};
@@ -76,6 +77,10 @@ struct Server {
 
 impl Server {
     async fn start() -> Server {
+        Self::start_with(ConnectionLimits::default()).await
+    }
+
+    async fn start_with(limits: ConnectionLimits) -> Server {
         let dir = TempDir::new("server");
         let cert = write_cert(dir.path());
         let server = WebhookServer::bind(WebhookConfig {
@@ -85,7 +90,8 @@ impl Server {
         })
         .await
         .expect("webhook server binds")
-        .with_reload_interval(Duration::from_millis(100));
+        .with_reload_interval(Duration::from_millis(100))
+        .with_limits(limits);
         let addr = server.local_addr().expect("local addr");
         let stop = CancellationToken::new();
         let task = tokio::spawn(server.run(stop.clone()));
@@ -224,13 +230,8 @@ enum BodyMode {
     Chunked,
 }
 
-async fn https(
-    addr: SocketAddr,
-    path: &str,
-    content_type: &str,
-    body: Vec<u8>,
-    mode: BodyMode,
-) -> Reply {
+/// A TLS connection to `addr` that accepts any server certificate, handshake done.
+async fn tls_connect(addr: SocketAddr) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -241,7 +242,17 @@ async fn https(
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let name = ServerName::try_from("localhost").expect("server name");
-    let stream = connector.connect(name, tcp).await.expect("TLS handshake");
+    connector.connect(name, tcp).await.expect("TLS handshake")
+}
+
+async fn https(
+    addr: SocketAddr,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    mode: BodyMode,
+) -> Reply {
+    let stream = tls_connect(addr).await;
     let cert = stream
         .get_ref()
         .1
@@ -853,6 +864,71 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let reply = server.post(VALIDATE_PATH, &review).await;
     assert_eq!(reply.cert.as_ref(), Some(&rotated));
+    server.shutdown().await;
+}
+
+/// How many of `conns` the server closes (end of stream or reset) within `within`.
+async fn closed_by_server<S: AsyncRead + Unpin>(conns: Vec<S>, within: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + within;
+    let waits = conns.into_iter().map(|mut s| async move {
+        let closed = async {
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline, closed).await.is_ok()
+    });
+    futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .filter(|closed| *closed)
+        .count()
+}
+
+/// More clients than the connection cap that connect and never finish a request (no TLS
+/// handshake, or a handshake and nothing or half a request after it) are all disconnected
+/// by the server, and the API server's review is answered all the same.
+#[tokio::test]
+async fn stalled_clients_beyond_the_cap_are_disconnected() {
+    let server = Server::start_with(ConnectionLimits {
+        max_connections: 4,
+        header_read_timeout: Duration::from_secs(1),
+        tls_handshake_timeout: Duration::from_secs(1),
+    })
+    .await;
+    let mut no_handshake = Vec::new();
+    for _ in 0..4 {
+        no_handshake.push(
+            tokio::net::TcpStream::connect(server.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut after_handshake = Vec::new();
+    for i in 0..4 {
+        let mut s = tls_connect(server.addr).await;
+        if i % 2 == 1 {
+            s.write_all(format!("POST {VALIDATE_PATH} HTTP/1.1\r\nHost: lo").as_bytes())
+                .await
+                .expect("write");
+            s.flush().await.expect("flush");
+        }
+        after_handshake.push(s);
+    }
+    let review = create(memcached("cache", json!({"size": 3})));
+    let reply = tokio::time::timeout(Duration::from_secs(30), server.post(VALIDATE_PATH, &review))
+        .await
+        .expect("the review is answered");
+    assert!(reply.allowed(), "{}", reply.body);
+    let within = Duration::from_secs(30);
+    let closed = tokio::join!(
+        closed_by_server(no_handshake, within),
+        closed_by_server(after_handshake, within)
+    );
+    assert_eq!(closed, (4, 4), "stalled connections closed by the server");
     server.shutdown().await;
 }
 
