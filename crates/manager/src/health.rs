@@ -194,9 +194,7 @@ pub async fn serve_probes(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Bind { addr, source })?;
+    let listener = crate::serve::bind(addr).map_err(|source| Error::Bind { addr, source })?;
     serve_probes_on(listener, health, shutdown).await
 }
 

@@ -3,7 +3,7 @@
 //! TokenReview → SubjectAccessReview `get /metrics`, decisions cached briefly). Insecure: plain HTTP.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,9 +27,10 @@ use crate::metrics::{CONTENT_TYPE, Metrics};
 use crate::serve::ConnectionLimits;
 use crate::webhook_tls;
 
-/// controller-runtime's default secure metrics port.
+/// controller-runtime's default secure metrics address, `:8443`: every address, IPv4 and
+/// IPv6 (see [`crate::serve::bind`]).
 pub const DEFAULT_SECURE_BIND: SocketAddr =
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8443);
+    SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 8443);
 /// How long an authentication/authorization decision is reused for the same token.
 pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(10);
 /// At most this many cached decisions are kept.
@@ -83,7 +84,8 @@ impl Default for MetricsServerConfig {
 
 impl MetricsServerConfig {
     /// Parses controller-runtime's address syntax: `"0"` → disabled, `":8443"` →
-    /// `0.0.0.0:8443`, `"127.0.0.1:0"`, `"[::1]:8080"`, `"localhost:8080"`.
+    /// `[::]:8443` (every address, IPv4 and IPv6; IPv4 only on a host without IPv6),
+    /// `"127.0.0.1:0"`, `"[::1]:8080"`, `"localhost:8080"`.
     pub fn parse_bind(s: &str) -> Result<Option<SocketAddr>, Error> {
         parse_bind_address(s)
     }
@@ -98,10 +100,7 @@ pub fn parse_bind_address(s: &str) -> Result<Option<SocketAddr>, Error> {
     }
     if let Some(port) = s.strip_prefix(':') {
         let port: u16 = port.parse().map_err(|_| bad())?;
-        return Ok(Some(SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            port,
-        )));
+        return Ok(Some(crate::serve::any_address(port)));
     }
     if let Ok(addr) = s.parse::<SocketAddr>() {
         return Ok(Some(addr));
@@ -606,9 +605,7 @@ impl MetricsServer {
         } else {
             (None, None)
         };
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| Error::Bind { addr, source })?;
+        let listener = crate::serve::bind(addr).map_err(|source| Error::Bind { addr, source })?;
         Ok(Some(Self {
             listener,
             tls,

@@ -269,7 +269,7 @@ fn parses_controller_runtime_addresses() {
     assert_eq!(parse_bind_address("0").unwrap(), None);
     assert_eq!(
         parse_bind_address(":8443").unwrap(),
-        Some("0.0.0.0:8443".parse().unwrap())
+        Some("[::]:8443".parse().unwrap())
     );
     assert_eq!(
         parse_bind_address("127.0.0.1:0").unwrap(),
@@ -594,4 +594,48 @@ async fn stalled_clients_beyond_the_cap_are_disconnected() {
     );
     assert_eq!(closed, (4, 4), "stalled connections closed by the server");
     srv.stop().await;
+}
+
+/// Whether this host can use IPv6 loopback.
+fn host_has_ipv6() -> bool {
+    std::net::TcpListener::bind("[::1]:0").is_ok()
+}
+
+/// `:PORT` listens on every address, IPv4 and IPv6 alike (as controller-runtime's `:8443`
+/// does), so a scraper reaches the server over 127.0.0.1 and over [::1]; on a host without
+/// IPv6 it falls back to IPv4 only.
+#[tokio::test]
+async fn any_address_is_reached_over_ipv4_and_ipv6() {
+    let config = MetricsServerConfig {
+        bind: parse_bind_address(":0").unwrap(),
+        secure: false,
+        cert_dir: None,
+    };
+    let shutdown = CancellationToken::new();
+    let server = MetricsServer::bind(&config, None, &shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+    let local = server.local_addr().unwrap();
+    let task = tokio::spawn(server.run(Metrics::new(), shutdown.clone()));
+    let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), local.port());
+    assert_eq!(test_http::get(v4, "/metrics", &[]).await.status, 200);
+    if host_has_ipv6() {
+        let v6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), local.port());
+        let stream = tokio::net::TcpStream::connect(v6).await;
+        assert!(stream.is_ok(), "[::1] refused: {stream:?}");
+        assert_eq!(test_http::get(v6, "/metrics", &[]).await.status, 200);
+    } else {
+        assert_eq!(
+            local.ip(),
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            "IPv4 fallback"
+        );
+    }
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

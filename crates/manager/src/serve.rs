@@ -5,8 +5,12 @@
 //! handshake, and a deadline for each request's header, which also closes a connection
 //! left idle between requests. Connections are hyper's (HTTP/1.1), timed by hyper-util's
 //! Tokio timer and shut down gracefully with hyper-util's `GracefulShutdown`.
+//!
+//! [`bind`] makes the listeners: the unspecified IPv6 address (`[::]`, what `:PORT`
+//! means) listens on IPv4 and IPv6 alike, falling back to IPv4 only on a host without IPv6.
 
-use std::net::SocketAddr;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +48,59 @@ impl Default for ConnectionLimits {
             tls_handshake_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// Every address of the host, IPv4 and IPv6, on `port`: what `:PORT` means (see [`bind`]).
+pub fn any_address(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port)
+}
+
+/// Listens on `addr`. The unspecified IPv6 address ([`any_address`]) gets one dual-stack
+/// socket, reached over IPv4 and IPv6 whatever the host's `net.ipv6.bindv6only`; on a host
+/// without IPv6 it falls back to `0.0.0.0` (an address in use or a port not allowed is
+/// an error all the same). Any other address is bound as it is. Needs a Tokio runtime.
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    bind_with(addr, dual_stack)
+}
+
+fn bind_with(
+    addr: SocketAddr,
+    dual_stack: impl FnOnce(SocketAddr) -> io::Result<std::net::TcpListener>,
+) -> io::Result<TcpListener> {
+    let listener = if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) {
+        match dual_stack(addr) {
+            Ok(listener) => listener,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                return Err(err);
+            }
+            Err(err) => {
+                let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), addr.port());
+                tracing::info!(%err, %addr, fallback = %v4, "no IPv6 on this host, listening on IPv4 only");
+                std::net::TcpListener::bind(v4)?
+            }
+        }
+    } else {
+        std::net::TcpListener::bind(addr)?
+    };
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
+}
+
+fn dual_stack(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_only_v6(false)?;
+    // As std and Tokio do on Unix: a restarted server can bind a port in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 /// Serves `router` on `listener` (over TLS when `tls` is given) within `limits` until
@@ -145,6 +202,45 @@ mod tests {
 
     use super::*;
     use crate::test_http;
+
+    fn refused(addr: SocketAddr) -> bool {
+        std::net::TcpStream::connect(addr).is_err()
+    }
+
+    /// `any_address(0)` is reached over 127.0.0.1 and, on a host with IPv6, over [::1].
+    #[tokio::test]
+    async fn any_address_listens_on_ipv4_and_ipv6() {
+        let listener = bind(any_address(0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(!refused(SocketAddr::from(([127, 0, 0, 1], port))));
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            assert!(!refused(SocketAddr::from((Ipv6Addr::LOCALHOST, port))));
+        } else {
+            assert_eq!(listener.local_addr().unwrap().ip(), Ipv4Addr::UNSPECIFIED);
+        }
+        // A given address is bound as it is: IPv4 only.
+        let v4 = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let port = v4.local_addr().unwrap().port();
+        assert!(refused(SocketAddr::from((Ipv6Addr::LOCALHOST, port))));
+    }
+
+    /// Where IPv6 sockets cannot be made, `any_address` falls back to every IPv4 address;
+    /// a port already in use is an error, not a fallback.
+    #[tokio::test]
+    async fn without_ipv6_any_address_falls_back_to_ipv4() {
+        let no_ipv6 = |_| Err(io::Error::from_raw_os_error(97)); // EAFNOSUPPORT
+        let listener = bind_with(any_address(0), no_ipv6).unwrap();
+        let local = listener.local_addr().unwrap();
+        assert_eq!(local.ip(), Ipv4Addr::UNSPECIFIED);
+        assert!(!refused(SocketAddr::from(([127, 0, 0, 1], local.port()))));
+
+        let in_use = |_| Err(io::Error::from(io::ErrorKind::AddrInUse));
+        let err = bind_with(any_address(0), in_use).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        let taken = bind(any_address(0)).unwrap();
+        let err = bind(taken.local_addr().unwrap()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    }
 
     /// With the cap reached by clients that send nothing (and a header deadline too long
     /// to matter), a further client's request waits unanswered; it is served as soon as

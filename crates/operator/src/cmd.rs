@@ -295,8 +295,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     health.set_ready("informers-synced", false);
     let mut servers = Vec::new();
     if let Some(addr) = probe_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
+        let listener = manager::serve::bind(addr)
             .map_err(|e| RunError::Probes(format!("cannot listen on {addr}: {e}")))?;
         let (health, shutdown) = (health.clone(), shutdown.clone());
         servers.push(tokio::spawn(async move {
@@ -322,7 +321,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     if args.enable_webhooks {
         // Every replica serves the webhooks, leader or not (as controller-runtime does).
         let config = WebhookConfig {
-            bind: SocketAddr::from(([0, 0, 0, 0], args.webhook_port)),
+            bind: manager::serve::any_address(args.webhook_port),
             cert_dir: args.webhook_cert_dir.clone(),
             default_image: args.memcached_image.clone(),
         };

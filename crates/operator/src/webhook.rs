@@ -21,7 +21,7 @@
 //!   body whose `response.status.message` says what is wrong. Nothing here panics on input.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -81,7 +81,8 @@ const MAX_QUOTED: usize = 120;
 /// Where and how the webhooks are served.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WebhookConfig {
-    /// Address to listen on (`0.0.0.0:9443` by default).
+    /// Address to listen on (`[::]:9443` by default: every address, IPv4 and IPv6; IPv4
+    /// only on a host without IPv6).
     pub bind: SocketAddr,
     /// Directory holding `tls.crt` and `tls.key` (a cert-manager Secret mounted there).
     pub cert_dir: PathBuf,
@@ -93,7 +94,7 @@ pub struct WebhookConfig {
 impl Default for WebhookConfig {
     fn default() -> Self {
         Self {
-            bind: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), DEFAULT_PORT),
+            bind: manager::serve::any_address(DEFAULT_PORT),
             cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
             default_image: memcached_api::DEFAULT_IMAGE.to_string(),
         }
@@ -175,13 +176,10 @@ impl WebhookServer {
                 reason,
             }
         })?;
-        let listener =
-            TcpListener::bind(config.bind)
-                .await
-                .map_err(|source| WebhookError::Bind {
-                    addr: config.bind,
-                    source,
-                })?;
+        let listener = manager::serve::bind(config.bind).map_err(|source| WebhookError::Bind {
+            addr: config.bind,
+            source,
+        })?;
         Ok(Self {
             listener,
             certs,

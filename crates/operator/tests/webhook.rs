@@ -932,6 +932,60 @@ async fn stalled_clients_beyond_the_cap_are_disconnected() {
     server.shutdown().await;
 }
 
+/// The webhook server's default address listens on IPv4 and IPv6 alike: the API server
+/// reaches it over 127.0.0.1 and over [::1] (on a host without IPv6, over IPv4 only).
+#[tokio::test]
+async fn the_default_address_is_reached_over_ipv4_and_ipv6() {
+    let dir = TempDir::new("dual-stack");
+    write_cert(dir.path());
+    let default = WebhookConfig::default().bind;
+    let server = WebhookServer::bind(WebhookConfig {
+        bind: SocketAddr::new(default.ip(), 0),
+        cert_dir: dir.path().to_path_buf(),
+        ..WebhookConfig::default()
+    })
+    .await
+    .expect("webhook server binds");
+    let local = server.local_addr().expect("local addr");
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(server.run(stop.clone()));
+    let review = create(memcached("cache", json!({"size": 3})));
+    let body = serde_json::to_vec(&review).expect("encode");
+    let mut reached = vec![SocketAddr::from(([127, 0, 0, 1], local.port()))];
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        reached.push(SocketAddr::from((
+            std::net::Ipv6Addr::LOCALHOST,
+            local.port(),
+        )));
+    } else {
+        assert!(
+            local.ip().is_unspecified() && local.is_ipv4(),
+            "IPv4 fallback: {local}"
+        );
+    }
+    for addr in reached {
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_ok(),
+            "{addr} refused"
+        );
+        let reply = https(
+            addr,
+            VALIDATE_PATH,
+            "application/json",
+            body.clone(),
+            BodyMode::Length,
+        )
+        .await;
+        assert!(reply.allowed(), "{addr}: {}", reply.body);
+    }
+    stop.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("server stops on cancel")
+        .expect("server task");
+    assert!(result.is_ok(), "{result:?}");
+}
+
 #[tokio::test]
 async fn no_certificate_means_no_start_with_a_message_that_says_how_to_fix_it() {
     let dir = TempDir::new("nocert");
