@@ -281,6 +281,13 @@ fn rbac_files() -> Result<Vec<File>, Error> {
 // ---------------------------------------------------------------------------------------
 // config/manager
 
+/// How long the kubelet lets the manager stop after SIGTERM before killing it: `run`'s
+/// `--graceful-shutdown-timeout` (30 s, controller-runtime's) for reconciles in flight,
+/// then up to 2 s for the servers, the Lease's release and the exit, with room to spare.
+/// (Kubebuilder scaffolds 10 s, which cuts the 30 s short.)
+pub const TERMINATION_GRACE_PERIOD_SECONDS: u64 =
+    manager::shutdown::DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT.as_secs() + 10;
+
 /// The flags the manager Deployment passes to `memcached-operator`.
 pub fn manager_args() -> Vec<String> {
     vec![
@@ -349,7 +356,7 @@ pub fn manager_deployment() -> Result<Deployment, Error> {
                             },
                         }],
                         "serviceAccountName": SERVICE_ACCOUNT,
-                        "terminationGracePeriodSeconds": 10,
+                        "terminationGracePeriodSeconds": TERMINATION_GRACE_PERIOD_SECONDS,
                     },
                 },
             },

@@ -17,8 +17,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Api, Client};
 use memcached_operator::{manifests, webhook};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 #[path = "common/foreign_crds.rs"]
@@ -469,6 +469,50 @@ fn manager_args_parse_as_the_run_command() {
     assert_eq!(
         run.health_probe_bind_address,
         format!(":{}", manifests::HEALTH_PORT)
+    );
+}
+
+/// The kubelet kills the manager `terminationGracePeriodSeconds` after SIGTERM; the
+/// committed Deployment gives it longer than the `--graceful-shutdown-timeout` its args
+/// run with (the flag's default unless they set it) plus what `run` does after it (up to
+/// 2 s for the servers) and some margin, so a graceful shutdown is never cut short.
+#[test]
+fn the_pod_grace_period_outlasts_the_graceful_shutdown_timeout() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Run(Box<memcached_operator::cmd::RunArgs>),
+    }
+    let yaml = std::fs::read_to_string(config_dir().join("manager/manager.yaml"))
+        .expect("config/manager/manager.yaml");
+    let deployment = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|doc| Value::deserialize(doc).expect("YAML"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("a Deployment in config/manager/manager.yaml");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .map(std::time::Duration::from_secs)
+        .expect("terminationGracePeriodSeconds is set");
+    let args = pod["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("a string").to_string());
+    let cli = Cli::try_parse_from(std::iter::once("memcached-operator".to_string()).chain(args))
+        .unwrap_or_else(|e| panic!("the Deployment's args do not parse: {e}"));
+    let Sub::Run(run) = cli.command;
+    let needed = run.graceful_shutdown_timeout + std::time::Duration::from_secs(5);
+    assert!(
+        grace >= needed,
+        "terminationGracePeriodSeconds {grace:?} is shorter than --graceful-shutdown-timeout \
+         {:?} and 5s after it",
+        run.graceful_shutdown_timeout
     );
 }
 
