@@ -549,10 +549,11 @@ async fn stalled_clients_beyond_the_cap_are_disconnected() {
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // Long enough for a real handshake on a busy machine.
     let limits = ConnectionLimits {
         max_connections: 4,
         header_read_timeout: Duration::from_secs(1),
-        tls_handshake_timeout: Duration::from_secs(1),
+        tls_handshake_timeout: Duration::from_secs(5),
     };
     let shutdown = CancellationToken::new();
     let tls = webhook_tls::self_signed_server_config().unwrap();
@@ -575,8 +576,9 @@ async fn stalled_clients_beyond_the_cap_are_disconnected() {
     for i in 0..4 {
         let mut s = test_http::tls::connect(srv.addr).await;
         if i % 2 == 1 {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHo").await.unwrap();
-            s.flush().await.unwrap();
+            // The server may already have given up on it: a failed write is fine.
+            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHo").await;
+            let _ = s.flush().await;
         }
         after_handshake.push(s);
     }

@@ -181,9 +181,8 @@ pub(crate) async fn stalled(addr: SocketAddr, n: usize) -> Vec<tokio::net::TcpSt
     for i in 0..n {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         if i % 2 == 1 {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: loc")
-                .await
-                .unwrap();
+            // The server may already have given up on it: a failed write is fine.
+            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: loc").await;
         }
         conns.push(s);
     }

@@ -893,10 +893,11 @@ async fn closed_by_server<S: AsyncRead + Unpin>(conns: Vec<S>, within: Duration)
 /// by the server, and the API server's review is answered all the same.
 #[tokio::test]
 async fn stalled_clients_beyond_the_cap_are_disconnected() {
+    // A handshake deadline long enough for a real handshake on a busy machine.
     let server = Server::start_with(ConnectionLimits {
         max_connections: 4,
         header_read_timeout: Duration::from_secs(1),
-        tls_handshake_timeout: Duration::from_secs(1),
+        tls_handshake_timeout: Duration::from_secs(5),
     })
     .await;
     let mut no_handshake = Vec::new();
@@ -911,10 +912,11 @@ async fn stalled_clients_beyond_the_cap_are_disconnected() {
     for i in 0..4 {
         let mut s = tls_connect(server.addr).await;
         if i % 2 == 1 {
-            s.write_all(format!("POST {VALIDATE_PATH} HTTP/1.1\r\nHost: lo").as_bytes())
-                .await
-                .expect("write");
-            s.flush().await.expect("flush");
+            // The server may already have given up on it: a failed write is fine.
+            let _ = s
+                .write_all(format!("POST {VALIDATE_PATH} HTTP/1.1\r\nHost: lo").as_bytes())
+                .await;
+            let _ = s.flush().await;
         }
         after_handshake.push(s);
     }
