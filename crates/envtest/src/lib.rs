@@ -466,8 +466,10 @@ impl ControlPlane {
                 // Each node its own pod range, from which kwok gives its pods their IPs.
                 "spec": {"podCIDR": format!("10.{}.0.0/16", 100 + i), "podCIDRs": [format!("10.{}.0.0/16", 100 + i)]},
                 "status": {
-                    "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "5000"},
-                    "capacity": {"cpu": "64", "memory": "512Gi", "pods": "5000"},
+                    // Room for benchmarks: 5,000 size-3 Memcacheds (100m CPU and ~112 MiB
+                    // each pod) on three nodes.
+                    "allocatable": {"cpu": "4000", "memory": "32Ti", "pods": "20000"},
+                    "capacity": {"cpu": "4000", "memory": "32Ti", "pods": "20000"},
                 },
             }))
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
