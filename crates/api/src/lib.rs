@@ -229,8 +229,10 @@ pub enum TopologySpread {
     /// cluster allows, and a small cluster still schedules every pod.
     #[default]
     Preferred,
-    /// Never put two pods on one node or skew zones (`DoNotSchedule`): pods stay Pending
-    /// when there are fewer nodes than pods.
+    /// Never put two pods on one node (`DoNotSchedule`): pods stay Pending when there are
+    /// fewer nodes than pods. Zones stay best effort (`ScheduleAnyway`): nodes without a
+    /// zone label cannot take a pod under a strict zone rule, so on a cluster without zones
+    /// every pod would stay Pending.
     Required,
     /// No spreading rules from the operator.
     Disabled,

@@ -99,6 +99,9 @@ pub struct Options {
     pub workloads: bool,
     /// Fake nodes, spread over zones `zone-a`, `zone-b`, `zone-c`.
     pub nodes: usize,
+    /// Whether the nodes carry zone and region labels (a cluster without them: bare metal,
+    /// most small clusters).
+    pub zones: bool,
     /// Extra flags for kube-apiserver.
     pub apiserver_args: Vec<String>,
     /// Where the binaries are, instead of [`bin_root`].
@@ -111,6 +114,7 @@ impl Options {
             kube,
             workloads: true,
             nodes: 3,
+            zones: true,
             apiserver_args: Vec::new(),
             bin_root: None,
         }
@@ -404,7 +408,7 @@ impl ControlPlane {
                     format!("--server-address=127.0.0.1:{kwok_port}"),
                 ],
             )?;
-            cp.create_nodes(&client, opts.nodes).await?;
+            cp.create_nodes(&client, opts.nodes, opts.zones).await?;
             cp.wait_workloads_ready(&client, opts.nodes, begin).await?;
         }
         cp.started_in = begin.elapsed();
@@ -447,7 +451,7 @@ impl ControlPlane {
         }
     }
 
-    async fn create_nodes(&self, client: &Client, n: usize) -> Result<(), Error> {
+    async fn create_nodes(&self, client: &Client, n: usize, zones: bool) -> Result<(), Error> {
         let nodes: Api<Node> = Api::all(client.clone());
         for i in 0..n {
             let zone = ["zone-a", "zone-b", "zone-c"][i % 3];
@@ -473,6 +477,10 @@ impl ControlPlane {
                 },
             }))
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+            let mut node = node;
+            if !zones && let Some(labels) = node.metadata.labels.as_mut() {
+                labels.retain(|k, _| !k.starts_with("topology.kubernetes.io/"));
+            }
             nodes.create(&PostParams::default(), &node).await?;
         }
         Ok(())

@@ -243,12 +243,16 @@ fn restricted(uid: i64) -> SecurityContext {
 }
 
 fn spread_constraints(name: &str, policy: TopologySpread) -> Option<Vec<TopologySpreadConstraint>> {
-    let when = match policy {
+    // (across nodes, across zones)
+    let (nodes, zones) = match policy {
         TopologySpread::Disabled => return None,
-        TopologySpread::Preferred => "ScheduleAnyway",
-        TopologySpread::Required => "DoNotSchedule",
+        TopologySpread::Preferred => ("ScheduleAnyway", "ScheduleAnyway"),
+        // The scheduler never places a pod under a `DoNotSchedule` rule on a node that lacks
+        // the rule's key: a strict zone rule would leave every pod Pending on a cluster
+        // whose nodes carry no zone label.
+        TopologySpread::Required => ("DoNotSchedule", "ScheduleAnyway"),
     };
-    let constraint = |key: &str| TopologySpreadConstraint {
+    let constraint = |key: &str, when: &str| TopologySpreadConstraint {
         max_skew: 1,
         topology_key: key.to_string(),
         when_unsatisfiable: when.to_string(),
@@ -262,8 +266,8 @@ fn spread_constraints(name: &str, policy: TopologySpread) -> Option<Vec<Topology
         ..TopologySpreadConstraint::default()
     };
     Some(vec![
-        constraint("kubernetes.io/hostname"),
-        constraint("topology.kubernetes.io/zone"),
+        constraint("kubernetes.io/hostname", nodes),
+        constraint("topology.kubernetes.io/zone", zones),
     ])
 }
 

@@ -197,9 +197,10 @@ async fn pods_are_spread_over_nodes_and_zones_by_default(server: Server) {
         .await;
     env.apply("packed", json!({"size": 2, "topologySpread": "Disabled"}))
         .await;
+    // (hostname rule, zone rule)
     for (name, want) in [
-        ("spread", Some("ScheduleAnyway")),
-        ("strict", Some("DoNotSchedule")),
+        ("spread", Some(("ScheduleAnyway", "ScheduleAnyway"))),
+        ("strict", Some(("DoNotSchedule", "ScheduleAnyway"))),
         ("packed", None),
     ] {
         env.converged(name, 2).await;
@@ -210,10 +211,16 @@ async fn pods_are_spread_over_nodes_and_zones_by_default(server: Server) {
             .and_then(|p| p.topology_spread_constraints);
         match want {
             None => assert!(constraints.is_none(), "{name}"),
-            Some(when) => {
+            Some((nodes, zones)) => {
                 let c = constraints.expect("constraints");
+                let by_key = |key: &str| {
+                    c.iter()
+                        .find(|c| c.topology_key == key)
+                        .map(|c| c.when_unsatisfiable.clone())
+                };
                 assert_eq!(c.len(), 2, "{name}: hostname and zone");
-                assert!(c.iter().all(|c| c.when_unsatisfiable == when), "{name}");
+                assert_eq!(by_key("kubernetes.io/hostname").as_deref(), Some(nodes), "{name}");
+                assert_eq!(by_key("topology.kubernetes.io/zone").as_deref(), Some(zones), "{name}");
             }
         }
     }
@@ -625,4 +632,61 @@ async fn a_child_another_pool_controls_is_not_taken_over(server: Server) {
         "its selector untouched"
     );
 }
+}
+
+/// `topologySpread: Required` on a cluster whose nodes carry no zone label (bare metal, most
+/// small clusters): the real scheduler places every pod, one per node. A strict zone rule
+/// would leave them all Pending, since a node without the rule's key takes no pod under it.
+#[tokio::test]
+async fn required_spreading_schedules_on_a_cluster_without_zones() {
+    let cp = envtest::ControlPlane::start(envtest::Options {
+        zones: false,
+        ..envtest::Options::new(envtest::Kube::Newest)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.unwrap_or_else(|e| panic!("{e}"));
+    common::cluster::apply_crd(&client, &<Memcached as kube::CustomResourceExt>::crd()).await;
+    let ns = cp
+        .namespace("no-zones")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(controller::run(
+        client.clone(),
+        ControllerConfig {
+            namespace: Some(ns.clone()),
+            ..ControllerConfig::default()
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let api: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let mc: Memcached = serde_json::from_value(json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "strict"}, "spec": {"size": 3, "topologySpread": "Required"},
+    }))
+    .expect("Memcached");
+    api.create(&PostParams::default(), &mc)
+        .await
+        .expect("create");
+    let mc = wait_for("3 pods Running on 3 nodes without zones", || async {
+        let mc = api.get("strict").await.ok()?;
+        (mc.status.as_ref()?.ready_replicas == 3).then_some(mc)
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let mut nodes: Vec<String> = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=strict"))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.spec?.node_name)
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "one pod per node: {nodes:?}");
+    assert_eq!(mc.status.expect("status").nodes.len(), 3);
 }
