@@ -992,10 +992,17 @@ mod tests {
 
     #[test]
     fn topology_spread_by_policy() {
+        // (policy, [hostname rule, zone rule])
         let cases = [
-            (None, Some("ScheduleAnyway")),
-            (Some(TopologySpread::Preferred), Some("ScheduleAnyway")),
-            (Some(TopologySpread::Required), Some("DoNotSchedule")),
+            (None, Some(["ScheduleAnyway", "ScheduleAnyway"])),
+            (
+                Some(TopologySpread::Preferred),
+                Some(["ScheduleAnyway", "ScheduleAnyway"]),
+            ),
+            (
+                Some(TopologySpread::Required),
+                Some(["DoNotSchedule", "ScheduleAnyway"]),
+            ),
             (Some(TopologySpread::Disabled), None),
         ];
         for (policy, when) in cases {
@@ -1011,10 +1018,10 @@ mod tests {
                         keys,
                         ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
                     );
-                    assert!(
-                        c.iter()
-                            .all(|c| c.when_unsatisfiable == when && c.max_skew == 1)
-                    );
+                    let rules: Vec<&str> =
+                        c.iter().map(|c| c.when_unsatisfiable.as_str()).collect();
+                    assert_eq!(rules, when, "{policy:?}");
+                    assert!(c.iter().all(|c| c.max_skew == 1));
                     assert!(c.iter().all(|c| {
                         c.label_selector
                             .as_ref()
