@@ -91,27 +91,6 @@ fn yaml_docs_of(text: &str) -> Vec<Value> {
         .collect()
 }
 
-fn base64(bytes: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 /// Runs `cmd` to the end on a blocking thread, feeding it `stdin`.
 async fn run(mut cmd: Command, stdin: Option<String>) -> Output {
     tokio::task::spawn_blocking(move || {
@@ -662,7 +641,7 @@ fn webhook_configurations(
                 .to_string();
             hook["clientConfig"] = json!({
                 "url": format!("https://127.0.0.1:{port}{path}"),
-                "caBundle": base64(ca_pem.as_bytes()),
+                "caBundle": k8s_openapi::ByteString(ca_pem.as_bytes().to_vec()),
             });
             hook["namespaceSelector"] = json!({
                 "matchLabels": {"kubernetes.io/metadata.name": ns}
