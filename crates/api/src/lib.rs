@@ -56,6 +56,35 @@ pub const IMAGE_PATTERN: &str = concat!(
     "$"
 );
 
+/// The grammar of a Kubernetes resource quantity (`resource.Quantity`): a signed decimal
+/// number with a binary (`Ki`…`Ei`) or decimal (`m`, `k`, `M`…`E`) suffix or an integer
+/// exponent (`1e3`). controller-gen's pattern also allows a fractional exponent (`1e1.5`),
+/// which kube-apiserver's parser refuses; this one follows the parser, except that it
+/// wants a digit in the number: the parser reads `Mi`, `.` or `.e3` as 0, surely a typo (the real server is the
+/// oracle in the operator's `tests/admission_children.rs`).
+pub const QUANTITY_PATTERN: &str =
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$";
+
+/// `spec.resources`' schema: k8s-openapi's `ResourceRequirements`, with
+/// [`QUANTITY_PATTERN`] on the quantities of `requests` and `limits`, so a cluster without
+/// the webhook still refuses `memory: abc` on the Memcached itself (the API server cannot
+/// even convert such a Deployment, so nothing downstream could name the field).
+fn resources_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Option<ResourceRequirements>>();
+    for list in ["requests", "limits"] {
+        if let Some(quantity) = schema
+            .as_object_mut()
+            .and_then(|o| o.get_mut("properties"))
+            .and_then(|p| p.get_mut(list))
+            .and_then(|l| l.get_mut("additionalProperties"))
+            .and_then(|q| q.as_object_mut())
+        {
+            quantity.insert("pattern".into(), QUANTITY_PATTERN.into());
+        }
+    }
+    schema
+}
+
 /// Desired state of a Memcached pool.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -105,6 +134,7 @@ pub struct MemcachedSpec {
     /// (memory request = limit = cache + 25% + 32 MiB, so the pod is never evicted or
     /// OOM-killed for using the cache it was given; CPU request 100m, no CPU limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
 
     /// Passed through to the pods.

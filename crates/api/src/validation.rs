@@ -156,6 +156,16 @@ fn is_dns1035_chars(bytes: &[u8]) -> bool {
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
+/// Whether `value` is a resource quantity ([`crate::QUANTITY_PATTERN`]), which the API
+/// server must parse before it can check anything else of a pod template.
+pub fn is_quantity(value: &str) -> bool {
+    static PATTERN: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    PATTERN
+        .get_or_init(|| regex::Regex::new(crate::QUANTITY_PATTERN).ok())
+        .as_ref()
+        .is_some_and(|re| re.is_match(value))
+}
+
 /// Checks that `name` is a DNS-1035 label no longer than [`MAX_NAME_LENGTH`], so that the
 /// Service, Deployment and label values derived from it are valid.
 pub fn validate_name(name: &str) -> Result<(), FieldError> {
@@ -277,6 +287,25 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     }
     if let Some(config) = &spec.config {
         errors.extend(validate_config(config));
+    }
+    if let Some(resources) = &spec.resources {
+        for (list, quantities) in [
+            ("requests", &resources.requests),
+            ("limits", &resources.limits),
+        ] {
+            for (name, quantity) in quantities.iter().flatten() {
+                if !is_quantity(&quantity.0) {
+                    errors.push(FieldError::invalid(
+                        format!("spec.resources.{list}[{name}]"),
+                        &quantity.0,
+                        format!(
+                            "quantities must match the regular expression '{}'",
+                            crate::QUANTITY_PATTERN
+                        ),
+                    ));
+                }
+            }
+        }
     }
     if let Some(labels) = &spec.pod_labels {
         for key in labels

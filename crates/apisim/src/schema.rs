@@ -141,8 +141,13 @@ pub fn validate(schema: &Value, v: &Value, path: &str, root: bool, errs: &mut Ve
                     type_name(v)
                 ),
             ));
+            return;
         }
-        return;
+        // A string goes on to the string keywords below (`pattern` on a quantity), as in
+        // the real server; an integer has none to meet.
+        if !v.is_string() {
+            return;
+        }
     }
     if let Some(t) = schema["type"].as_str() {
         let ok = match t {

@@ -577,6 +577,14 @@ pub fn desired_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, BuildE
     }))
 }
 
+/// The Prometheus Operator's ServiceMonitor resource (`monitoring.coreos.com/v1`).
+pub fn service_monitor_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    )
+}
+
 /// The Prometheus Operator ServiceMonitor scraping the exporter through the client Service,
 /// when the exporter runs.
 pub fn desired_service_monitor(mc: &Memcached) -> Result<Option<serde_json::Value>, BuildError> {

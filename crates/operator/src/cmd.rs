@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::builders::BuildSettings;
+use crate::children_check::{ChildrenCheck, FailurePolicy};
 use crate::controller::{self, Caches, ControllerConfig, Telemetry};
 use crate::crd;
 use crate::webhook::{self, WebhookConfig, WebhookServer};
@@ -101,6 +102,16 @@ pub struct RunArgs {
     /// Secret here; reloaded when they change).
     #[arg(long, default_value = webhook::DEFAULT_CERT_DIR)]
     pub webhook_cert_dir: PathBuf,
+    /// Have the validating webhook ask the API server for a server-side dry run of the
+    /// Deployment, Services, PDB and ServiceMonitor a Memcached would get, and refuse it
+    /// when Kubernetes would refuse one of them (naming the Memcached's field).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub webhook_dry_run_children: bool,
+    /// What the validating webhook answers when that dry run cannot be done (the API
+    /// server does not answer in time, or forbids it): `Fail` refuses the Memcached and asks
+    /// to retry, `Ignore` admits it with a warning.
+    #[arg(long, value_enum, default_value_t = FailurePolicy::Fail)]
+    pub webhook_dry_run_failure_policy: FailurePolicy,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -325,7 +336,17 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
             cert_dir: args.webhook_cert_dir.clone(),
             default_image: args.memcached_image.clone(),
         };
-        let server = WebhookServer::bind(config).await?;
+        let mut server = WebhookServer::bind(config).await?;
+        if args.webhook_dry_run_children {
+            let settings = BuildSettings {
+                default_image: args.memcached_image.clone(),
+                default_exporter_image: args.exporter_image.clone(),
+            };
+            server = server.with_children_check(
+                ChildrenCheck::new(client.clone(), settings)
+                    .with_policy(args.webhook_dry_run_failure_policy),
+            );
+        }
         if let Ok(addr) = server.local_addr() {
             info!(%addr, "serving admission webhooks");
         }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -34,6 +34,7 @@ use crate::builders::{
     MANAGED_BY, SecretVersions,
 };
 use crate::cached::{CacheForm, CachedDeployment, CachedPdb, CachedPod, CachedService};
+use crate::children_check;
 use crate::drift::{self, NormalForm, NormalForms};
 use crate::informer::{Index, Informer};
 use crate::status::{self, Observed, ObservedPod, Problem};
@@ -244,6 +245,14 @@ pub enum Error {
         kind: &'static str,
         object: String,
         source: kube::Error,
+    },
+    /// The API server refuses the child built from the spec (the validating webhook
+    /// refuses such a Memcached; this one was admitted without it).
+    #[error("Kubernetes refuses the {kind} {object} built from the spec: {errors}")]
+    Refused {
+        kind: &'static str,
+        object: String,
+        errors: validation::ValidationErrors,
     },
     #[error("deleting {kind} {object}: {source}")]
     Delete {
@@ -626,11 +635,7 @@ async fn apply_if_changed<C: CacheForm>(
     let after = api
         .patch(&name, &params, &Patch::Apply(&desired))
         .await
-        .map_err(|source| Error::Apply {
-            kind,
-            object: format!("{namespace}/{name}"),
-            source,
-        })?;
+        .map_err(|source| apply_error(kind, &namespace, &name, source))?;
     learn_from_answer(ctx, owner, child, hash, want.as_ref(), after.live_json());
     Ok(match live {
         None => Applied::Created(after),
@@ -742,9 +747,15 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         Err(err) => {
             // Best effort: surface the failure on the object itself, unless writing the
             // status is what failed.
+            // A child Kubernetes refuses is the spec's problem, reported as the
+            // webhook's rules are.
+            let reason = match err {
+                Error::Refused { .. } => "InvalidSpec",
+                _ => "ReconcileFailed",
+            };
             if !matches!(err, Error::Status { .. }) {
                 let problem = Problem {
-                    reason: "ReconcileFailed".into(),
+                    reason: reason.into(),
                     message: err.to_string(),
                 };
                 if let Err(e) = record_problem(&ctx, &mc, problem).await {
@@ -754,7 +765,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
             ctx.publish(
                 &mc,
                 EventType::Warning,
-                "ReconcileFailed",
+                reason,
                 "Reconcile",
                 err.to_string(),
             );
@@ -1045,13 +1056,6 @@ async fn delete_if_cached<C: CacheForm>(
     }
 }
 
-fn service_monitor_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
-        "servicemonitors",
-    )
-}
-
 /// Whether the API server serves ServiceMonitors (the Prometheus Operator is installed),
 /// asked at most once per [`DISCOVERY_TTL`].
 async fn service_monitors_served(ctx: &Context) -> bool {
@@ -1077,6 +1081,25 @@ async fn service_monitors_served(ctx: &Context) -> bool {
     served
 }
 
+/// A failed apply of the child `kind` `namespace/name`: [`Error::Refused`] on the
+/// Memcached's fields when the API server says the object is wrong, else [`Error::Apply`].
+fn apply_error(kind: &'static str, namespace: &str, name: &str, source: kube::Error) -> Error {
+    if let kube::Error::Api(status) = &source
+        && let Some(errors) = children_check::refusal(kind, name, status)
+    {
+        return Error::Refused {
+            kind,
+            object: format!("{namespace}/{name}"),
+            errors,
+        };
+    }
+    Error::Apply {
+        kind,
+        object: format!("{namespace}/{name}"),
+        source,
+    }
+}
+
 /// Applies the ServiceMonitor when the exporter runs and the Prometheus Operator is
 /// installed; deletes ours when the exporter is switched off.
 async fn reconcile_service_monitor(
@@ -1090,8 +1113,11 @@ async fn reconcile_service_monitor(
     if !service_monitors_served(ctx).await {
         return Ok(());
     }
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), namespace, &service_monitor_resource());
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &builders::service_monitor_resource(),
+    );
     let err = |source| Error::Apply {
         kind: "ServiceMonitor",
         object: format!("{namespace}/{name}"),
@@ -1131,7 +1157,7 @@ async fn reconcile_service_monitor(
             let stored = api
                 .patch(name, &params, &Patch::Apply(&desired))
                 .await
-                .map_err(err)?;
+                .map_err(|source| apply_error("ServiceMonitor", namespace, name, source))?;
             let stored = serde_json::to_value(stored).ok();
             learn_from_answer(ctx, owner, child, hash, Some(&desired), stored);
             let verb = if live.is_some() { "Updated" } else { "Created" };

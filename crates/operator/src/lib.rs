@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod builders;
 pub mod cached;
+pub mod children_check;
 pub mod cmd;
 pub mod controller;
 pub mod crd;

@@ -49,6 +49,8 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::children_check::{ChildrenCheck, FailurePolicy, Verdict};
+
 /// Path of the mutating (defaulting) webhook, as Kubebuilder names it.
 pub const MUTATE_PATH: &str = "/mutate-memcached-cache-example-com-v1-memcached";
 /// Path of the validating webhook, as Kubebuilder names it.
@@ -161,6 +163,7 @@ pub struct WebhookServer {
     listener: TcpListener,
     certs: Arc<CertWatcher>,
     default_image: String,
+    children: Option<ChildrenCheck>,
     reload_interval: Duration,
     limits: ConnectionLimits,
 }
@@ -184,6 +187,7 @@ impl WebhookServer {
             listener,
             certs,
             default_image: config.default_image,
+            children: None,
             reload_interval: webhook_tls::DEFAULT_POLL_INTERVAL,
             limits: ConnectionLimits::default(),
         })
@@ -192,6 +196,13 @@ impl WebhookServer {
     /// How often the certificate files are re-read (default 5 s).
     pub fn with_reload_interval(mut self, interval: Duration) -> Self {
         self.reload_interval = interval;
+        self
+    }
+
+    /// Also dry-runs the children of every Memcached the validating webhook would admit
+    /// (see [`crate::children_check`]).
+    pub fn with_children_check(mut self, check: ChildrenCheck) -> Self {
+        self.children = Some(check);
         self
     }
 
@@ -217,7 +228,7 @@ impl WebhookServer {
         );
         let addr = self.local_addr()?;
         tracing::info!(%addr, mutate = MUTATE_PATH, validate = VALIDATE_PATH, "serving admission webhooks");
-        let app = router(self.default_image);
+        let app = router_with(self.default_image, self.children);
         manager::serve::serve(self.listener, Some(tls), app, self.limits, shutdown).await;
         watch.abort();
         Ok(())
@@ -226,17 +237,26 @@ impl WebhookServer {
 
 /// The two webhook routes, without TLS (tests call the handlers through it).
 pub fn router(default_image: impl Into<String>) -> Router {
-    let state = Arc::new(default_image.into());
+    router_with(default_image, None)
+}
+
+/// The two webhook routes, the validating one also dry-running children when `children`
+/// is given.
+pub fn router_with(default_image: impl Into<String>, children: Option<ChildrenCheck>) -> Router {
+    let state = Arc::new(HandlerState {
+        default_image: default_image.into(),
+        children,
+    });
     Router::new()
         .route(
             MUTATE_PATH,
-            post(|State(s): State<Arc<String>>, headers: HeaderMap, body: axum::body::Body| async move {
+            post(|State(s): State<Arc<HandlerState>>, headers: HeaderMap, body: axum::body::Body| async move {
                 http_handler(Endpoint::Mutate, &s, &headers, body).await
             }),
         )
         .route(
             VALIDATE_PATH,
-            post(|State(s): State<Arc<String>>, headers: HeaderMap, body: axum::body::Body| async move {
+            post(|State(s): State<Arc<HandlerState>>, headers: HeaderMap, body: axum::body::Body| async move {
                 http_handler(Endpoint::Validate, &s, &headers, body).await
             }),
         )
@@ -247,6 +267,11 @@ pub fn router(default_image: impl Into<String>) -> Router {
             )
         })
         .with_state(state)
+}
+
+struct HandlerState {
+    default_image: String,
+    children: Option<ChildrenCheck>,
 }
 
 /// Which webhook a request is for.
@@ -293,7 +318,7 @@ impl BadRequest {
 
 async fn http_handler(
     endpoint: Endpoint,
-    default_image: &str,
+    state: &HandlerState,
     headers: &HeaderMap,
     body: axum::body::Body,
 ) -> Response {
@@ -308,7 +333,15 @@ async fn http_handler(
                 ),
             )),
             Ok(Err(bad)) => Err(bad),
-            Ok(Ok(bytes)) => handle(endpoint, &bytes, default_image),
+            Ok(Ok(bytes)) => {
+                handle_checked(
+                    endpoint,
+                    &bytes,
+                    &state.default_image,
+                    state.children.as_ref(),
+                )
+                .await
+            }
         },
     };
     match result {
@@ -516,6 +549,112 @@ pub fn handle(
         Endpoint::Mutate => mutate(&review),
         Endpoint::Validate => validate(&review, default_image),
     };
+    Ok(answer(&review, endpoint, response))
+}
+
+/// [`handle`], and for an object the validating webhook admits, the dry run of its
+/// children through `children` (see [`crate::children_check`]).
+pub async fn handle_checked(
+    endpoint: Endpoint,
+    body: &[u8],
+    default_image: &str,
+    children: Option<&ChildrenCheck>,
+) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(too_large(body.len() as u64));
+    }
+    let review = decode_review(body)?;
+    let response = match endpoint {
+        Endpoint::Mutate => mutate(&review),
+        Endpoint::Validate => {
+            let response = validate(&review, default_image);
+            match children {
+                Some(check) if response.allowed => check_children(&review, response, check).await,
+                _ => response,
+            }
+        }
+    };
+    Ok(answer(&review, endpoint, response))
+}
+
+/// The validating webhook's answer `response` (an admission) amended by the dry run of the
+/// object's children: refused with the Memcached's field paths when the API server would
+/// refuse a child, and when the check cannot be done, refused or admitted with a warning
+/// as the check's failure policy says. Not checked: requests the webhook does not look
+/// at, objects being deleted, and updates that leave the spec as it was.
+async fn check_children(
+    review: &DecodedReview,
+    mut response: AdmissionResponse,
+    check: &ChildrenCheck,
+) -> AdmissionResponse {
+    let req = &review.request;
+    if !matches!(check_target(req), Ok(true)) {
+        return response;
+    }
+    let Some(object) = review.object.as_ref() else {
+        return response;
+    };
+    let Ok(mut mc) = decode_memcached(object) else {
+        return response;
+    };
+    if mc.metadata.deletion_timestamp.is_some() {
+        return response;
+    }
+    if req.operation == Operation::Update
+        && let Some(Ok(old)) = review.old_object.as_ref().map(decode_memcached)
+        && old.spec == mc.spec
+    {
+        return response;
+    }
+    let mut name = object_name(req, object);
+    if name.is_empty() {
+        // Only a create with generateName whose name is not generated yet: any name of the
+        // same length is checked the same way.
+        name = format!(
+            "{}{}",
+            mc.metadata.generate_name.as_deref().unwrap_or("memcached-"),
+            "0".repeat(validation::GENERATED_SUFFIX_LENGTH)
+        );
+    }
+    mc.metadata.name = Some(name.clone());
+    if mc
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        mc.metadata.namespace = req.namespace.clone();
+    }
+    match check.check(&mc).await {
+        Verdict::Accepted => response,
+        Verdict::Refused(errors) => deny_invalid(req, &name, &errors),
+        Verdict::Unchecked(why) => match check.policy() {
+            FailurePolicy::Fail => {
+                let message = format!(
+                    "the children of Memcached {name:?} could not be checked with the API server, so it was not admitted; retry: {why}"
+                );
+                tracing::warn!(%name, namespace = req.namespace.as_deref().unwrap_or(""), reason = %why, "refused a Memcached whose children could not be checked");
+                response.allowed = false;
+                response.result = Status::failure(&message, "ServiceUnavailable").with_code(503);
+                response
+            }
+            FailurePolicy::Ignore => {
+                tracing::warn!(%name, namespace = req.namespace.as_deref().unwrap_or(""), reason = %why, "admitted a Memcached whose children could not be checked");
+                response.warnings.get_or_insert_with(Vec::new).push(format!(
+                    "the Deployment and Services of {name:?} were not checked with the API server ({why}); if Kubernetes refuses them, the Memcached's Degraded condition will say why"
+                ));
+                response
+            }
+        },
+    }
+}
+
+fn answer(
+    review: &DecodedReview,
+    endpoint: Endpoint,
+    response: AdmissionResponse,
+) -> AdmissionReview<DynamicObject> {
     tracing::debug!(
         uid = %review.request.uid,
         operation = ?review.request.operation,
@@ -525,7 +664,7 @@ pub fn handle(
         allowed = response.allowed,
         "admission review"
     );
-    Ok(response.into_review())
+    response.into_review()
 }
 
 /// Whether the request is about what this webhook admits, else the denial.

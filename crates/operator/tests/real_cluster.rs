@@ -32,7 +32,9 @@ use memcached_api::{Memcached, condition};
 use serde_json::{Value, json};
 
 mod common;
-use common::bad_inputs::{memcached, schema_passes_operator_refuses, schema_rejects};
+use common::bad_inputs::{
+    children_refused, memcached, schema_passes_operator_refuses, schema_rejects,
+};
 use common::cluster::apply_crd;
 use common::process::{Operator, TempDir, free_port};
 use common::{foreign_crds, wait_for_within};
@@ -51,27 +53,6 @@ const CONVERGE: Duration = Duration::from_secs(90);
 /// The webhooks' names in `config/webhook/manifests.yaml`, as the API server quotes them.
 const MUTATING_WEBHOOK: &str = "mmemcached-v1.kb.io";
 const VALIDATING_WEBHOOK: &str = "vmemcached-v1.kb.io";
-
-/// Runs one scenario on the real control plane at both pinned versions:
-/// `NAME::kube_oldest` and `NAME::kube_newest`.
-macro_rules! on_both_versions {
-    ($(#[$meta:meta])* async fn $name:ident($kube:ident: Kube) $body:block) => {
-        $(#[$meta])*
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-            async fn scenario($kube: Kube) $body
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn kube_oldest() {
-                scenario(Kube::Oldest).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn kube_newest() {
-                scenario(Kube::Newest).await
-            }
-        }
-    };
-}
 
 fn config_dir() -> PathBuf {
     envtest::repo_root().join("config")
@@ -764,6 +745,26 @@ async fn webhooks_registered_in_the_api_server_refuse_bad_memcacheds(kube: Kube)
         );
         assert_eq!(code, 422, "{name}: {message}");
         assert!(message.contains(field), "{name}: {field} not in {message}");
+    }
+
+    // What Kubernetes would refuse in the children (issue: `memory: abc`, a toleration
+    // `operator: Bogus`, …): refused by the validating webhook, which dry-runs the
+    // Deployment and Services it would create, on the Memcached's own field.
+    for (name, spec, field, words) in children_refused() {
+        let (code, message) = refusal(
+            name,
+            create_raw(&api, &ns, &memcached(name, spec), false).await,
+        );
+        println!("{kube:?} children {name}: {code} {message}");
+        assert!(
+            message.contains(&format!(
+                "admission webhook \"{VALIDATING_WEBHOOK}\" denied the request"
+            )),
+            "{name}: not the validating webhook's refusal: {message}"
+        );
+        assert_eq!(code, 422, "{name}: {message}");
+        assert!(message.contains(field), "{name}: {field} not in {message}");
+        assert!(message.contains(words), "{name}: {words:?} not in {message}");
     }
 
     // What the CRD schema (or the server's own checks) rejects: refused, the field named,

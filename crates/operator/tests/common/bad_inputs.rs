@@ -26,6 +26,15 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
     wrong_version["apiVersion"] = json!("memcached.cache.example.com/v2");
     vec![
         (
+            "unparseable quantity",
+            memcached(
+                "qty",
+                json!({"size": 1, "resources": {"requests": {"memory": "abc"}}}),
+            ),
+            422,
+            vec!["spec.resources.requests.memory", "should match"],
+        ),
+        (
             "negative size",
             memcached("neg", json!({"size": -1})),
             422,
@@ -226,6 +235,92 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             "image-id".into(),
             json!({"size": 2, "image": SHA}),
             "spec.image",
+        ),
+    ]
+}
+
+/// Memcacheds that the CRD schema and the operator's own rules let through but whose
+/// children Kubernetes refuses: fields passed through to the pods, checked by the API
+/// server's rules for the Deployment. Each names the Memcached's field the refusal must be
+/// reported on and words of the API server's own message.
+pub fn children_refused() -> Vec<(&'static str, Value, &'static str, &'static str)> {
+    let required_node_term = |expression: Value| {
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [expression]}]}}})
+    };
+    vec![
+        (
+            "cpu-over-limit",
+            json!({"size": 1, "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}),
+            "spec.resources.requests",
+            "must be less than or equal to cpu limit",
+        ),
+        (
+            "toleration-bogus",
+            json!({"size": 1, "tolerations": [{"key": "k", "operator": "Bogus", "value": "v"}]}),
+            "spec.tolerations[0].operator",
+            "Unsupported value: \"Bogus\"",
+        ),
+        (
+            "toleration-exists-value",
+            json!({"size": 1, "tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
+            "spec.tolerations[0].operator",
+            "must be empty",
+        ),
+        (
+            "toleration-effect",
+            json!({"size": 1, "tolerations": [{"key": "k", "operator": "Exists", "effect": "Sometimes"}]}),
+            "spec.tolerations[0].effect",
+            "Unsupported value: \"Sometimes\"",
+        ),
+        (
+            "memory-negative",
+            json!({"size": 1, "resources": {"limits": {"memory": "-1Gi"}}}),
+            "spec.resources.limits[memory]",
+            "must be greater than or equal to 0",
+        ),
+        (
+            "resource-name",
+            json!({"size": 1, "resources": {"requests": {"bogus": "1"}}}),
+            "spec.resources.requests[bogus]",
+            "must be a standard resource",
+        ),
+        (
+            "node-selector-value",
+            json!({"size": 1, "nodeSelector": {"disk": "fast ssd!"}}),
+            "spec.nodeSelector",
+            "a valid label must be",
+        ),
+        (
+            "pod-label-key",
+            json!({"size": 1, "podLabels": {"bad key!": "x"}}),
+            "spec.podLabels",
+            "name part must consist of",
+        ),
+        (
+            "pod-annotation-key",
+            json!({"size": 1, "podAnnotations": {"a/b/c": "x"}}),
+            "spec.podAnnotations",
+            "must consist of alphanumeric characters",
+        ),
+        (
+            "affinity-operator",
+            json!({"size": 1, "affinity": required_node_term(json!({"key": "zone", "operator": "Near", "values": ["a"]}))}),
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator",
+            "\"Near\"",
+        ),
+        (
+            "affinity-topology-key",
+            json!({"size": 1, "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": ""}]}}}),
+            "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey",
+            "Required value",
+        ),
+        (
+            "priority-class",
+            json!({"size": 1, "priorityClassName": "Not_A_Name"}),
+            "spec.priorityClassName",
+            "a lowercase RFC 1123 subdomain",
         ),
     ]
 }

@@ -152,3 +152,26 @@ macro_rules! on_every_server {
         }
     };
 }
+
+/// Runs one scenario on the real control plane only, at both pinned versions:
+/// `NAME::kube_oldest` and `NAME::kube_newest` (for what the in-memory server cannot
+/// show: RBAC, admission webhooks called by the API server, the server's own validation).
+#[macro_export]
+macro_rules! on_both_versions {
+    ($(#[$meta:meta])* async fn $name:ident($kube:ident: Kube) $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            async fn scenario($kube: Kube) $body
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn kube_oldest() {
+                scenario(Kube::Oldest).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn kube_newest() {
+                scenario(Kube::Newest).await
+            }
+        }
+    };
+}

@@ -1,0 +1,338 @@
+//! The validating webhook refuses every Memcached whose children Kubernetes would refuse:
+//! it builds the Deployment, Services, PDB and ServiceMonitor the reconciler would apply
+//! and asks the API server for a server-side dry run of each (`children_check`). The real
+//! kube-apiserver is the oracle for what is refused; these tests check that each refusal
+//! reaches the user on the Memcached's own field, that nothing is stored, that good objects
+//! still pass, and what the webhook answers when the API server cannot be asked.
+//!
+//! Through the API server with the webhooks registered: `real_cluster.rs`. The reconciler's
+//! `Degraded` path for objects admitted while the webhook was off: below.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use envtest::{ControlPlane, Kube};
+use http::Request;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::{Api, Client, CustomResourceExt};
+use memcached_api::{Memcached, condition};
+use memcached_operator::builders::BuildSettings;
+use memcached_operator::children_check::{ChildrenCheck, FailurePolicy};
+use memcached_operator::controller::{self, Backoff, ControllerConfig};
+use memcached_operator::webhook::{self, VALIDATE_PATH};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+mod common;
+use common::bad_inputs::{children_refused, memcached};
+use common::cluster::apply_crd;
+use common::wait_for_within;
+
+fn review(operation: &str, ns: &str, object: &Value, old: Option<&Value>) -> Value {
+    let mut object = object.clone();
+    object["metadata"]["namespace"] = json!(ns);
+    object["metadata"]["uid"] = json!("6a0e4bd1-0000-4000-8000-000000000001");
+    let name = object["metadata"]["name"].clone();
+    let mut request = json!({
+        "uid": "review-1",
+        "kind": {"group": "memcached.cache.example.com", "version": "v1", "kind": "Memcached"},
+        "resource": {"group": "memcached.cache.example.com", "version": "v1", "resource": "memcacheds"},
+        "operation": operation,
+        "namespace": ns,
+        "name": name,
+        "userInfo": {"username": "someone"},
+        "object": object,
+    });
+    if let Some(old) = old {
+        let mut old = old.clone();
+        old["metadata"]["namespace"] = json!(ns);
+        request["oldObject"] = old;
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+}
+
+/// POSTs `review` to the validating webhook's route, as the API server does, and returns
+/// the AdmissionReview's `response`.
+async fn call(app: &Router, review: &Value) -> Value {
+    let request = Request::post(VALIDATE_PATH)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(review.to_string()))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("answered");
+    assert_eq!(
+        response.status(),
+        200,
+        "HTTP status of the webhook's answer"
+    );
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    let answer: Value = serde_json::from_slice(&body).expect("JSON");
+    answer["response"].clone()
+}
+
+fn router(check: ChildrenCheck) -> Router {
+    webhook::router_with(memcached_api::DEFAULT_IMAGE, Some(check))
+}
+
+async fn setup(kube: Kube, test: &str) -> (&'static ControlPlane, Client, String) {
+    let cp = ControlPlane::shared(kube).unwrap_or_else(|e| panic!("{e}"));
+    let ns = cp
+        .namespace(test)
+        .await
+        .unwrap_or_else(|e| panic!("namespace: {e}"));
+    let client = cp.client().await.unwrap_or_else(|e| panic!("{e}"));
+    apply_crd(&client, &Memcached::crd()).await;
+    (cp, client, ns)
+}
+
+on_both_versions! {
+/// The table of pass-through fields Kubernetes refuses in a Deployment: each is refused by
+/// the webhook with code 422, on the Memcached's field path, in the API server's words; a
+/// Memcached using every one of those fields correctly is admitted; nothing is stored.
+async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: Kube) {
+    let (_cp, client, ns) = setup(kube, "children-table").await;
+    let app = router(ChildrenCheck::new(client.clone(), BuildSettings::default()));
+    let mut elapsed = Vec::new();
+    for (name, spec, field, words) in children_refused() {
+        let object = memcached(name, spec);
+        let started = Instant::now();
+        let response = call(&app, &review("CREATE", &ns, &object, None)).await;
+        elapsed.push(started.elapsed());
+        println!("{kube:?} {name}: {}", response["status"]["message"]);
+        assert_eq!(response["allowed"], false, "{name}: {response}");
+        assert_eq!(response["status"]["code"], 422, "{name}: {response}");
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("Memcached.memcached.cache.example.com \"{name}\" is invalid: ")),
+            "{name}: {message}"
+        );
+        let causes = response["status"]["details"]["causes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            causes.iter().any(|c| c["field"].as_str().is_some_and(|f| f.starts_with(field))
+                && c["message"].as_str().is_some_and(|m| m.contains(words))),
+            "{name}: no cause on {field} saying {words:?}: {causes:?}"
+        );
+        assert!(
+            message.contains(field) && message.contains(words),
+            "{name}: {message}"
+        );
+    }
+    elapsed.sort();
+    println!(
+        "{kube:?}: {} reviews with dry runs, median {:?}, max {:?}",
+        elapsed.len(),
+        elapsed[elapsed.len() / 2],
+        elapsed[elapsed.len() - 1]
+    );
+
+    // Every pass-through field, well used, with the exporter (so the ServiceMonitor, not
+    // served on this cluster, is skipped as the reconciler skips it) and a PDB (size 3).
+    let good = memcached("good", json!({
+        "size": 3,
+        "resources": {"requests": {"memory": "200Mi", "cpu": "250m"}, "limits": {"memory": "200Mi"}},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "cache", "effect": "NoSchedule"},
+                        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a", "zone-b"]}]}]}}},
+        "priorityClassName": "high-priority",
+        "podLabels": {"team": "cache"},
+        "podAnnotations": {"example.com/owner": "cache team"},
+        "exporter": {"enabled": true},
+    }));
+    let response = call(&app, &review("CREATE", &ns, &good, None)).await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // Dry runs store nothing.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let lp = ListParams::default();
+    assert!(deployments.list(&lp).await.expect("list").items.is_empty());
+    assert!(services.list(&lp).await.expect("list").items.is_empty());
+
+    // An update that breaks the pods is refused; one that leaves the spec as it was is
+    // not checked again (a Memcached admitted while the webhook was off can still have its
+    // labels or finalizers edited).
+    let (_, bad_spec, field, _) = children_refused()
+        .into_iter()
+        .find(|(name, ..)| *name == "toleration-bogus")
+        .expect("in the table");
+    let bad = memcached("good", bad_spec);
+    let response = call(&app, &review("UPDATE", &ns, &bad, Some(&good))).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(response["status"]["message"].as_str().unwrap_or_default().contains(field));
+    let mut relabelled = bad.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "cache"});
+    let response = call(&app, &review("UPDATE", &ns, &relabelled, Some(&bad))).await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+}
+
+on_both_versions! {
+/// When the dry run cannot be done, the answer follows the failure policy and comes
+/// within the API server's wait: an API server that never answers, and an identity that
+/// may not patch Deployments, are refused under `Fail` with the reason (HTTP 503 in the
+/// answer, so the user retries) and admitted with a warning under `Ignore`.
+async fn without_an_answer_from_the_api_server_the_failure_policy_decides(kube: Kube) {
+    let (cp, _client, ns) = setup(kube, "children-unchecked").await;
+    let object = memcached("cache", json!({"size": 2}));
+    let create = review("CREATE", &ns, &object, None);
+
+    // A server that accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let config = kube::Config::new(url.parse().expect("url"));
+    let hanging = Client::try_from(config).expect("client");
+    let budget = Duration::from_millis(500);
+    let check = ChildrenCheck::new(hanging, BuildSettings::default()).with_budget(budget);
+
+    let started = Instant::now();
+    let response = call(&router(check.clone()), &create).await;
+    let took = started.elapsed();
+    println!("{kube:?} silent server, Fail: {took:?}: {response}");
+    assert!(
+        took < Duration::from_secs(webhook::TIMEOUT_SECONDS as u64),
+        "answered within the API server's wait: {took:?}"
+    );
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 503, "{response}");
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("could not be checked") && message.contains("retry"), "{message}");
+    assert!(message.contains("within 500 ms"), "{message}");
+
+    let response = call(&router(check.with_policy(FailurePolicy::Ignore)), &create).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings = response["warnings"].to_string();
+    assert!(warnings.contains("were not checked"), "{warnings}");
+    held.abort();
+
+    // An identity without RBAC for the dry run: the API server's 403, named.
+    let nobody = cp
+        .client_as("system:serviceaccount:default:nobody", &[])
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check = ChildrenCheck::new(nobody, BuildSettings::default());
+    let response = call(&router(check.clone()), &create).await;
+    println!("{kube:?} forbidden, Fail: {response}");
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("forbidden") && message.contains("config/rbac"), "{message}");
+    let response = call(&router(check.with_policy(FailurePolicy::Ignore)), &create).await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+}
+
+on_both_versions! {
+/// What the webhook now refuses, created while it is off (or before it was installed):
+/// the reconciler reports `Degraded` on the Memcached's own field, with the API server's
+/// words, and keeps converging the valid pool beside it.
+async fn admitted_while_the_webhook_was_off_the_reconciler_reports_degraded(kube: Kube) {
+    let (_cp, client, ns) = setup(kube, "children-degraded").await;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<Memcached>(&()));
+    let table = children_refused();
+    let chosen: Vec<_> = table
+        .iter()
+        .filter(|(name, ..)| ["toleration-bogus", "node-selector-value", "cpu-over-limit"].contains(name))
+        .collect();
+    let mut objects: Vec<Value> = chosen.iter().map(|(name, spec, ..)| memcached(name, spec.clone())).collect();
+    objects.push(memcached("good", json!({"size": 2})));
+    for object in &objects {
+        let mut object = object.clone();
+        object["metadata"]["namespace"] = json!(ns);
+        let obj: DynamicObject = serde_json::from_value(object).expect("object");
+        api.create(&PostParams::default(), &obj).await.expect("no webhook: created");
+    }
+    let config = ControllerConfig {
+        namespace: Some(ns.clone()),
+        backoff: Backoff { base: Duration::from_millis(200), cap: Duration::from_secs(2) },
+        ..ControllerConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(controller::run(client.clone(), config, async {
+        let _ = stopped.await;
+    }));
+    let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    for (name, _, field, words) in &chosen {
+        let mc = wait_for_within(&format!("Degraded on {name}"), Duration::from_secs(60), || async {
+            let mc = memcacheds.get(name).await.ok()?;
+            (mc.condition(condition::DEGRADED)?.status == "True").then_some(mc)
+        })
+        .await;
+        let degraded = mc.condition(condition::DEGRADED).expect("condition");
+        println!("{kube:?} {name}: {} {}", degraded.reason, degraded.message);
+        assert_eq!(degraded.reason, "InvalidSpec", "{name}: {}", degraded.message);
+        assert!(
+            degraded.message.contains(field) && degraded.message.contains(words),
+            "{name}: {field} / {words:?} not in {:?}",
+            degraded.message
+        );
+    }
+    wait_for_within("good converges", Duration::from_secs(90), || async {
+        let mc = memcacheds.get("good").await.ok()?;
+        (mc.status.as_ref()?.nodes.len() == 2 && mc.condition(condition::AVAILABLE)?.status == "True")
+            .then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the controller stops")
+        .expect("no panic");
+}
+}
+
+on_both_versions! {
+/// The quantity grammar the CRD schema and the webhook apply to `spec.resources` refuses
+/// everything the API server cannot parse: for each string, the server converts a
+/// Deployment whose memory request it is (the dry run answers anything but its 500
+/// "unable to convert") whenever `is_quantity` accepts it. The grammar is stricter on
+/// purpose in one way, and only there: a number without digits (`Mi`, `.`, `-`, `.e3`), which
+/// the server reads as 0, is refused as the typo it almost certainly is.
+async fn the_quantity_grammar_is_the_api_servers(kube: Kube) {
+    let (_cp, client, ns) = setup(kube, "quantities").await;
+    let deployments: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<Deployment>(&()));
+    let params = kube::api::PatchParams::apply("quantity-test").dry_run();
+    for quantity in [
+        "1", "0", "128Mi", "1.5Gi", "100m", "1e3", "1E3", "+1", "-1", ".5", "1.", "1e-3",
+        "2Ki", "3k", "1.5e1", "1e1.5", "1e+3", "1E-2", "1e", "1.5.e3", "1n", "1u", "5Ei", "abc", "1GiB", "1 Gi", "1ki", "--1", "1e", "0x10", "", "1.2.3",
+        "Mi", "1m1", "9223372036854775807", "1Pi", "1Ei", ".", "-", "+Ki", ".e3", "-.5", "5.Mi",
+    ] {
+        let deployment = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "q"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "memcached",
+                    "resources": {"requests": {"memory": quantity}}}]}}},
+        });
+        let answer = deployments.patch("q", &params, &kube::api::Patch::Apply(&deployment)).await;
+        let parsed = match &answer {
+            Err(kube::Error::Api(s)) => !s.message.contains("unable to convert"),
+            _ => true,
+        };
+        let ours = memcached_api::validation::is_quantity(quantity);
+        let number = quantity.split(|c| "eEinumkKMGTP".contains(c)).next().unwrap_or("");
+        let digitless = !number.chars().any(|c| c.is_ascii_digit());
+        println!("{kube:?} {quantity:?}: server parses {parsed}, ours {ours}");
+        if digitless && parsed {
+            assert!(!ours, "{quantity:?}: a quantity without digits is refused");
+        } else {
+            assert_eq!(ours, parsed, "{quantity:?}: the server says {answer:?}");
+        }
+    }
+}
+}
