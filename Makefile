@@ -84,15 +84,37 @@ demo: ## Run the operator against the in-memory API server and narrate what it d
 BENCH_N ?= 100,1000,5000
 BENCH_ARGS ?=
 
+# The benchmark harness is its own binary (crates/bench); the shipped operator carries none of it.
+BENCH = target/release/bench
+
+.PHONY: bench-build
+bench-build:
+	$(CARGO) build --release -p memcached-operator -p bench
+
 .PHONY: bench
-bench: ## Benchmark (release build; not part of the tests): convergence vs raw writes, steady state, latency, memory.
-	$(CARGO) run --release -p memcached-operator -- bench --n $(BENCH_N) $(BENCH_ARGS)
+bench: bench-build ## Benchmark (release build; not part of the tests): convergence vs raw writes, steady state, latency, memory.
+	$(BENCH) operator --n $(BENCH_N) $(BENCH_ARGS)
 
 .PHONY: bench-real
-bench-real: dev-cluster ## Benchmark on the real control plane with kwok nodes (release build; starts and stops a dev-cluster): make bench-real BENCH_N=1000
+bench-real: bench-build dev-cluster ## Benchmark on the real control plane with kwok nodes (release build; starts and stops a dev-cluster): make bench-real BENCH_N=1000
 	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) apply --server-side -k config/crd
 	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established crd/memcacheds.memcached.cache.example.com
-	$(CARGO) run --release -p memcached-operator -- bench --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(BENCH_N) $(BENCH_ARGS); \
+	$(BENCH) operator --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(BENCH_N) $(BENCH_ARGS); \
+	  status=$$?; $(MAKE) -s dev-cluster-down; exit $$status
+
+# Sizes of the side-by-side benchmark: make bench-side-by-side SBS_N=100,1000 SBS_ARGS="--runs 3"
+SBS_N ?= 100,1000
+SBS_ARGS ?=
+
+.PHONY: bench-peer
+bench-peer: ## Build the seeds' Go operator used as the benchmark peer (bench/peer, Go).
+	bench/peer/build.sh
+
+.PHONY: bench-side-by-side
+bench-side-by-side: bench-build bench-peer dev-cluster ## The operator and the seeds' Go operator side by side on the real control plane (release build; starts and stops a dev-cluster).
+	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) apply --server-side -k config/crd
+	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established crd/memcacheds.memcached.cache.example.com
+	$(BENCH) side-by-side --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(SBS_N) $(SBS_ARGS); \
 	  status=$$?; $(MAKE) -s dev-cluster-down; exit $$status
 
 ##@ Build

@@ -2,7 +2,6 @@
 //! computation (pure) and the controller that applies them, plus the `demo` that runs it all
 //! against the in-memory API server.
 
-pub mod bench;
 pub mod builders;
 pub mod cached;
 pub mod children_check;

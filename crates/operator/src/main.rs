@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use memcached_operator::{bench, cmd, crd, demo};
+use memcached_operator::{cmd, crd, demo};
 use tracing::error;
 
 #[derive(Parser, Debug)]
@@ -38,9 +38,6 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         step_timeout: u64,
     },
-    /// Measure convergence against the raw-write bound, steady-state requests, latency and
-    /// memory (starts the in-memory API server and runs this binary's `run` against it).
-    Bench(Box<bench::BenchArgs>),
 }
 
 fn init_logging(default_level: &str) {
@@ -63,7 +60,7 @@ fn main() -> ExitCode {
             runtime.worker_threads(usize::from(args.worker_threads));
             runtime
         }
-        // The benchmark runs the in-memory API server, the demo the server and the operator.
+        // The demo runs the in-memory API server and the operator.
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     let run = matches!(cli.command, Command::Run(_));
@@ -123,13 +120,6 @@ async fn command(command: Command) -> ExitCode {
                 }
             }
         }
-        Command::Bench(args) => match bench::run(*args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench failed: {e}");
-                ExitCode::FAILURE
-            }
-        },
         Command::Run(args) => match cmd::run(*args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,4 +1,4 @@
-//! `memcached-operator bench`: how fast the operator converges compared with the fewest API
+//! `bench operator`: how fast the operator converges compared with the fewest API
 //! writes that could do the same job, what it costs at rest, how quickly it reacts and how
 //! much memory it holds. Not part of the test suite; see BENCHMARKS.md for results.
 //!
@@ -34,11 +34,11 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::Memcached;
 use serde_json::json;
 
-use crate::builders::{self, BuildSettings, LABEL_MANAGED_BY, MANAGED_BY};
-use crate::cmd::parse_duration;
-use crate::status::{self, Observed};
+use memcached_operator::builders::{self, BuildSettings, LABEL_MANAGED_BY, MANAGED_BY};
+use memcached_operator::cmd::parse_duration;
+use memcached_operator::status::{self, Observed};
 
-/// Flags of `memcached-operator bench`.
+/// Flags of `bench operator`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Numbers of Memcacheds to run with (comma-separated), one full run each.
@@ -90,14 +90,14 @@ pub struct BenchArgs {
     pub timeout: Duration,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Result<T, E = BoxError> = std::result::Result<T, E>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Result<T, E = BoxError> = std::result::Result<T, E>;
 
 const SIZE: i32 = 3;
 const LATENCY_CR: &str = "latency";
 const PREFIX: &str = "bench-";
 
-fn log(msg: impl AsRef<str>) {
+pub(crate) fn log(msg: impl AsRef<str>) {
     eprintln!(
         "[bench {}] {}",
         jiff::Timestamp::now().strftime("%H:%M:%S"),
@@ -135,7 +135,9 @@ fn audit_requests(path: &Path, from: u64) -> Result<Requests> {
             continue;
         };
         let field = |name: &str| event.get(name).and_then(|v| v.as_str()).unwrap_or_default();
-        if field("stage") != "ResponseComplete" || field("userAgent") != crate::cmd::USER_AGENT {
+        if field("stage") != "ResponseComplete"
+            || field("userAgent") != memcached_operator::cmd::USER_AGENT
+        {
             continue;
         }
         let verb = field("verb").to_string();
@@ -168,7 +170,7 @@ impl Env {
             )
             .await?;
             let client = Client::try_from(config)?;
-            crate::crd::check_installed(&client, None).await?;
+            memcached_operator::crd::check_installed(&client, None).await?;
             let namespace = format!(
                 "mc-bench-{tag}-{}",
                 jiff::Timestamp::now().as_second() % 1_000_000
@@ -280,7 +282,7 @@ impl Env {
     }
 }
 
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     match namespaces.create(&PostParams::default(), &ns).await {
@@ -376,7 +378,7 @@ async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Dur
 }
 
 /// Resident and peak memory of a process, in KiB, from `/proc/PID/status`.
-fn memory_kib(pid: u32) -> (u64, u64) {
+pub(crate) fn memory_kib(pid: u32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         text.lines()
@@ -389,7 +391,7 @@ fn memory_kib(pid: u32) -> (u64, u64) {
 }
 
 /// CPU time (user + system) of a process so far.
-fn cpu_time(pid: u32) -> Duration {
+pub(crate) fn cpu_time(pid: u32) -> Duration {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command (which may contain spaces) start at state, field 3.
     let after = text.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
@@ -413,7 +415,7 @@ impl Operator {
     async fn start(args: &BenchArgs, env: &Env, dir: &Path, reconciles: u16) -> Result<Operator> {
         let bin = match &args.operator_bin {
             Some(bin) => bin.clone(),
-            None => std::env::current_exe()?,
+            None => crate::sibling_binary("memcached-operator")?,
         };
         let log = dir.join(format!(
             "operator-{}.log",
@@ -1110,15 +1112,15 @@ async fn operator_phases(
     Ok(())
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
-fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
 
-fn mib(kib: u64) -> String {
+pub(crate) fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
@@ -1130,7 +1132,7 @@ fn ratio(a: Duration, b: Option<Duration>) -> String {
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
-fn median(mut values: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut values: Vec<f64>) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
     match values.len() {
@@ -1145,7 +1147,7 @@ fn median_duration(values: impl IntoIterator<Item = Duration>) -> Option<Duratio
 }
 
 /// `values` as "median (min–max)" with two decimals and `unit`; one value alone; "–" for none.
-fn spread(values: Vec<f64>, unit: &str) -> String {
+pub(crate) fn spread(values: Vec<f64>, unit: &str) -> String {
     let (Some(min), Some(max)) = (
         values.iter().copied().reduce(f64::min),
         values.iter().copied().reduce(f64::max),
