@@ -20,8 +20,8 @@
 //! records them under its User-Agent (`apiserver_request_total` has no client label); its
 //! CPU seconds and peak RSS (`/proc`); requests in a steady window of two resync periods
 //! (both given the same resync period); and the event→reconcile latency of a scale change
-//! (spec.size of a separate Memcached changed until its Deployment follows) while the N
-//! converge (under load) and after (idle).
+//! (spec.size of a separate Memcached changed 3 ↔ 4 until its Deployment follows) while
+//! the N converge (under load, at most one change a second) and after (idle).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -167,6 +167,11 @@ struct Measured {
     steady: Option<(u64, u64)>,
     latency_load: Vec<Duration>,
     latency_idle: Vec<Duration>,
+    /// Writes by every client (the contender, kube-controller-manager, the scheduler,
+    /// kwok, …) from the start until done: the work the contender set off in the cluster.
+    cluster_writes: u64,
+    /// CPU of each control-plane component from the start until done.
+    cluster_cpu: BTreeMap<String, Duration>,
 }
 
 /// What the tracker sees: per Memcached, its Deployment's replicas, its Ready pods and its
@@ -760,7 +765,7 @@ async fn measure(
         .await?;
     let process_contender = who.user_agent().is_some();
     if process_contender {
-        api.create(&PostParams::default(), &memcached(LATENCY_CR, 1)?)
+        api.create(&PostParams::default(), &memcached(LATENCY_CR, SIZE)?)
             .await?;
     }
     let (track, tracker) = track(client, &ns);
@@ -770,6 +775,12 @@ async fn measure(
     .await?;
     let mark = audit_offset(&target.audit);
     let mut measured = Measured::default();
+    let components = target
+        .control_plane
+        .as_ref()
+        .map(|cp| cp.component_pids())
+        .unwrap_or_default();
+    let cpu_before: Vec<Duration> = components.iter().map(|(_, pid)| cpu_time(*pid)).collect();
     let started = Instant::now();
     let result: Result<()> = async {
         match who {
@@ -789,11 +800,38 @@ async fn measure(
                 })
                 .await?;
                 measured.converged = started.elapsed();
+                account_cluster(&mut measured, target, mark, &components, &cpu_before).await?;
             }
             _ => {
                 let mut process = Process::spawn(args, target, who, &ns, dir)?;
-                // Scale changes of the latency Memcached while the N converge.
-                let mut size = 1;
+                // Scale changes of the latency Memcached (3 ↔ 4, so no PDB comes and goes)
+                // while the N converge, at most one a second so the probe adds little load.
+                let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let probe = {
+                    let (client, ns, track, stop) =
+                        (client.clone(), ns.clone(), track.clone(), stop.clone());
+                    tokio::spawn(async move {
+                        let mut samples = Vec::new();
+                        let mut size = SIZE as i32;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            if lock(&track).replicas.get(LATENCY_CR) != Some(&size) {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                continue;
+                            }
+                            let began = Instant::now();
+                            size = 2 * SIZE as i32 + 1 - size;
+                            match scale_latency(&client, &ns, &track, size).await {
+                                Ok(d) => samples.push(d),
+                                Err(_) => break,
+                            }
+                            tokio::time::sleep(
+                                Duration::from_secs(1).saturating_sub(began.elapsed()),
+                            )
+                            .await;
+                        }
+                        (samples, size)
+                    })
+                };
                 let mut converged = None;
                 while converged.is_none() {
                     process.check_alive()?;
@@ -806,19 +844,17 @@ async fn measure(
                         )
                         .into());
                     }
-                    if lock(&track).replicas.get(LATENCY_CR) == Some(&size) {
-                        size = 3 - size;
-                        let load = scale_latency(client, &ns, &track, size).await?;
-                        measured.latency_load.push(load);
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                     if lock(&track).done.len() == n {
                         converged = Some(started.elapsed());
                     }
                 }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let (samples, mut size) = probe.await?;
+                measured.latency_load = samples;
                 measured.converged = converged.unwrap_or_default();
                 measured.cpu = Some(cpu_time(process.pid()));
+                account_cluster(&mut measured, target, mark, &components, &cpu_before).await?;
                 let agent = who.user_agent().unwrap_or_default();
                 // Give the audit log a moment to be written through.
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -832,7 +868,7 @@ async fn measure(
                 let (steady, steady_writes) = audit_requests(&target.audit, steady_mark, agent)?;
                 measured.steady = Some((steady.values().sum::<u64>() / 2, steady_writes / 2));
                 for _ in 0..args.latency_samples {
-                    size = 3 - size;
+                    size = 2 * SIZE as i32 + 1 - size;
                     measured
                         .latency_idle
                         .push(scale_latency(client, &ns, &track, size).await?);
@@ -848,6 +884,26 @@ async fn measure(
     .await;
     tracker.abort();
     result.map(|()| measured)
+}
+
+/// Records the cluster's work from the start until now: every client's writes in the audit
+/// log, and each control-plane component's CPU.
+async fn account_cluster(
+    measured: &mut Measured,
+    target: &Target,
+    mark: u64,
+    components: &[(String, u32)],
+    cpu_before: &[Duration],
+) -> Result<()> {
+    for ((name, pid), before) in components.iter().zip(cpu_before) {
+        measured
+            .cluster_cpu
+            .insert(name.clone(), cpu_time(*pid).saturating_sub(*before));
+    }
+    // The audit log is written a moment after each request completes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    measured.cluster_writes = audit_requests(&target.audit, mark, "")?.1;
+    Ok(())
 }
 
 async fn delete_namespace(client: &Client, ns: &str) {
@@ -991,6 +1047,34 @@ fn table(
             v.iter().max().unwrap_or(&0)
         )
     }));
+    out.push_str(&row("writes by all clients until done", &|_, m| {
+        let v: Vec<u64> = m.iter().map(|m| m.cluster_writes).collect();
+        let mid = median(v.iter().map(|&w| w as f64).collect()).unwrap_or(0.0);
+        format!(
+            "{mid:.0} ({}–{})",
+            v.iter().min().unwrap_or(&0),
+            v.iter().max().unwrap_or(&0)
+        )
+    }));
+    out.push_str(&row(
+        "control-plane CPU until done (median run)",
+        &|_, m| {
+            let mut all: Vec<&Measured> = m.iter().collect();
+            all.sort_by_key(|m| m.converged);
+            match all.get(all.len() / 2) {
+                Some(m) if !m.cluster_cpu.is_empty() => {
+                    let total: f64 = m.cluster_cpu.values().map(Duration::as_secs_f64).sum();
+                    let parts: Vec<String> = m
+                        .cluster_cpu
+                        .iter()
+                        .map(|(name, cpu)| format!("{name} {:.0}", cpu.as_secs_f64()))
+                        .collect();
+                    format!("{total:.0} s: {}", parts.join(", "))
+                }
+                _ => "–".into(),
+            }
+        },
+    ));
     out.push_str(&row("requests by verb (median run)", &|_, m| {
         let mut all: Vec<&Measured> = m.iter().collect();
         all.sort_by_key(|m| m.converged);
@@ -1052,4 +1136,78 @@ fn table(
         lat(m.iter().flat_map(|m| m.latency_idle.clone()).collect())
     }));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A Memcached is done only with its Deployment at 3 replicas, 3 Ready pods, and
+    /// `status.nodes` naming exactly those pods; a pod turning unready undoes it.
+    #[test]
+    fn done_means_replicas_ready_pods_and_nodes_agree() {
+        let mc = "sbs-00001";
+        let mut t = Track::default();
+        t.replicas.insert(mc.into(), 3);
+        for pod in ["a", "b", "c"] {
+            t.set_pod(pod, Some(mc.into()), true);
+        }
+        assert!(t.done.is_empty(), "no status yet");
+        t.nodes.insert(mc.into(), names(&["a", "b"]));
+        t.recompute(mc);
+        assert!(t.done.is_empty(), "status names two of three");
+        t.nodes.insert(mc.into(), names(&["a", "b", "c"]));
+        t.recompute(mc);
+        assert!(t.done.contains(mc));
+        t.set_pod("c", Some(mc.into()), false);
+        assert!(!t.done.contains(mc), "a pod turned unready");
+        t.set_pod("c", Some(mc.into()), true);
+        assert!(t.done.contains(mc));
+        t.replicas.insert(mc.into(), 4);
+        t.recompute(mc);
+        assert!(!t.done.contains(mc), "scaled, not yet followed");
+        // Objects outside the benchmark's set never count.
+        t.replicas.insert(LATENCY_CR.into(), 3);
+        t.nodes.insert(LATENCY_CR.into(), names(&["x", "y", "z"]));
+        for pod in ["x", "y", "z"] {
+            t.set_pod(pod, Some(LATENCY_CR.into()), true);
+        }
+        assert!(!t.done.contains(LATENCY_CR));
+    }
+
+    #[test]
+    fn audit_requests_count_by_agent_verb_and_subresource() {
+        let dir = std::env::temp_dir().join(format!("sbs-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("audit.log");
+        let event = |agent: &str, verb: &str, uri: &str, sub: Option<&str>| {
+            let mut e = json!({"stage": "ResponseComplete", "userAgent": agent, "verb": verb,
+                "requestURI": uri, "objectRef": {"resource": "memcacheds"}});
+            if let Some(sub) = sub {
+                e["objectRef"]["subresource"] = json!(sub);
+            }
+            e.to_string()
+        };
+        let lines = [
+            event("memcached-peer/tuned", "update", "/apis/x", Some("status")),
+            event("memcached-peer/tuned", "create", "/apis/x", None),
+            event("memcached-peer/tuned", "patch", "/apis/x?dryRun=All", None),
+            event("memcached-peer/tuned", "get", "/apis/x", None),
+            event("kube-controller-manager/v1.37.2", "create", "/api/v1/pods", None),
+            json!({"stage": "RequestReceived", "userAgent": "memcached-peer/tuned", "verb": "create"}).to_string(),
+        ];
+        std::fs::write(&path, lines.join("\n")).expect("write");
+        let (by_verb, writes) = audit_requests(&path, 0, "memcached-peer/tuned").expect("read");
+        assert_eq!(writes, 2, "{by_verb:?}");
+        assert_eq!(by_verb.get("update/status"), Some(&1));
+        assert_eq!(by_verb.get("patch (dry run)"), Some(&1));
+        assert_eq!(by_verb.get("get"), Some(&1));
+        let (_, all) = audit_requests(&path, 0, "").expect("read");
+        assert_eq!(all, 3, "every client's writes");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -547,6 +547,20 @@ impl ControlPlane {
         }
     }
 
+    /// The running components (etcd, kube-apiserver, …, kwok) and their process ids, for
+    /// accounting their CPU and memory (the benchmarks).
+    pub fn component_pids(&self) -> Vec<(String, u32)> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|p| match p.pid() {
+                (name, Some(pid)) => Some((name, pid)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The Kubernetes version this control plane runs.
     pub fn version(&self) -> &Version {
         &self.version

@@ -129,6 +129,11 @@ impl Process {
         })
     }
 
+    /// The component's name and, while it runs, its process id.
+    pub(crate) fn pid(&self) -> (String, Option<u32>) {
+        (self.name.clone(), self.child.as_ref().map(Child::id))
+    }
+
     pub(crate) fn check_alive(&mut self) -> Result<(), Error> {
         if let Some(child) = self.child.as_mut()
             && let Ok(Some(status)) = child.try_wait()
