@@ -125,38 +125,8 @@ struct Mark(u64);
 /// The operator's requests in an audit log after byte `from`, by verb (dry runs are not
 /// writes).
 fn audit_requests(path: &Path, from: u64) -> Result<Requests> {
-    use std::io::{BufRead, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    f.seek(SeekFrom::Start(from))?;
-    let mut by_verb = BTreeMap::new();
-    let mut writes = 0;
-    for line in std::io::BufReader::new(f).lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line?) else {
-            continue;
-        };
-        let field = |name: &str| event.get(name).and_then(|v| v.as_str()).unwrap_or_default();
-        if field("stage") != "ResponseComplete"
-            || field("userAgent") != memcached_operator::cmd::USER_AGENT
-        {
-            continue;
-        }
-        let verb = field("verb").to_string();
-        let dry_run = field("requestURI").contains("dryRun=All");
-        if !dry_run
-            && matches!(
-                verb.as_str(),
-                "create" | "update" | "patch" | "delete" | "deletecollection"
-            )
-        {
-            writes += 1;
-        }
-        let key = if dry_run {
-            format!("{verb} (dry run)")
-        } else {
-            verb
-        };
-        *by_verb.entry(key).or_insert(0) += 1;
-    }
+    let (by_verb, writes) =
+        crate::side_by_side::audit_requests(path, from, memcached_operator::cmd::USER_AGENT)?;
     Ok(Requests { by_verb, writes })
 }
 

@@ -450,7 +450,11 @@ fn memcached_operator_root() -> PathBuf {
 
 /// Requests in the audit log after byte `from` whose User-Agent starts with `agent`, by
 /// verb (dry runs apart), and how many were writes.
-fn audit_requests(path: &Path, from: u64, agent: &str) -> Result<(BTreeMap<String, u64>, u64)> {
+pub(crate) fn audit_requests(
+    path: &Path,
+    from: u64,
+    agent: &str,
+) -> Result<(BTreeMap<String, u64>, u64)> {
     use std::io::{BufRead, Seek, SeekFrom};
     let mut f = std::fs::File::open(path)?;
     f.seek(SeekFrom::Start(from))?;

@@ -541,15 +541,20 @@ pub fn handle(
     body: &[u8],
     default_image: &str,
 ) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
-    if body.len() > MAX_BODY_BYTES {
-        return Err(too_large(body.len() as u64));
-    }
-    let review = decode_review(body)?;
+    let review = decode_body(body)?;
     let response = match endpoint {
         Endpoint::Mutate => mutate(&review),
         Endpoint::Validate => validate(&review, default_image),
     };
     Ok(answer(&review, endpoint, response))
+}
+
+/// A request body within [`MAX_BODY_BYTES`], decoded.
+fn decode_body(body: &[u8]) -> Result<DecodedReview, BadRequest> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(too_large(body.len() as u64));
+    }
+    decode_review(body)
 }
 
 /// [`handle`], and for an object the validating webhook admits, the dry run of its
@@ -560,10 +565,7 @@ pub async fn handle_checked(
     default_image: &str,
     children: Option<&ChildrenCheck>,
 ) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
-    if body.len() > MAX_BODY_BYTES {
-        return Err(too_large(body.len() as u64));
-    }
-    let review = decode_review(body)?;
+    let review = decode_body(body)?;
     let response = match endpoint {
         Endpoint::Mutate => mutate(&review),
         Endpoint::Validate => {
