@@ -880,7 +880,6 @@ async fn measure(
                 }
                 process.check_alive()?;
                 measured.peak_rss_kib = Some(memory_kib(process.pid()).1);
-                measured.cpu = measured.cpu.or(Some(cpu_time(process.pid())));
             }
         }
         Ok(())
@@ -974,8 +973,14 @@ pub async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn med_range(values: Vec<f64>, unit: &str) -> String {
-    spread(values, unit)
+/// Median and range of counts: `7955 (7947–8091)`.
+fn count_cell(v: Vec<u64>) -> String {
+    let mid = median(v.iter().map(|&w| w as f64).collect()).unwrap_or(0.0);
+    format!(
+        "{mid:.0} ({}–{})",
+        v.iter().min().unwrap_or(&0),
+        v.iter().max().unwrap_or(&0)
+    )
 }
 
 /// The side-by-side table for one N; ratios are taken within a run (contender over its own
@@ -1014,13 +1019,13 @@ fn table(
         format!("| {label} | {} |\n", cells.join(" | "))
     };
     out.push_str(&row("every Memcached done", &|_, m| {
-        med_range(m.iter().map(|m| m.converged.as_secs_f64()).collect(), " s")
+        spread(m.iter().map(|m| m.converged.as_secs_f64()).collect(), " s")
     }));
     out.push_str(&row("over its own bound (per run)", &|c, m| match c
         .bound()
         .and_then(|b| results.get(&b))
     {
-        Some(b) => med_range(
+        Some(b) => spread(
             m.iter()
                 .zip(b)
                 .map(|(m, b)| m.converged.as_secs_f64() / b.converged.as_secs_f64().max(1e-9))
@@ -1032,7 +1037,7 @@ fn table(
     out.push_str(&row(
         "peer's time over ours (per run)",
         &|c, m| match results.get(&Contender::Ours) {
-            Some(ours) if c != Contender::Ours => med_range(
+            Some(ours) if c != Contender::Ours => spread(
                 m.iter()
                     .zip(ours)
                     .map(|(m, o)| m.converged.as_secs_f64() / o.converged.as_secs_f64().max(1e-9))
@@ -1043,22 +1048,10 @@ fn table(
         },
     ));
     out.push_str(&row("writes", &|_, m| {
-        let v: Vec<u64> = m.iter().map(|m| m.writes).collect();
-        let mid = median(v.iter().map(|&w| w as f64).collect()).unwrap_or(0.0);
-        format!(
-            "{mid:.0} ({}–{})",
-            v.iter().min().unwrap_or(&0),
-            v.iter().max().unwrap_or(&0)
-        )
+        count_cell(m.iter().map(|m| m.writes).collect())
     }));
     out.push_str(&row("writes by all clients until done", &|_, m| {
-        let v: Vec<u64> = m.iter().map(|m| m.cluster_writes).collect();
-        let mid = median(v.iter().map(|&w| w as f64).collect()).unwrap_or(0.0);
-        format!(
-            "{mid:.0} ({}–{})",
-            v.iter().min().unwrap_or(&0),
-            v.iter().max().unwrap_or(&0)
-        )
+        count_cell(m.iter().map(|m| m.cluster_writes).collect())
     }));
     out.push_str(&row(
         "control-plane CPU until done (median run)",
@@ -1101,7 +1094,7 @@ fn table(
         if v.is_empty() {
             "–".into()
         } else {
-            med_range(v, " s")
+            spread(v, " s")
         }
     }));
     out.push_str(&row("peak RSS", &|_, m| {
