@@ -38,7 +38,7 @@ lint: ## Lint the code (clippy, warnings are errors).
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: controlplane ## Run all tests (what CI runs): builds the pinned control plane, then every test, the real-server suites included.
+test: controlplane memcached-proxy ## Run all tests (what CI runs): builds the pinned control plane and memcached with its proxy, then every test, the real-server suites included.
 	$(CARGO) test --workspace --locked
 
 ##@ Control plane (a real Kubernetes without a cluster)
@@ -46,6 +46,10 @@ test: controlplane ## Run all tests (what CI runs): builds the pinned control pl
 .PHONY: controlplane
 controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok into bin/ (Go; only when a pin changed).
 	hack/controlplane/build.sh
+
+.PHONY: memcached-proxy
+memcached-proxy: ## Build memcached with its built-in proxy from Debian's source package into bin/ (for tests/real_proxy.rs; only when missing).
+	hack/memcached/build.sh
 
 # Which pinned Kubernetes version the dev cluster runs: newest or oldest.
 KUBE ?= newest

@@ -173,6 +173,12 @@ pub struct MemcachedSpec {
     /// TLS (memcached `-Z`) with the certificate in a `kubernetes.io/tls` Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+
+    /// memcached's built-in proxy in front of the pool: one endpoint, the Service
+    /// `NAME-proxy`, that hashes every key to the same pod, so clients that do not hash keys
+    /// themselves stop missing. Off unless `enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
 }
 
 /// Default cache size in MiB (the seed's `-m 64`).
@@ -281,6 +287,64 @@ pub struct ExporterSpec {
     pub image: Option<String>,
 }
 
+/// Default number of proxy pods.
+pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
+/// Most proxy pods accepted.
+pub const MAX_PROXY_REPLICAS: i32 = 32;
+/// Most copies of each key accepted (`spec.proxy.copies`).
+pub const MAX_PROXY_COPIES: i32 = 3;
+
+/// The proxy (memcached `-o proxy_config=routelib`, memcached ≥ 1.6.23 built with
+/// `--enable-proxy`, as the official image is since 1.6.38).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    /// Run the proxy.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Proxy pods (they hold no data: any of them serves any key).
+    #[serde(default = "default_proxy_replicas")]
+    #[schemars(range(min = 1, max = 32))]
+    pub replicas: i32,
+    /// Image of the proxy pods; unset means the pool's image (`spec.image`, else the
+    /// operator's default), which must be memcached 1.6.23 or newer built with the proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), pattern(IMAGE_PATTERN))]
+    pub image: Option<String>,
+    /// Resources of the proxy container. Unset: 100m CPU and 64Mi of memory requested,
+    /// 128Mi the memory limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resources_schema")]
+    pub resources: Option<ResourceRequirements>,
+    /// How many pods hold each key. 1: the keys are sharded over the pool by consistent
+    /// hashing (the most cache for the memory). 2 or 3: the pool is split into that many
+    /// groups, each a consistent-hash ring; every write goes to all groups and a read is
+    /// answered by one group, falling over to the next on a miss or an error, so a key
+    /// survives the loss of a pod (best effort: memcached does not synchronise copies).
+    #[serde(default = "default_proxy_copies")]
+    #[schemars(range(min = 1, max = 3))]
+    pub copies: i32,
+}
+
+impl Default for ProxySpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            replicas: DEFAULT_PROXY_REPLICAS,
+            image: None,
+            resources: None,
+            copies: 1,
+        }
+    }
+}
+
+fn default_proxy_replicas() -> i32 {
+    DEFAULT_PROXY_REPLICAS
+}
+fn default_proxy_copies() -> i32 {
+    1
+}
+
 /// SASL authentication.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -319,6 +383,7 @@ impl MemcachedSpec {
             exporter: None,
             sasl: None,
             tls: None,
+            proxy: None,
         }
     }
 
@@ -330,6 +395,11 @@ impl MemcachedSpec {
     /// Whether the exporter sidecar runs.
     pub fn exporter_enabled(&self) -> bool {
         self.exporter.as_ref().is_some_and(|e| e.enabled)
+    }
+
+    /// The proxy's settings, when it runs.
+    pub fn proxy_enabled(&self) -> Option<&ProxySpec> {
+        self.proxy.as_ref().filter(|p| p.enabled)
     }
 }
 
@@ -360,9 +430,51 @@ pub struct MemcachedStatus {
     /// Label selector of the pods, as a string (the scale subresource's selector, for HPA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
-    /// `Available`, `Progressing` and `Degraded`, in the `metav1.Condition` shape.
+    /// `Available`, `Progressing` and `Degraded`, in the `metav1.Condition` shape, and
+    /// `ProxyReady` while the proxy runs.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The proxy, while it runs. Written as `null` when it does not, so the operator's
+    /// merge patch of the status removes what an earlier one wrote.
+    #[serde(default)]
+    pub proxy: Option<ProxyStatus>,
+}
+
+/// Observed state of the proxy.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Proxy pods of the current Deployment.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Proxy pods that pass their readiness probe.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The backends in the proxy configuration last written (the ConfigMap `NAME-proxy`):
+    /// the pool's Ready pods, sorted by copy and pod name.
+    #[serde(default)]
+    pub backends: Vec<ProxyBackend>,
+    /// Version of that configuration (a hash of it, on its first line).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config_version: String,
+    /// When the configuration last changed under running proxies (unset for the first
+    /// one, which the proxies read as they start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_changed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+/// One backend of the proxy.
+#[derive(
+    Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyBackend {
+    /// The copy (group of pods) it belongs to, from 1 to `spec.proxy.copies`.
+    pub copy: i32,
+    /// The memcached pod.
+    pub pod: String,
+    /// Its `ip:port`.
+    pub address: String,
 }
 
 /// Condition types reported in `status.conditions`.
@@ -373,6 +485,9 @@ pub mod condition {
     pub const PROGRESSING: &str = "Progressing";
     /// The operator cannot make the pool match the spec (invalid input, API errors).
     pub const DEGRADED: &str = "Degraded";
+    /// The proxy runs, is configured with the pool's Ready pods, and has had time to load
+    /// that configuration (present only while `spec.proxy.enabled`).
+    pub const PROXY_READY: &str = "ProxyReady";
 }
 
 impl Memcached {

@@ -289,23 +289,7 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
         errors.extend(validate_config(config));
     }
     if let Some(resources) = &spec.resources {
-        for (list, quantities) in [
-            ("requests", &resources.requests),
-            ("limits", &resources.limits),
-        ] {
-            for (name, quantity) in quantities.iter().flatten() {
-                if !is_quantity(&quantity.0) {
-                    errors.push(FieldError::invalid(
-                        format!("spec.resources.{list}[{name}]"),
-                        &quantity.0,
-                        format!(
-                            "quantities must match the regular expression '{}'",
-                            crate::QUANTITY_PATTERN
-                        ),
-                    ));
-                }
-            }
-        }
+        errors.extend(validate_quantities("spec.resources", resources));
     }
     if let Some(labels) = &spec.pod_labels {
         for key in labels
@@ -345,11 +329,89 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
             ));
         }
     }
+    if let Some(proxy) = &spec.proxy {
+        errors.extend(validate_proxy(proxy, spec));
+    }
     if spec.exporter_enabled() && (spec.sasl.is_some() || spec.tls.is_some()) {
         errors.push(FieldError::invalid(
             "spec.exporter.enabled",
             true,
             "the memcached exporter cannot authenticate with SASL or speak TLS to memcached; disable the exporter or the SASL/TLS settings",
+        ));
+    }
+    errors
+}
+
+/// Checks the quantities of `resources` (at `field`) against [`crate::QUANTITY_PATTERN`].
+fn validate_quantities(
+    field: &str,
+    resources: &k8s_openapi::api::core::v1::ResourceRequirements,
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (list, quantities) in [
+        ("requests", &resources.requests),
+        ("limits", &resources.limits),
+    ] {
+        for (name, quantity) in quantities.iter().flatten() {
+            if !is_quantity(&quantity.0) {
+                errors.push(FieldError::invalid(
+                    format!("{field}.{list}[{name}]"),
+                    &quantity.0,
+                    format!(
+                        "quantities must match the regular expression '{}'",
+                        crate::QUANTITY_PATTERN
+                    ),
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// Checks `spec.proxy`. Its fields are checked whether or not it is enabled, so that
+/// switching it on never meets an error left from before.
+fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if !(1..=crate::MAX_PROXY_REPLICAS).contains(&proxy.replicas) {
+        errors.push(FieldError::invalid(
+            "spec.proxy.replicas",
+            proxy.replicas,
+            format!(
+                "must be between 1 and {}: the proxy holds no data, so one pod per node that runs clients is plenty",
+                crate::MAX_PROXY_REPLICAS
+            ),
+        ));
+    }
+    if !(1..=crate::MAX_PROXY_COPIES).contains(&proxy.copies) {
+        errors.push(FieldError::invalid(
+            "spec.proxy.copies",
+            proxy.copies,
+            format!(
+                "must be between 1 (keys sharded over the pool) and {} (each key on that many pods)",
+                crate::MAX_PROXY_COPIES
+            ),
+        ));
+    }
+    if let Some(image) = proxy.image.as_deref()
+        && let Err(reason) = validate_image(image)
+    {
+        errors.push(FieldError::invalid("spec.proxy.image", image, reason));
+    }
+    if let Some(resources) = &proxy.resources {
+        errors.extend(validate_quantities("spec.proxy.resources", resources));
+    }
+    if proxy.enabled && spec.tls.is_some() {
+        errors.push(FieldError::invalid(
+            "spec.proxy.enabled",
+            true,
+            "the proxy does not yet speak TLS to the pool or to clients; disable the proxy or spec.tls",
+        ));
+    }
+    if proxy.enabled && spec.sasl.is_some() {
+        errors.push(FieldError::invalid(
+            "spec.proxy.enabled",
+            true,
+            "memcached's proxy cannot authenticate to a pool with SASL; disable the proxy or spec.sasl",
         ));
     }
     errors
@@ -585,6 +647,17 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
         out.push(format!(
             "spec.containerPort: {} is a privileged port; memcached runs as a non-root user with all capabilities dropped, so it starts only where the container runtime allows unprivileged low ports",
             mc.spec.container_port
+        ));
+    }
+    if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.copies > mc.spec.size.max(1)
+    {
+        out.push(format!(
+            "spec.proxy.copies: {} copies need at least {} pods; with spec.size {} each key is on at most {} of them",
+            proxy.copies,
+            proxy.copies,
+            mc.spec.size,
+            mc.spec.size.max(1)
         ));
     }
     let (field, image) = match mc.spec.image.as_deref() {

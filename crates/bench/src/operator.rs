@@ -327,6 +327,7 @@ async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Dur
                     deployment: Some(&deployment),
                     pods: Vec::new(),
                     problem: None,
+                    proxy: None,
                 };
                 let status = status::desired_status(&mc, &observed, jiff::Timestamp::now());
                 api.patch_status(

@@ -137,7 +137,7 @@ pub fn owner_reference(mc: &Memcached) -> Result<OwnerReference, BuildError> {
     })
 }
 
-fn child_metadata(mc: &Memcached, child_name: &str) -> Result<ObjectMeta, BuildError> {
+pub(crate) fn child_metadata(mc: &Memcached, child_name: &str) -> Result<ObjectMeta, BuildError> {
     Ok(ObjectMeta {
         name: Some(child_name.to_string()),
         namespace: mc.metadata.namespace.clone(),
@@ -147,7 +147,7 @@ fn child_metadata(mc: &Memcached, child_name: &str) -> Result<ObjectMeta, BuildE
     })
 }
 
-fn name_of(mc: &Memcached) -> Result<&str, BuildError> {
+pub(crate) fn name_of(mc: &Memcached) -> Result<&str, BuildError> {
     mc.metadata
         .name
         .as_deref()
@@ -216,7 +216,7 @@ fn default_resources(config: &MemcachedConfig) -> ResourceRequirements {
     }
 }
 
-fn tcp_probe(port: &str, initial_delay: i32, period: i32) -> Probe {
+pub(crate) fn tcp_probe(port: &str, initial_delay: i32, period: i32) -> Probe {
     Probe {
         tcp_socket: Some(TCPSocketAction {
             port: IntOrString::String(port.to_string()),
@@ -228,7 +228,7 @@ fn tcp_probe(port: &str, initial_delay: i32, period: i32) -> Probe {
     }
 }
 
-fn restricted(uid: i64) -> SecurityContext {
+pub(crate) fn restricted(uid: i64) -> SecurityContext {
     SecurityContext {
         run_as_non_root: Some(true),
         run_as_user: Some(uid),
@@ -242,7 +242,11 @@ fn restricted(uid: i64) -> SecurityContext {
     }
 }
 
-fn spread_constraints(name: &str, policy: TopologySpread) -> Option<Vec<TopologySpreadConstraint>> {
+/// Topology spread of the pods selected by `selector` under `policy`.
+pub(crate) fn spread_constraints(
+    selector: &BTreeMap<String, String>,
+    policy: TopologySpread,
+) -> Option<Vec<TopologySpreadConstraint>> {
     // (across nodes, across zones)
     let (nodes, zones) = match policy {
         TopologySpread::Disabled => return None,
@@ -257,7 +261,7 @@ fn spread_constraints(name: &str, policy: TopologySpread) -> Option<Vec<Topology
         topology_key: key.to_string(),
         when_unsatisfiable: when.to_string(),
         label_selector: Some(LabelSelector {
-            match_labels: Some(selector_labels(name)),
+            match_labels: Some(selector.clone()),
             match_expressions: None,
         }),
         // Count only the pods of the current ReplicaSet, so a rollout is not skewed by the
@@ -466,7 +470,7 @@ pub fn desired_deployment_with(
                     affinity: spec.affinity.clone(),
                     priority_class_name: spec.priority_class_name.clone(),
                     topology_spread_constraints: spread_constraints(
-                        name,
+                        &selector_labels(name),
                         spec.topology_spread.unwrap_or_default(),
                     ),
                     volumes: (!volumes.is_empty()).then_some(volumes),
@@ -491,7 +495,7 @@ fn secret_volume(name: &str, secret: &str) -> Volume {
     }
 }
 
-fn mount(name: &str, path: &str) -> VolumeMount {
+pub(crate) fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount {
         name: name.to_string(),
         mount_path: path.to_string(),

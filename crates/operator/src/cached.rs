@@ -24,7 +24,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
@@ -33,7 +33,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::builders::LABEL_INSTANCE;
+use crate::builders::{LABEL_INSTANCE, LABEL_NAME};
+use crate::proxy::PROXY_APP_NAME;
 
 /// A pod of ours, as cached: identity, instance label, deletion, IP and readiness.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -264,7 +265,11 @@ struct WireCondition {
 impl From<WirePod> for CachedPod {
     fn from(pod: WirePod) -> Self {
         let m = pod.metadata;
-        let instance = m.labels.and_then(|mut l| l.remove(LABEL_INSTANCE));
+        // A proxy pod carries its Memcached's instance label too, but is not a pool member.
+        let instance = m
+            .labels
+            .filter(|l| l.get(LABEL_NAME).map(String::as_str) != Some(PROXY_APP_NAME))
+            .and_then(|mut l| l.remove(LABEL_INSTANCE));
         let metadata = ObjectMeta {
             name: m.name,
             namespace: m.namespace,
@@ -388,7 +393,8 @@ impl<'de, K> Deserialize<'de> for SpecOnly<K> {
         struct Wire {
             #[serde(default)]
             metadata: WireMeta,
-            #[serde(default)]
+            // A ConfigMap's `data` stands where other kinds have their spec.
+            #[serde(default, alias = "data")]
             spec: JsonText,
         }
         let wire = Wire::deserialize(deserializer)?;
@@ -466,15 +472,26 @@ fn object_json<K: Resource<DynamicType = ()>>(
         "metadata": serde_json::to_value(meta_text.complete(metadata)).ok()?,
     });
     if !spec_json.is_empty() {
-        json["spec"] = serde_json::from_str(spec_json).ok()?;
+        json[body_field::<K>()] = serde_json::from_str(spec_json).ok()?;
     }
     Some(json)
+}
+
+/// Where a kind keeps what [`SpecOnly`] caches: `data` for a ConfigMap, else `spec`.
+fn body_field<K: Resource<DynamicType = ()>>() -> &'static str {
+    if K::kind(&()) == "ConfigMap" && K::group(&()).is_empty() {
+        "data"
+    } else {
+        "spec"
+    }
 }
 
 /// A Service as cached.
 pub type CachedService = SpecOnly<Service>;
 /// A PodDisruptionBudget as cached.
 pub type CachedPdb = SpecOnly<PodDisruptionBudget>;
+/// A ConfigMap as cached (its `data` kept as [`SpecOnly::spec_json`]).
+pub type CachedConfigMap = SpecOnly<ConfigMap>;
 
 /// A Deployment of ours, as cached: metadata (without managedFields) and the status's rollout
 /// counts typed, `spec.replicas` read out; labels, annotations, ownerReferences and the whole
@@ -649,6 +666,13 @@ mod tests {
         assert_eq!(pod.ip.as_deref(), Some("10.0.0.7"));
         assert!(pod.ready);
         assert_eq!(pod.resource_version().as_deref(), Some("7"));
+
+        let proxy: CachedPod = serde_json::from_value(json!({
+            "metadata": {"name": "m-proxy-abc", "namespace": "ns",
+                "labels": {LABEL_INSTANCE: "m", LABEL_NAME: PROXY_APP_NAME}},
+        }))
+        .unwrap_or_default();
+        assert_eq!(proxy.instance, None, "a proxy pod is no member of the pool");
     }
 
     #[test]
@@ -733,6 +757,7 @@ mod tests {
                 deployment: Some(&view),
                 pods: vec![],
                 problem: None,
+                proxy: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -769,6 +794,7 @@ mod tests {
                 deployment: Some(&view),
                 pods: vec![],
                 problem: None,
+                proxy: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         );

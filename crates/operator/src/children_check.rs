@@ -30,7 +30,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::Status;
@@ -40,6 +40,8 @@ use memcached_api::validation::{FieldError, ValidationErrors};
 use serde_json::Value;
 
 use crate::builders::{self, BuildSettings, FIELD_MANAGER};
+use crate::controller::PROXY_DEPLOYMENT;
+use crate::proxy;
 
 /// Time the dry runs get, well inside the API server's 10 s wait for the webhook.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
@@ -248,6 +250,34 @@ pub fn desired_children(
             monitor,
         );
     }
+    if let Some(deployment) = proxy::desired_proxy_deployment(&mc, settings)? {
+        push(
+            PROXY_DEPLOYMENT,
+            ApiResource::erase::<Deployment>(&()),
+            json(serde_json::to_value(deployment)),
+        );
+    }
+    if let Some(service) = proxy::desired_proxy_service(&mc)? {
+        push(
+            "Service",
+            ApiResource::erase::<Service>(&()),
+            json(serde_json::to_value(service)),
+        );
+    }
+    if let Some(pdb) = proxy::desired_proxy_pdb(&mc)? {
+        push(
+            "PodDisruptionBudget",
+            ApiResource::erase::<PodDisruptionBudget>(&()),
+            json(serde_json::to_value(pdb)),
+        );
+    }
+    if let Some((config_map, _)) = proxy::desired_proxy_config_map(&mc, &[])? {
+        push(
+            "ConfigMap",
+            ApiResource::erase::<ConfigMap>(&()),
+            json(serde_json::to_value(config_map)),
+        );
+    }
     Ok(children)
 }
 
@@ -353,6 +383,42 @@ const FIELD_ORIGINS: &[(&str, &str, &str)] = &[
         "spec.exporter.image",
     ),
     ("Service", "spec.ports[0].port", "spec.containerPort"),
+    (PROXY_DEPLOYMENT, "spec.replicas", "spec.proxy.replicas"),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.nodeSelector",
+        "spec.nodeSelector",
+    ),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.tolerations",
+        "spec.tolerations",
+    ),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.affinity",
+        "spec.affinity",
+    ),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.priorityClassName",
+        "spec.priorityClassName",
+    ),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.containers[0].resources",
+        "spec.proxy.resources",
+    ),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.containers[0].image",
+        "spec.proxy.image",
+    ),
+    (
+        PROXY_DEPLOYMENT,
+        "spec.template.spec.containers[0].ports[0].containerPort",
+        "spec.containerPort",
+    ),
 ];
 
 /// The Memcached's path for `child_path` in `kind`, if a field of the Memcached lands
@@ -438,6 +504,18 @@ mod tests {
                 "spec.template.spec.containers[0].imagePullPolicy"
             ),
             None
+        );
+        // The proxy's Deployment carries the proxy's own fields in the same places.
+        assert_eq!(
+            memcached_path(
+                PROXY_DEPLOYMENT,
+                "spec.template.spec.containers[0].resources.requests"
+            ),
+            Some("spec.proxy.resources.requests".to_string())
+        );
+        assert_eq!(
+            memcached_path(PROXY_DEPLOYMENT, "spec.replicas"),
+            Some("spec.proxy.replicas".to_string())
         );
         // The same path in another kind is not the Deployment's.
         assert_eq!(

@@ -33,11 +33,14 @@ use crate::builders::{
     self, APPLIED_HASH_ANNOTATION, BuildError, BuildSettings, FIELD_MANAGER, LABEL_MANAGED_BY,
     MANAGED_BY, SecretVersions,
 };
-use crate::cached::{CacheForm, CachedDeployment, CachedPdb, CachedPod, CachedService};
+use crate::cached::{
+    CacheForm, CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService,
+};
 use crate::children_check;
 use crate::drift::{self, NormalForm, NormalForms};
 use crate::informer::{Index, Informer};
-use crate::status::{self, Observed, ObservedPod, Problem};
+use crate::proxy;
+use crate::status::{self, Observed, ObservedPod, ObservedProxy, Problem};
 use crate::triggers::{self, Busy, Classifier, Urgency};
 
 /// Name under which the controller reports events and metrics.
@@ -282,6 +285,7 @@ pub struct Context {
     pub deployments: Store<CachedDeployment>,
     pub services: Store<CachedService>,
     pub pdbs: Store<CachedPdb>,
+    pub config_maps: Store<CachedConfigMap>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
     events: mpsc::Sender<QueuedEvent>,
@@ -703,6 +707,7 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
         deployment: deployment.as_ref(),
         pods: observed_pods(&ctx.pod_index, &namespace, &name),
         problem: Some(problem),
+        proxy: None,
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
     write_status_if_changed(&ctx.client, mc, status).await
@@ -902,18 +907,161 @@ async fn reconcile_inner(
     }
 
     reconcile_service_monitor(ctx, changes, mc, &owner, &namespace, &name).await?;
+    let pods = observed_pods(&ctx.pod_index, &namespace, &name);
+    let proxy = reconcile_proxy(ctx, changes, mc, &owner, &namespace, &name, &pods).await?;
+    let proxy_deployment = proxy
+        .as_ref()
+        .and_then(|p| p.deployment.as_ref())
+        .map(|d| d.without_spec());
     let deployment = deployment.without_spec();
     let observed = Observed {
         deployment: Some(&deployment),
-        pods: observed_pods(&ctx.pod_index, &namespace, &name),
+        pods,
         problem: None,
+        proxy: proxy.map(|p| ObservedProxy {
+            deployment: proxy_deployment.as_ref(),
+            backends: p.backends,
+            version: p.version,
+        }),
     };
-    let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+    let now = jiff::Timestamp::now();
+    let status = status::desired_status(mc, &observed, now);
+    let recheck = proxy_recheck(&status, now);
     if write_status_if_changed(&ctx.client, mc, status).await? {
         debug!(object, "status updated");
     }
-    Ok(Action::requeue(ctx.config.resync))
+    Ok(Action::requeue(
+        recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
+    ))
 }
+
+/// When to look again so that `ProxyReady` leaves `Propagating` on time.
+fn proxy_recheck(status: &MemcachedStatus, now: jiff::Timestamp) -> Option<Duration> {
+    let since = status.proxy.as_ref()?.config_changed_at.as_ref()?.0;
+    let elapsed = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    proxy::PROPAGATION_WINDOW
+        .checked_sub(elapsed)
+        .map(|left| left + Duration::from_secs(1))
+}
+
+/// The proxy as [`reconcile_proxy`] left it.
+struct ReconciledProxy {
+    deployment: Option<Arc<CachedDeployment>>,
+    backends: Vec<memcached_api::ProxyBackend>,
+    version: String,
+}
+
+/// Applies the proxy's ConfigMap (routes to the Ready pods of `pods`), Deployment,
+/// Service and budget when `spec.proxy.enabled`; deletes ours when it is not.
+async fn reconcile_proxy(
+    ctx: &Context,
+    changes: &mut Changes,
+    mc: &Memcached,
+    owner: &Owner,
+    namespace: &str,
+    name: &str,
+    pods: &[ObservedPod],
+) -> Result<Option<ReconciledProxy>, Error> {
+    let proxy_name = proxy::proxy_name(name);
+    let Some(spec) = mc.spec.proxy_enabled() else {
+        delete_if_cached(ctx, changes, mc, &ctx.deployments, &proxy_name).await?;
+        delete_if_cached(ctx, changes, mc, &ctx.services, &proxy_name).await?;
+        delete_if_cached(ctx, changes, mc, &ctx.pdbs, &proxy_name).await?;
+        delete_if_cached(ctx, changes, mc, &ctx.config_maps, &proxy_name).await?;
+        return Ok(None);
+    };
+    let object = format!("{namespace}/{name}");
+    let build = |kind: &'static str| {
+        let object = object.clone();
+        move |source| Error::Build {
+            kind,
+            object,
+            source,
+        }
+    };
+    // Each pod stays in the copy the configuration in place gives it.
+    let previous = ctx
+        .config_maps
+        .get(&ObjectRef::new(&proxy_name).within(namespace))
+        .filter(|cm| owner.other_controller(cm.as_ref()).is_none())
+        .map(|cm| proxy::recorded_backends(cm.spec_json()))
+        .unwrap_or_default();
+    let ready: Vec<proxy::ReadyPod> = pods
+        .iter()
+        .filter(|p| p.ready)
+        .filter_map(|p| {
+            Some(proxy::ReadyPod {
+                name: p.name.clone(),
+                ip: p.ip.clone()?,
+            })
+        })
+        .collect();
+    let backends = proxy::assign(&previous, &ready, spec.copies, mc.spec.container_port);
+    let (config_map, version) = proxy::desired_proxy_config_map(mc, &backends)
+        .map_err(build("ConfigMap"))?
+        .ok_or(Error::NoNamespace)?;
+    let deployment =
+        proxy::desired_proxy_deployment(mc, &ctx.config.build).map_err(build("Deployment"))?;
+    let service = proxy::desired_proxy_service(mc).map_err(build("Service"))?;
+    let pdb = proxy::desired_proxy_pdb(mc).map_err(build("PodDisruptionBudget"))?;
+    let (config_map, deployment, service, pdb) = futures::join!(
+        apply_if_changed(ctx, owner, &ctx.config_maps, config_map, "ConfigMap"),
+        async {
+            match deployment {
+                Some(d) => apply_if_changed(ctx, owner, &ctx.deployments, d, PROXY_DEPLOYMENT)
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        },
+        async {
+            match service {
+                Some(s) => apply_if_changed(ctx, owner, &ctx.services, s, "Service")
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        },
+        async {
+            match pdb {
+                Some(p) => apply_if_changed(ctx, owner, &ctx.pdbs, p, "PodDisruptionBudget")
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        },
+    );
+    if let Ok(applied) = &config_map {
+        report_child(changes, mc, "ConfigMap", applied);
+    }
+    if let Ok(Some(applied)) = &deployment {
+        report_child(changes, mc, "Deployment", applied);
+    }
+    if let Ok(Some(applied)) = &service {
+        report_child(changes, mc, "Service", applied);
+    }
+    if let Ok(Some(applied)) = &pdb {
+        report_child(changes, mc, "PodDisruptionBudget", applied);
+    }
+    config_map?;
+    let deployment = deployment?.map(|applied| match applied {
+        Applied::Unchanged(live) => live,
+        Applied::Created(after) | Applied::Updated { after, .. } => Arc::new(after),
+    });
+    service?;
+    if pdb?.is_none() {
+        delete_if_cached(ctx, changes, mc, &ctx.pdbs, &proxy_name).await?;
+    }
+    Ok(Some(ReconciledProxy {
+        deployment,
+        backends,
+        version,
+    }))
+}
+
+/// The kind label of the proxy's Deployment in errors and in the children check's table
+/// of where each field of the Memcached lands.
+pub const PROXY_DEPLOYMENT: &str = "proxy Deployment";
 
 /// How long the answer to "is the Prometheus Operator installed?" is trusted.
 const DISCOVERY_TTL: Duration = Duration::from_secs(60);
@@ -1256,8 +1404,12 @@ fn deployment_status(d: &CachedDeployment) -> u64 {
     h.finish()
 }
 
-/// A Service's metadata and spec (Services have no generation).
-fn service_spec(s: &CachedService) -> u64 {
+/// A Service's metadata and spec, or a ConfigMap's metadata and data (neither kind has a
+/// generation).
+fn service_spec<K>(s: &crate::cached::SpecOnly<K>) -> u64
+where
+    crate::cached::SpecOnly<K>: CacheForm,
+{
     let mut h = DefaultHasher::new();
     metadata_outcome(s, &mut h);
     s.spec_json().hash(&mut h);
@@ -1312,6 +1464,7 @@ pub struct Caches {
     pub deployments: Informer<CachedDeployment>,
     pub services: Informer<CachedService>,
     pub pdbs: Informer<CachedPdb>,
+    pub config_maps: Informer<CachedConfigMap>,
     pub pods: Informer<CachedPod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
@@ -1337,6 +1490,7 @@ impl Caches {
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            config_maps: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pods,
             pod_index,
         }
@@ -1349,6 +1503,7 @@ impl Caches {
             self.deployments.wait_synced(),
             self.services.wait_synced(),
             self.pdbs.wait_synced(),
+            self.config_maps.wait_synced(),
             self.pods.wait_synced()
         );
     }
@@ -1407,6 +1562,7 @@ pub async fn run_controller(
         deployments: caches.deployments.store(),
         services: caches.services.store(),
         pdbs: caches.pdbs.store(),
+        config_maps: caches.config_maps.store(),
         pod_index: caches.pod_index.clone(),
         service_monitors: tokio::sync::Mutex::new(None),
         failures: Mutex::new(HashMap::new()),
@@ -1432,6 +1588,11 @@ pub async fn run_controller(
         owner_triggers(
             caches.pdbs.subscribe(),
             Classifier::new(spec_by_generation, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.config_maps.subscribe(),
+            Classifier::new(service_spec, unread_status),
             controller_owner,
         ),
         owner_triggers(

@@ -12,6 +12,7 @@ pub mod demo;
 pub mod drift;
 pub mod informer;
 pub mod manifests;
+pub mod proxy;
 pub mod rbac;
 pub mod status;
 pub mod triggers;

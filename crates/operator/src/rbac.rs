@@ -54,18 +54,27 @@ pub const MANAGER_RULES: &[Rule] = &[
     },
     // controller::run: Deployment watcher (list + watch, label managed-by);
     // controller::apply_if_changed: server-side apply (patch), which creates the object
-    // when it is missing — the API server then also checks `create`.
+    // when it is missing — the API server then also checks `create`; delete_if_cached
+    // removes the proxy's Deployment when spec.proxy is switched off.
     Rule {
         api_groups: &["apps"],
         resources: &["deployments"],
-        verbs: &["create", "list", "patch", "watch"],
+        verbs: &["create", "delete", "list", "patch", "watch"],
     },
     // controller::run: Service watcher; controller::apply_if_changed: server-side apply
-    // (patch, and create when missing), as for Deployments.
+    // (patch, and create when missing), as for Deployments; delete_if_cached for the
+    // proxy's Service.
     Rule {
         api_groups: &[""],
         resources: &["services"],
-        verbs: &["create", "list", "patch", "watch"],
+        verbs: &["create", "delete", "list", "patch", "watch"],
+    },
+    // controller::run: ConfigMap watcher (the proxy's routes, label managed-by);
+    // apply_if_changed; delete_if_cached when spec.proxy is switched off.
+    Rule {
+        api_groups: &[""],
+        resources: &["configmaps"],
+        verbs: &["create", "delete", "list", "patch", "watch"],
     },
     // controller::run: PodDisruptionBudget watcher; apply_if_changed (patch, create when
     // missing) at size >= 2; delete_if_cached when the size drops below 2.
@@ -323,7 +332,7 @@ mod tests {
     fn allows_matches_group_resource_and_verb_exactly() {
         let rules = policy_rules(MANAGER_RULES);
         assert!(allows(&rules, "patch", "apps", "deployments"));
-        assert!(!allows(&rules, "delete", "apps", "deployments"));
+        assert!(!allows(&rules, "update", "apps", "deployments"));
         assert!(!allows(&rules, "patch", "", "deployments"));
         assert!(allows(
             &rules,

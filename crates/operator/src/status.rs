@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use memcached_api::{Memcached, MemcachedStatus, condition};
+use memcached_api::{Memcached, MemcachedStatus, ProxyBackend, ProxyStatus, condition};
 
 use crate::builders::selector_string;
 
@@ -46,6 +46,94 @@ pub struct Observed<'a> {
     /// The pods of this Memcached that are not being deleted, in any order.
     pub pods: Vec<ObservedPod>,
     pub problem: Option<Problem>,
+    /// The proxy, when it runs and was reconciled this time (`None` keeps the proxy's
+    /// status and condition as they were).
+    pub proxy: Option<ObservedProxy<'a>>,
+}
+
+/// The proxy as the reconciler left it.
+#[derive(Clone, Debug, Default)]
+pub struct ObservedProxy<'a> {
+    pub deployment: Option<&'a Deployment>,
+    /// The backends of the configuration written.
+    pub backends: Vec<ProxyBackend>,
+    /// Its version.
+    pub version: String,
+}
+
+/// `ProxyReady`'s reason while the proxies may still run an older configuration.
+pub const PROXY_PROPAGATING: &str = "Propagating";
+
+/// The proxy's status and `ProxyReady` condition (its transition time unset).
+fn proxy_status(
+    mc: &Memcached,
+    observed: &ObservedProxy<'_>,
+    now: jiff::Timestamp,
+) -> (ProxyStatus, Condition) {
+    let wanted = mc.spec.proxy_enabled().map_or(0, |p| p.replicas);
+    let (replicas, ready) = observed.deployment.map_or((0, 0), |d| {
+        let r = rollout(d);
+        (r.replicas, r.ready)
+    });
+    let previous = mc.status.as_ref().and_then(|s| s.proxy.as_ref());
+    // When the configuration last changed under running proxies. The first one is read by
+    // the proxies as they start, so it needs no propagation.
+    let changed_at = match previous {
+        None => None,
+        Some(p) if p.config_version == observed.version => p.config_changed_at.clone(),
+        Some(_) => Some(Time(now)),
+    };
+    let window = jiff::SignedDuration::try_from(crate::proxy::PROPAGATION_WINDOW)
+        .unwrap_or(jiff::SignedDuration::ZERO);
+    let propagating = changed_at
+        .as_ref()
+        .is_some_and(|t| now.duration_since(t.0) < window);
+    let n = observed.backends.len();
+    let version = &observed.version;
+    let condition = if ready == 0 {
+        cond(
+            condition::PROXY_READY,
+            false,
+            "ProxyUnavailable",
+            format!("0 of {wanted} proxy pods ready"),
+        )
+    } else if n == 0 {
+        cond(
+            condition::PROXY_READY,
+            false,
+            "NoBackends",
+            "no memcached pod is Ready: the proxy answers every request with an error".into(),
+        )
+    } else if propagating {
+        cond(
+            condition::PROXY_READY,
+            false,
+            PROXY_PROPAGATING,
+            format!(
+                "configuration {version} with {n} backends written; the proxies load it once the kubelet updates their mounted ConfigMap (usually within {} s), until then they may route to the previous backends",
+                crate::proxy::PROPAGATION_WINDOW.as_secs()
+            ),
+        )
+    } else {
+        cond(
+            condition::PROXY_READY,
+            true,
+            "Configured",
+            format!(
+                "{ready} of {wanted} proxy pods ready, routing to {n} backends (configuration {version})"
+            ),
+        )
+    };
+    (
+        ProxyStatus {
+            replicas,
+            ready_replicas: ready,
+            backends: observed.backends.clone(),
+            config_version: observed.version.clone(),
+            config_changed_at: changed_at,
+        },
+        condition,
+    )
 }
 
 /// The reason kube-controller-manager gives a Deployment whose rollout made no progress
@@ -233,8 +321,24 @@ pub fn desired_status(
         .map(|s| s.conditions.as_slice())
         .unwrap_or(&[]);
     let generation = mc.metadata.generation;
+    // The proxy's part: computed afresh when it was reconciled, else carried over.
+    let (proxy, proxy_cond) = match (mc.spec.proxy_enabled(), &observed.proxy) {
+        (None, _) => (None, None),
+        (Some(_), Some(seen)) => {
+            let (status, cond) = proxy_status(mc, seen, now);
+            (Some(status), Some(cond))
+        }
+        (Some(_), None) => (
+            mc.status.as_ref().and_then(|s| s.proxy.clone()),
+            previous
+                .iter()
+                .find(|c| c.type_ == condition::PROXY_READY)
+                .cloned(),
+        ),
+    };
     let conditions = [available_cond, progressing_cond, degraded_cond]
         .into_iter()
+        .chain(proxy_cond)
         .map(|mut c| {
             c.observed_generation = generation;
             c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
@@ -253,6 +357,7 @@ pub fn desired_status(
         observed_generation: generation,
         selector: Some(selector_string(&name)),
         conditions,
+        proxy,
     }
 }
 
@@ -394,6 +499,7 @@ mod tests {
                 },
             ],
             problem: None,
+            proxy: None,
         };
         let s = desired_status(&mc(3, 4), &observed, t(100));
         assert_eq!(s.nodes, ["m-abc-1", "m-abc-2", "m-abc-3"]);
@@ -449,6 +555,119 @@ mod tests {
         assert_eq!(
             status_of(&flipped, condition::DEGRADED),
             ("True", "InvalidSpec")
+        );
+    }
+
+    #[test]
+    fn proxy_ready_waits_for_pods_backends_and_the_kubelet() {
+        let pool = deployment(1, 1, 3, 3, 3);
+        let mut m = mc(3, 1);
+        m.spec.proxy = Some(memcached_api::ProxySpec::default());
+        let backend = |pod: &str| ProxyBackend {
+            copy: 1,
+            pod: pod.into(),
+            address: format!("10.0.0.{}:11211", pod.len()),
+        };
+        let at = |m: &Memcached, proxy: &Deployment, backends: Vec<ProxyBackend>, v: &str, now| {
+            let observed = Observed {
+                deployment: Some(&pool),
+                pods: vec![],
+                problem: None,
+                proxy: Some(ObservedProxy {
+                    deployment: Some(proxy),
+                    backends,
+                    version: v.into(),
+                }),
+            };
+            desired_status(m, &observed, now)
+        };
+        let starting = deployment(1, 1, 2, 2, 0);
+        let up = deployment(1, 1, 2, 2, 2);
+
+        let s = at(&m, &starting, vec![backend("a")], "v1", t(100));
+        assert_eq!(
+            status_of(&s, condition::PROXY_READY),
+            ("False", "ProxyUnavailable")
+        );
+        let s = at(&m, &up, vec![], "v0", t(100));
+        assert_eq!(
+            status_of(&s, condition::PROXY_READY),
+            ("False", "NoBackends")
+        );
+
+        // The first configuration is read by the proxies as they start: ready at once.
+        let first = at(&m, &up, vec![backend("a")], "v1", t(100));
+        assert_eq!(
+            status_of(&first, condition::PROXY_READY),
+            ("True", "Configured")
+        );
+        let proxy = first.proxy.clone().expect("proxy status");
+        assert_eq!((proxy.replicas, proxy.ready_replicas), (2, 2));
+        assert_eq!(proxy.config_changed_at, None);
+        m.status = Some(first);
+
+        // A new configuration under running proxies: catching up for the window.
+        let changed = at(&m, &up, vec![backend("a"), backend("bb")], "v2", t(200));
+        assert_eq!(
+            status_of(&changed, condition::PROXY_READY),
+            ("False", PROXY_PROPAGATING)
+        );
+        assert_eq!(
+            changed
+                .proxy
+                .as_ref()
+                .and_then(|p| p.config_changed_at.clone()),
+            Some(Time(t(200)))
+        );
+        m.status = Some(changed);
+        let window = crate::proxy::PROPAGATION_WINDOW.as_secs() as i64;
+        let still = at(
+            &m,
+            &up,
+            vec![backend("a"), backend("bb")],
+            "v2",
+            t(200 + window - 1),
+        );
+        assert_eq!(
+            status_of(&still, condition::PROXY_READY),
+            ("False", PROXY_PROPAGATING)
+        );
+        let done = at(
+            &m,
+            &up,
+            vec![backend("a"), backend("bb")],
+            "v2",
+            t(200 + window),
+        );
+        assert_eq!(
+            status_of(&done, condition::PROXY_READY),
+            ("True", "Configured")
+        );
+
+        // Not reconciled this time (a problem was recorded): carried over unchanged.
+        m.status = Some(done.clone());
+        let carried = desired_status(
+            &m,
+            &Observed {
+                deployment: Some(&pool),
+                ..Observed::default()
+            },
+            t(900),
+        );
+        assert_eq!(carried.proxy, done.proxy);
+        assert_eq!(
+            status_of(&carried, condition::PROXY_READY),
+            ("True", "Configured")
+        );
+
+        // Switched off: no proxy status, no condition.
+        m.spec.proxy = None;
+        let off = at(&m, &up, vec![backend("a")], "v2", t(1000));
+        assert!(off.proxy.is_none());
+        assert!(
+            off.conditions
+                .iter()
+                .all(|c| c.type_ != condition::PROXY_READY)
         );
     }
 }

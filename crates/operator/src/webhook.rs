@@ -871,23 +871,30 @@ impl std::fmt::Debug for Json<'_> {
 }
 
 const TOP_LEVEL_FIELDS: [&str; 5] = ["apiVersion", "kind", "metadata", "spec", "status"];
-const SPEC_FIELDS: [&str; 15] = [
-    "size",
-    "containerPort",
-    "image",
-    "config",
-    "resources",
-    "nodeSelector",
-    "tolerations",
-    "affinity",
-    "priorityClassName",
-    "podAnnotations",
-    "podLabels",
-    "topologySpread",
-    "exporter",
-    "sasl",
-    "tls",
-];
+/// The fields of `spec`, as the generated CRD schema declares them (so a field added to
+/// the Rust types is known here without another list to keep).
+fn spec_fields() -> &'static [String] {
+    static FIELDS: OnceLock<Vec<String>> = OnceLock::new();
+    FIELDS.get_or_init(|| {
+        crd_schema()
+            .as_ref()
+            .and_then(|s| s.pointer("/properties/spec/properties"))
+            .and_then(Value::as_object)
+            .map(|props| props.keys().cloned().collect())
+            .unwrap_or_default()
+    })
+}
+
+/// The generated CRD's schema of the served version, as JSON.
+fn crd_schema() -> Option<Value> {
+    Memcached::crd()
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.name == VERSION)
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok())
+}
 
 /// An integer field: `Ok(None)` when absent or null.
 fn integer(
@@ -1012,12 +1019,13 @@ fn decode_spec(
     errors: &mut Vec<FieldError>,
 ) -> Option<MemcachedSpec> {
     let before = errors.len();
-    for key in spec.keys().filter(|k| !SPEC_FIELDS.contains(&k.as_str())) {
+    let known = spec_fields();
+    for key in spec.keys().filter(|k| !known.contains(k)) {
         errors.push(FieldError::forbidden(
             format!("spec.{key}"),
             format!(
                 "unknown field {key:?}; the fields of spec are {}",
-                SPEC_FIELDS.join(", ")
+                known.join(", ")
             ),
         ));
     }
@@ -1088,16 +1096,8 @@ fn decode_spec(
 pub fn schema_defaults() -> &'static [(String, Value)] {
     static DEFAULTS: OnceLock<Vec<(String, Value)>> = OnceLock::new();
     DEFAULTS.get_or_init(|| {
-        let crd = Memcached::crd();
         let mut out = Vec::new();
-        let schema = crd
-            .spec
-            .versions
-            .iter()
-            .find(|v| v.name == VERSION)
-            .and_then(|v| v.schema.as_ref())
-            .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok());
-        if let Some(schema) = schema {
+        if let Some(schema) = crd_schema() {
             collect_defaults(&schema, "", &mut out);
         }
         out
@@ -1243,7 +1243,7 @@ mod tests {
     #[test]
     fn schema_defaults_are_exactly_the_crds() {
         // Nested defaults apply only inside objects the user wrote (`spec.config`,
-        // `spec.exporter`), as the API server's structural defaulting does.
+        // `spec.exporter`, `spec.proxy`), as the API server's structural defaulting does.
         let want: Vec<(String, Value)> = [
             ("/spec/config/maxConnections", Value::from(1024)),
             ("/spec/config/maxItemSize", Value::from("1m")),
@@ -1252,6 +1252,9 @@ mod tests {
             ("/spec/config/verbosity", Value::from(1)),
             ("/spec/containerPort", Value::from(11211)),
             ("/spec/exporter/enabled", Value::from(false)),
+            ("/spec/proxy/copies", Value::from(1)),
+            ("/spec/proxy/enabled", Value::from(false)),
+            ("/spec/proxy/replicas", Value::from(2)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

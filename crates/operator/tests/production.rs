@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{
     ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -631,6 +631,165 @@ async fn a_child_another_pool_controls_is_not_taken_over(server: Server) {
         Some("owner"),
         "its selector untouched"
     );
+}
+}
+
+/// The pool's Ready pods as `(pod, ip:port)`, sorted by pod.
+async fn ready_pool_pods(env: &Env, name: &str, port: u16) -> Vec<(String, String)> {
+    let pods = env
+        .api::<Pod>()
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/name=memcached,app.kubernetes.io/instance={name}"
+        )))
+        .await
+        .expect("pods");
+    let mut ready: Vec<(String, String)> = pods
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|p| {
+            let ip = p.status?.pod_ip?;
+            Some((p.metadata.name?, format!("{ip}:{port}")))
+        })
+        .collect();
+    ready.sort();
+    ready
+}
+
+/// Waits until the proxy's ConfigMap and `status.proxy` route to exactly the pool's
+/// Ready pods (as the API server lists them), and returns the configuration.
+async fn proxy_routes_to_the_ready_pods(env: &Env, name: &str, size: usize) -> String {
+    let config_maps = env.api::<ConfigMap>();
+    let api = env.api::<Memcached>();
+    wait_for(
+        &format!("{name}-proxy routes to the {size} Ready pods"),
+        || async {
+            let ready = ready_pool_pods(env, name, 11211).await;
+            if ready.len() != size {
+                return None;
+            }
+            let cm = config_maps.get_opt(&format!("{name}-proxy")).await.ok()??;
+            let config = cm.data?.get("config.lua")?.clone();
+            let mc = api.get(name).await.ok()?;
+            let status = mc.status?.proxy?;
+            let mut listed: Vec<(String, String)> = status
+                .backends
+                .iter()
+                .map(|b| (b.pod.clone(), b.address.clone()))
+                .collect();
+            listed.sort();
+            let in_config = ready.iter().all(|(pod, address)| {
+                let ip = address.trim_end_matches(":11211");
+                config.contains(&format!("label = \"{pod}\", host = \"{ip}\""))
+            });
+            let entries = config.matches("label = ").count();
+            (listed == ready
+                && in_config
+                && entries == size
+                && config.starts_with(&format!("-- version {}", status.config_version)))
+            .then_some(config)
+        },
+    )
+    .await
+}
+
+on_every_server! {
+async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: Server) {
+    let env = start(server, "the_proxy_routes_to_the_ready_", Duration::from_millis(20), false).await;
+    env.apply("pooled", json!({"size": 3, "proxy": {"enabled": true}})).await;
+    let mc = env.converged("pooled", 3).await;
+    let uid = mc.metadata.uid.clone().expect("uid");
+    proxy_routes_to_the_ready_pods(&env, "pooled", 3).await;
+
+    // The proxy's objects, owned by the Memcached; its pods are no members of the pool.
+    let owned_by_pool = |refs: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
+        refs.unwrap_or_default()
+            .iter()
+            .any(|o| o.uid == uid && o.controller == Some(true))
+    };
+    let deployments = env.api::<Deployment>();
+    let proxy = wait_for("2 proxy pods ready", || async {
+        let d = deployments.get_opt("pooled-proxy").await.ok()??;
+        (d.status.as_ref()?.ready_replicas? == 2).then_some(d)
+    })
+    .await;
+    assert!(owned_by_pool(proxy.metadata.owner_references.clone()));
+    let service = env.api::<Service>().get("pooled-proxy").await.expect("proxy Service");
+    assert!(owned_by_pool(service.metadata.owner_references.clone()));
+    assert_eq!(
+        service.spec.and_then(|s| s.selector).and_then(|s| s.get("app.kubernetes.io/name").cloned()).as_deref(),
+        Some("memcached-proxy")
+    );
+    let client_service = env.api::<Service>().get("pooled").await.expect("client Service");
+    assert_eq!(
+        client_service.spec.and_then(|s| s.selector).and_then(|s| s.get("app.kubernetes.io/name").cloned()).as_deref(),
+        Some("memcached"),
+        "the client Service still selects the pool"
+    );
+    let pdb = env.api::<PodDisruptionBudget>().get("pooled-proxy").await.expect("proxy budget");
+    assert!(owned_by_pool(pdb.metadata.owner_references.clone()));
+    let cm = env.api::<ConfigMap>().get("pooled-proxy").await.expect("ConfigMap");
+    assert!(owned_by_pool(cm.metadata.owner_references.clone()));
+    let mc = env.api::<Memcached>().get("pooled").await.expect("get");
+    assert_eq!(mc.status.expect("status").nodes.len(), 3, "proxy pods are not pool members");
+
+    // Scale: the configuration follows, the proxy pods are not replaced.
+    let template_before = proxy.spec.clone().expect("spec").template;
+    env.apply("pooled", json!({"size": 4, "proxy": {"enabled": true}})).await;
+    env.converged("pooled", 4).await;
+    proxy_routes_to_the_ready_pods(&env, "pooled", 4).await;
+    let after = deployments.get("pooled-proxy").await.expect("proxy Deployment");
+    assert_eq!(after.spec.expect("spec").template, template_before, "no proxy rollout for a new backend");
+
+    // A pool pod replaced: the configuration drops it and lists its successor.
+    let gone = ready_pool_pods(&env, "pooled", 11211).await[0].0.clone();
+    env.api::<Pod>().delete(&gone, &Default::default()).await.expect("delete pod");
+    let config = wait_for("the deleted pod leaves the configuration", || async {
+        let config = proxy_routes_to_the_ready_pods(&env, "pooled", 4).await;
+        (!config.contains(&format!("\"{gone}\""))).then_some(config)
+    })
+    .await;
+    assert_eq!(config.matches("label = ").count(), 4);
+
+    // Off again: the proxy's objects go, the pool stays.
+    env.apply("pooled", json!({"size": 4, "proxy": {"enabled": false}})).await;
+    wait_for("the proxy's objects deleted", || async {
+        let d = deployments.get_opt("pooled-proxy").await.ok()?;
+        let s = env.api::<Service>().get_opt("pooled-proxy").await.ok()?;
+        let b = env.api::<PodDisruptionBudget>().get_opt("pooled-proxy").await.ok()?;
+        let c = env.api::<ConfigMap>().get_opt("pooled-proxy").await.ok()?;
+        (d.is_none() && s.is_none() && b.is_none() && c.is_none()).then_some(())
+    })
+    .await;
+    let mc = env.converged("pooled", 4).await;
+    let status = mc.status.expect("status");
+    assert!(status.proxy.is_none(), "{:?}", status.proxy);
+    assert!(mc.metadata.generation.is_some());
+    assert!(status.conditions.iter().all(|c| c.type_ != condition::PROXY_READY));
+
+    // Bad values are refused by the schema, naming the field.
+    for (proxy, field) in [
+        (json!({"enabled": true, "replicas": 0}), "spec.proxy.replicas"),
+        (json!({"enabled": true, "copies": 4}), "spec.proxy.copies"),
+        (json!({"enabled": true, "image": "Not An Image"}), "spec.proxy.image"),
+    ] {
+        let mc = json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": "badproxy"}, "spec": {"size": 1, "proxy": proxy}
+        });
+        let err = env
+            .api::<Memcached>()
+            .patch("badproxy", &PatchParams::apply("test").force(), &Patch::Apply(&mc))
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
 }
 }
 

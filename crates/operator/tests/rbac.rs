@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -360,6 +360,33 @@ async fn scenario(driver: &Client) {
         wait_for("ServiceMonitor follows the exporter", || async {
             let present = monitors.get_opt("metered").await.ok()?.is_some();
             (present == enabled).then_some(())
+        })
+        .await;
+    }
+
+    // The proxy switched on (its Deployment, Service, budget and ConfigMap) and off again
+    // (all four deleted).
+    let config_maps: Api<ConfigMap> = Api::default_namespaced(driver.clone());
+    for enabled in [true, false] {
+        let proxied: Memcached = serde_json::from_value(json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": "proxied"},
+            "spec": {"size": 2, "proxy": {"enabled": enabled}}
+        }))
+        .expect("proxied");
+        memcacheds
+            .patch(
+                "proxied",
+                &PatchParams::apply("kubectl"),
+                &Patch::Apply(&proxied),
+            )
+            .await
+            .expect("proxied applies");
+        wait_for("the proxy's objects follow spec.proxy.enabled", || async {
+            let d = deployments.get_opt("proxied-proxy").await.ok()?.is_some();
+            let c = config_maps.get_opt("proxied-proxy").await.ok()?.is_some();
+            let s = services.get_opt("proxied-proxy").await.ok()?.is_some();
+            (d == enabled && c == enabled && s == enabled).then_some(())
         })
         .await;
     }

@@ -169,6 +169,33 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
             422,
             vec!["metadata.name"],
         ),
+        (
+            "no proxy pods",
+            memcached(
+                "proxy0",
+                json!({"size": 1, "proxy": {"enabled": true, "replicas": 0}}),
+            ),
+            422,
+            vec!["spec.proxy.replicas", "greater than or equal to 1"],
+        ),
+        (
+            "four copies",
+            memcached(
+                "copies4",
+                json!({"size": 4, "proxy": {"enabled": true, "copies": 4}}),
+            ),
+            422,
+            vec!["spec.proxy.copies", "less than or equal to 3"],
+        ),
+        (
+            "proxy image with a space",
+            memcached(
+                "proxyimg",
+                json!({"size": 1, "proxy": {"image": "memcached 1.6"}}),
+            ),
+            422,
+            vec!["spec.proxy.image", "should match"],
+        ),
         ("wrong kind", wrong_kind, 400, vec!["kind", "Redis"]),
         (
             "wrong apiVersion",
@@ -236,6 +263,16 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             json!({"size": 2, "image": SHA}),
             "spec.image",
         ),
+        (
+            "proxy-digest".into(),
+            json!({"size": 2, "proxy": {"image": format!("memcached@sha256:{}", &SHA[..40])}}),
+            "spec.proxy.image",
+        ),
+        (
+            "proxy-with-sasl".into(),
+            json!({"size": 2, "proxy": {"enabled": true}, "sasl": {"secretName": "pwdb"}}),
+            "spec.proxy.enabled",
+        ),
     ]
 }
 
@@ -253,6 +290,13 @@ pub fn children_refused() -> Vec<(&'static str, Value, &'static str, &'static st
             "cpu-over-limit",
             json!({"size": 1, "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}),
             "spec.resources.requests",
+            "must be less than or equal to cpu limit",
+        ),
+        (
+            "proxy-cpu-over-limit",
+            json!({"size": 1, "proxy": {"enabled": true,
+                "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}}),
+            "spec.proxy.resources.requests",
             "must be less than or equal to cpu limit",
         ),
         (
