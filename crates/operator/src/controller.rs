@@ -584,6 +584,22 @@ fn learn_from_answer(
     }
 }
 
+/// [`apply_if_changed`] for a child that is not always wanted (`None`: nothing to apply).
+async fn apply_if_wanted<C: CacheForm>(
+    ctx: &Context,
+    owner: &Owner,
+    cache: &Store<C>,
+    desired: Option<C::Full>,
+    kind: &'static str,
+) -> Result<Option<Applied<C>>, Error> {
+    match desired {
+        Some(desired) => apply_if_changed(ctx, owner, cache, desired, kind)
+            .await
+            .map(Some),
+        None => Ok(None),
+    }
+}
+
 async fn apply_if_changed<C: CacheForm>(
     ctx: &Context,
     owner: &Owner,
@@ -851,16 +867,7 @@ async fn reconcile_inner(
         apply_if_changed(ctx, &owner, &ctx.deployments, desired, "Deployment"),
         apply_if_changed(ctx, &owner, &ctx.services, service, "Service"),
         apply_if_changed(ctx, &owner, &ctx.services, headless, "Service"),
-        async {
-            match pdb {
-                Some(desired) => {
-                    apply_if_changed(ctx, &owner, &ctx.pdbs, desired, "PodDisruptionBudget")
-                        .await
-                        .map(Some)
-                }
-                None => Ok(None),
-            }
-        },
+        apply_if_wanted(ctx, &owner, &ctx.pdbs, pdb, "PodDisruptionBudget"),
     );
     let deployment = deployment.map(|applied| match applied {
         Applied::Unchanged(live) => live,
@@ -1006,30 +1013,9 @@ async fn reconcile_proxy(
     let pdb = proxy::desired_proxy_pdb(mc).map_err(build("PodDisruptionBudget"))?;
     let (config_map, deployment, service, pdb) = futures::join!(
         apply_if_changed(ctx, owner, &ctx.config_maps, config_map, "ConfigMap"),
-        async {
-            match deployment {
-                Some(d) => apply_if_changed(ctx, owner, &ctx.deployments, d, PROXY_DEPLOYMENT)
-                    .await
-                    .map(Some),
-                None => Ok(None),
-            }
-        },
-        async {
-            match service {
-                Some(s) => apply_if_changed(ctx, owner, &ctx.services, s, "Service")
-                    .await
-                    .map(Some),
-                None => Ok(None),
-            }
-        },
-        async {
-            match pdb {
-                Some(p) => apply_if_changed(ctx, owner, &ctx.pdbs, p, "PodDisruptionBudget")
-                    .await
-                    .map(Some),
-                None => Ok(None),
-            }
-        },
+        apply_if_wanted(ctx, owner, &ctx.deployments, deployment, PROXY_DEPLOYMENT),
+        apply_if_wanted(ctx, owner, &ctx.services, service, "Service"),
+        apply_if_wanted(ctx, owner, &ctx.pdbs, pdb, "PodDisruptionBudget"),
     );
     if let Ok(applied) = &config_map {
         report_child(changes, mc, "ConfigMap", applied);
