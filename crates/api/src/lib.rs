@@ -320,7 +320,8 @@ pub struct ProxySpec {
     /// hashing (the most cache for the memory). 2 or 3: the pool is split into that many
     /// groups, each a consistent-hash ring; every write goes to all groups and a read is
     /// answered by one group, falling over to the next on a miss or an error, so a key
-    /// survives the loss of a pod (best effort: memcached does not synchronise copies).
+    /// survives the loss of a pod (best effort: memcached does not synchronise copies, and
+    /// `cas` and `incr`/`decr` are not consistent across them).
     #[serde(default = "default_proxy_copies")]
     #[schemars(range(min = 1, max = 3))]
     pub copies: i32,

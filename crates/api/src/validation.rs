@@ -649,6 +649,24 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
             mc.spec.container_port
         ));
     }
+    if let Some(other) = mc
+        .metadata
+        .name
+        .as_deref()
+        .and_then(|n| n.strip_suffix("-proxy"))
+    {
+        out.push(format!(
+            "metadata.name: the proxy of a Memcached named {other:?} has this name too (Deployment, Service, budget); if both exist, the one created second is Degraded until the other goes"
+        ));
+    }
+    if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.copies > 1
+    {
+        out.push(format!(
+            "spec.proxy.copies: with {} copies, gets/cas and incr/decr are not consistent across copies (each copy has its own CAS values and counters); use plain get/set/delete through the proxy",
+            proxy.copies
+        ));
+    }
     if let Some(proxy) = mc.spec.proxy_enabled()
         && proxy.copies > mc.spec.size.max(1)
     {
@@ -1208,6 +1226,20 @@ mod tests {
                 .any(|w| w.contains("moves the Service port"))
         );
         assert_eq!(validate_update(&old, &m), Ok(()));
+
+        let named = mc("cache-proxy", 3);
+        assert!(warnings(&named, crate::DEFAULT_IMAGE)[0].contains("\"cache\""));
+        let mut replicated = mc("x", 1);
+        replicated.spec.proxy = Some(crate::ProxySpec {
+            copies: 2,
+            ..crate::ProxySpec::default()
+        });
+        let said = warnings(&replicated, crate::DEFAULT_IMAGE);
+        assert!(said.iter().any(|w| w.contains("cas")), "{said:?}");
+        assert!(
+            said.iter().any(|w| w.contains("need at least 2 pods")),
+            "{said:?}"
+        );
     }
 
     mod fuzz {

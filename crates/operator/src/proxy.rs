@@ -291,7 +291,7 @@ pub fn assign(
     copies: i32,
     port: i32,
 ) -> Vec<ProxyBackend> {
-    let copies = copies.max(1);
+    let copies = copies.clamp(1, memcached_api::MAX_PROXY_COPIES);
     let was: BTreeMap<&str, i32> = previous
         .iter()
         .filter(|b| (1..=copies).contains(&b.copy))
@@ -322,6 +322,28 @@ pub fn assign(
             .unwrap_or((0, &0));
         sizes[index] += 1;
         out.push((index as i32 + 1, pod));
+    }
+    // Copies that differ by more than one pod (`copies` was raised, or the pods of one copy
+    // went) are evened out by moving as few pods as possible: the last by name of the
+    // biggest copy to the smallest.
+    loop {
+        let big = (0..sizes.len())
+            .max_by_key(|&i| (sizes[i], usize::MAX - i))
+            .unwrap_or(0);
+        let small = (0..sizes.len()).min_by_key(|&i| (sizes[i], i)).unwrap_or(0);
+        if sizes[big] <= sizes[small] + 1 {
+            break;
+        }
+        let moved = out
+            .iter()
+            .enumerate()
+            .filter(|(_, (copy, _))| *copy == big as i32 + 1)
+            .max_by(|a, b| a.1.1.name.cmp(&b.1.1.name))
+            .map(|(at, _)| at);
+        let Some(at) = moved else { break };
+        out[at].0 = small as i32 + 1;
+        sizes[big] -= 1;
+        sizes[small] += 1;
     }
     let mut backends: Vec<ProxyBackend> = out
         .into_iter()
@@ -563,6 +585,21 @@ mod tests {
         assert_eq!(copy_of(&second, "c"), Some(1));
         assert_eq!(copy_of(&second, "d"), Some(2));
         assert_eq!(copy_of(&second, "0new"), Some(2));
+        // Copies raised from 1 to 2 on a running pool: half the pods move, the last by name.
+        let single = assign(&[], &pods(&["a", "b", "c", "d"]), 1, 11211);
+        let raised = assign(&single, &pods(&["a", "b", "c", "d"]), 2, 11211);
+        let copies: Vec<i32> = ["a", "b", "c", "d"]
+            .iter()
+            .filter_map(|p| copy_of(&raised, p))
+            .collect();
+        assert_eq!(copies, [1, 1, 2, 2], "{raised:?}");
+        // Both pods of copy 2 go: one of copy 1 moves over, so each copy has a pod.
+        let survivors = assign(&raised, &pods(&["a", "b"]), 2, 11211);
+        let mut per_copy: Vec<i32> = survivors.iter().map(|b| b.copy).collect();
+        per_copy.sort();
+        assert_eq!(per_copy, [1, 2], "{survivors:?}");
+        // Stable: assigning again changes nothing.
+        assert_eq!(assign(&survivors, &pods(&["a", "b"]), 2, 11211), survivors);
         // One copy: everyone in copy 1, whatever came before.
         let one = assign(&second, &pods(&["a", "c"]), 1, 11211);
         assert!(one.iter().all(|b| b.copy == 1), "{one:?}");
