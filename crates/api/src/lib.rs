@@ -295,7 +295,8 @@ pub const MAX_PROXY_REPLICAS: i32 = 32;
 pub const MAX_PROXY_COPIES: i32 = 3;
 
 /// The proxy (memcached `-o proxy_config=routelib`, memcached ≥ 1.6.23 built with
-/// `--enable-proxy`, as the official image is since 1.6.38).
+/// `--enable-proxy`, as the official image is since March 2025: docker-library's "Enable
+/// built-in proxy support").
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxySpec {
