@@ -350,19 +350,11 @@ pub fn assign(
         .map(|(copy, pod)| ProxyBackend {
             copy,
             pod: pod.name.clone(),
-            address: address(&pod.ip, port),
+            address: crate::status::endpoint(&pod.ip, port),
         })
         .collect();
     backends.sort();
     backends
-}
-
-fn address(ip: &str, port: i32) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
 }
 
 /// A Lua string literal of `s`.

@@ -39,6 +39,16 @@ impl ObservedPod {
     }
 }
 
+/// `ip:port` of a pod, the IP in brackets when it is IPv6 (as in `status.endpoints` and
+/// the proxy's backends).
+pub fn endpoint(ip: &str, port: i32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
 /// What the reconciler saw, as plain values.
 #[derive(Clone, Debug, Default)]
 pub struct Observed<'a> {
@@ -205,13 +215,7 @@ pub fn desired_status(
         .iter()
         .filter(|p| p.ready)
         .filter_map(|p| p.ip.as_deref())
-        .map(|ip| {
-            if ip.contains(':') {
-                format!("[{ip}]:{port}")
-            } else {
-                format!("{ip}:{port}")
-            }
-        })
+        .map(|ip| endpoint(ip, port))
         .collect();
 
     let (replicas, ready, available_cond, progressing_cond, stuck) = match observed.deployment {
