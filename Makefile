@@ -154,8 +154,8 @@ uninstall: ## Remove the CRD (and with it every Memcached) from the cluster.
 	$(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -k config/crd
 
 .PHONY: deploy
-deploy: manifests ## Deploy the operator (config/default) with image IMG; needs cert-manager.
-	$(KUBECTL) kustomize config/default | sed 's|image: controller:latest$$|image: $(IMG)|' | $(KUBECTL) apply --server-side -f -
+deploy: manifests ## Deploy the operator (config/default) with image IMG (also the TLS reload agent's image); needs cert-manager.
+	$(KUBECTL) kustomize config/default | sed -e 's|image: controller:latest$$|image: $(IMG)|' -e 's|value: controller:latest$$|value: $(IMG)|' | $(KUBECTL) apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: ## Remove the operator, its RBAC and the CRD (and every Memcached) from the cluster.

@@ -29,6 +29,9 @@ pub const DEFAULT_IMAGE: &str = "memcached:1.6.39-alpine";
 /// pod (9150 is prometheus `memcached_exporter`'s default). The pod shares one network
 /// namespace, so `spec.containerPort` may not take it (see [`validation::RESERVED_PORTS`]).
 pub const EXPORTER_PORT: i32 = 9150;
+/// memcached's loopback-only, non-TLS listener in a pod whose certificate is reloaded in
+/// place: the reload agent sends `refresh_certs` there. Not reachable from outside the pod.
+pub const TLS_ADMIN_PORT: i32 = 11299;
 /// Longest `spec.image` accepted (also in the CRD schema).
 pub const MAX_IMAGE_LENGTH: usize = 512;
 
@@ -179,6 +182,16 @@ pub struct MemcachedSpec {
     /// themselves stop missing. Off unless `enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxySpec>,
+
+    /// How pods are replaced in a rollout. Unset: each new pod must stay Ready
+    /// [`DEFAULT_MIN_READY_SECONDS`] seconds before the next old one goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
+
+    /// extstore: memcached keeps the values of cold items in a file on disk and only their
+    /// keys in memory, so a pool holds more than its memory. Off unless `enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extstore: Option<ExtstoreSpec>,
 }
 
 /// Default cache size in MiB (the seed's `-m 64`).
@@ -364,6 +377,151 @@ pub struct TlsSpec {
     /// Secret in the same namespace with `tls.crt` and `tls.key` (as cert-manager writes).
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
+    /// How a renewed certificate reaches the running pods. Unset means `InPlace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<TlsRotation>,
+}
+
+impl TlsSpec {
+    /// A TLS spec with the certificate in `secret_name` and the default rotation.
+    pub fn secret(secret_name: impl Into<String>) -> Self {
+        Self {
+            secret_name: secret_name.into(),
+            rotation: None,
+        }
+    }
+}
+
+/// How a renewed TLS certificate reaches the running memcached processes.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum TlsRotation {
+    /// A reload agent (a native sidecar from the operator's image) watches the mounted
+    /// certificate and has memcached load it in place (`refresh_certs`): no pod restarts,
+    /// no cache lost. A pod whose reload fails is reported and then restarted. With SASL
+    /// (binary protocol only, so no `refresh_certs`) this acts as `Restart`.
+    #[default]
+    InPlace,
+    /// Every renewal rolls the pods, one at a time (each comes back with an empty cache).
+    Restart,
+}
+
+/// Default of `spec.rollout.minReadySeconds`: longer than the 20 s the liveness probe needs
+/// to fail a pod for the first time (10 s initial delay + 10 s period), so a pod that dies
+/// soon after it became Ready stops the rollout before a second old pod (and its cache)
+/// goes, and long enough for the hottest keys to refill the new pod.
+pub const DEFAULT_MIN_READY_SECONDS: i32 = 30;
+/// Largest `spec.rollout.minReadySeconds` accepted (an hour per pod).
+pub const MAX_MIN_READY_SECONDS: i32 = 3600;
+
+/// Rollout settings.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// Seconds a new pod must be Ready before it counts as available and the next old pod
+    /// is replaced (the Deployment's `minReadySeconds`): time for the new, empty cache to
+    /// fill before another one is emptied.
+    #[serde(default = "default_min_ready_seconds")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub min_ready_seconds: i32,
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        Self {
+            min_ready_seconds: DEFAULT_MIN_READY_SECONDS,
+        }
+    }
+}
+
+fn default_min_ready_seconds() -> i32 {
+    DEFAULT_MIN_READY_SECONDS
+}
+
+/// Default size of the extstore file.
+pub const DEFAULT_EXTSTORE_SIZE: &str = "1Gi";
+/// memcached's default extstore page size (`ext_page_size`), MiB.
+pub const DEFAULT_EXTSTORE_PAGE_MIB: i32 = 64;
+/// memcached's default write buffer size (`ext_wbuf_size`), MiB.
+pub const DEFAULT_EXTSTORE_WBUF_MIB: i32 = 4;
+/// memcached's default extstore IO threads (`ext_threads`).
+pub const DEFAULT_EXTSTORE_THREADS: i32 = 1;
+/// memcached's default smallest value stored on disk (`ext_item_size`), bytes.
+pub const DEFAULT_EXTSTORE_ITEM_BYTES: i32 = 512;
+
+/// extstore (memcached `-o ext_path=...`): values of cold items go to a file; keys and
+/// item headers stay in memory.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtstoreSpec {
+    /// Use extstore.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Size of the extstore file (a quantity, e.g. `4Gi`): a whole number of pages of
+    /// `pageSizeMiB`, at least one, fewer than 65,535.
+    #[serde(default = "default_extstore_size")]
+    #[schemars(length(min = 1, max = 64))]
+    pub size: String,
+    /// Where the file lives. Unset: an `emptyDir` limited to `size` (node disk, gone with
+    /// the pod). Set: a generic ephemeral volume of this StorageClass, created with the pod
+    /// and deleted with it, so the cache is not on the node's root disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+    /// `ext_page_size`: MiB the file is allocated and compacted in; even, a multiple of
+    /// `writeBufferMiB`.
+    #[serde(default = "default_extstore_page_mib", rename = "pageSizeMiB")]
+    #[schemars(range(min = 2, max = 1024))]
+    pub page_size_mib: i32,
+    /// `ext_wbuf_size`: MiB of each write buffer; even, at least `config.maxItemSize`.
+    /// memcached keeps 6 of them in memory, which the pod's memory covers.
+    #[serde(default = "default_extstore_wbuf_mib", rename = "writeBufferMiB")]
+    #[schemars(range(min = 2, max = 256))]
+    pub write_buffer_mib: i32,
+    /// `ext_threads`: IO threads reading and writing the file.
+    #[serde(default = "default_extstore_threads")]
+    #[schemars(range(min = 1, max = 64))]
+    pub threads: i32,
+    /// `ext_item_size`: values of at least this many bytes may go to disk (smaller ones
+    /// cost more memory as a disk pointer than they save).
+    #[serde(default = "default_extstore_item_bytes")]
+    #[schemars(range(min = 1, max = 1073741824))]
+    pub item_size_bytes: i32,
+    /// `ext_item_age`: only items not read for this many seconds go to disk. Unset: any
+    /// item, once memory is full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub item_age_seconds: Option<i32>,
+}
+
+impl Default for ExtstoreSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            size: DEFAULT_EXTSTORE_SIZE.to_string(),
+            storage_class_name: None,
+            page_size_mib: DEFAULT_EXTSTORE_PAGE_MIB,
+            write_buffer_mib: DEFAULT_EXTSTORE_WBUF_MIB,
+            threads: DEFAULT_EXTSTORE_THREADS,
+            item_size_bytes: DEFAULT_EXTSTORE_ITEM_BYTES,
+            item_age_seconds: None,
+        }
+    }
+}
+
+fn default_extstore_size() -> String {
+    DEFAULT_EXTSTORE_SIZE.to_string()
+}
+fn default_extstore_page_mib() -> i32 {
+    DEFAULT_EXTSTORE_PAGE_MIB
+}
+fn default_extstore_wbuf_mib() -> i32 {
+    DEFAULT_EXTSTORE_WBUF_MIB
+}
+fn default_extstore_threads() -> i32 {
+    DEFAULT_EXTSTORE_THREADS
+}
+fn default_extstore_item_bytes() -> i32 {
+    DEFAULT_EXTSTORE_ITEM_BYTES
 }
 
 impl MemcachedSpec {
@@ -386,6 +544,8 @@ impl MemcachedSpec {
             sasl: None,
             tls: None,
             proxy: None,
+            rollout: None,
+            extstore: None,
         }
     }
 
@@ -402,6 +562,28 @@ impl MemcachedSpec {
     /// The proxy's settings, when it runs.
     pub fn proxy_enabled(&self) -> Option<&ProxySpec> {
         self.proxy.as_ref().filter(|p| p.enabled)
+    }
+
+    /// extstore's settings, when it is on.
+    pub fn extstore_enabled(&self) -> Option<&ExtstoreSpec> {
+        self.extstore.as_ref().filter(|e| e.enabled)
+    }
+
+    /// `minReadySeconds` of the pool's Deployment.
+    pub fn min_ready_seconds(&self) -> i32 {
+        self.rollout
+            .as_ref()
+            .map_or(DEFAULT_MIN_READY_SECONDS, |r| r.min_ready_seconds)
+    }
+
+    /// Whether a renewed TLS certificate is loaded in place by the reload agent: TLS is on,
+    /// its rotation is `InPlace` and SASL is off (with SASL memcached speaks only the
+    /// binary protocol, which has no `refresh_certs`).
+    pub fn tls_reloads_in_place(&self) -> bool {
+        self.tls
+            .as_ref()
+            .is_some_and(|t| t.rotation.unwrap_or_default() == TlsRotation::InPlace)
+            && self.sasl.is_none()
     }
 }
 
@@ -490,6 +672,10 @@ pub mod condition {
     /// The proxy runs, is configured with the pool's Ready pods, and has had time to load
     /// that configuration (present only while `spec.proxy.enabled`).
     pub const PROXY_READY: &str = "ProxyReady";
+    /// Every pod loaded its renewed TLS certificate in place; `False` names a pod whose
+    /// reload agent reported a failed reload (that pod is then restarted). Present only
+    /// while the certificate is reloaded in place.
+    pub const CERTIFICATES_RELOADED: &str = "CertificatesReloaded";
 }
 
 impl Memcached {

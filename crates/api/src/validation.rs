@@ -332,6 +332,28 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     if let Some(proxy) = &spec.proxy {
         errors.extend(validate_proxy(proxy, spec));
     }
+    if let Some(rollout) = &spec.rollout
+        && !(0..=crate::MAX_MIN_READY_SECONDS).contains(&rollout.min_ready_seconds)
+    {
+        errors.push(FieldError::invalid(
+            "spec.rollout.minReadySeconds",
+            rollout.min_ready_seconds,
+            format!(
+                "must be between 0 and {}, inclusive",
+                crate::MAX_MIN_READY_SECONDS
+            ),
+        ));
+    }
+    if spec.tls_reloads_in_place() && spec.container_port == crate::TLS_ADMIN_PORT {
+        errors.push(FieldError::invalid(
+            "spec.containerPort",
+            spec.container_port,
+            "is memcached's loopback-only listener for the TLS reload agent (spec.tls.rotation InPlace); choose another port",
+        ));
+    }
+    if let Some(extstore) = &spec.extstore {
+        errors.extend(validate_extstore(extstore, spec));
+    }
     if spec.exporter_enabled() && (spec.sasl.is_some() || spec.tls.is_some()) {
         errors.push(FieldError::invalid(
             "spec.exporter.enabled",
@@ -415,6 +437,203 @@ fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldEr
         ));
     }
     errors
+}
+
+/// memcached's extstore write buffers held in memory: one per page bucket
+/// (`PAGE_BUCKET_COUNT` in memcached 1.6's storage.c).
+pub const EXTSTORE_WRITE_BUFFERS: i64 = 6;
+/// Most extstore pages memcached accepts ("page_count must total to < 65536").
+const EXTSTORE_MAX_PAGES: u64 = 65535;
+
+/// Checks `spec.extstore` against memcached's own rules (storage.c, extstore.c), whether or
+/// not it is enabled, so that switching it on never meets an error left from before.
+fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let mut range = |field: &str, value: i32, min: i32, max: i32| {
+        let ok = (min..=max).contains(&value);
+        if !ok {
+            errors.push(FieldError::invalid(
+                format!("spec.extstore.{field}"),
+                value,
+                format!("must be between {min} and {max}, inclusive"),
+            ));
+        }
+        ok
+    };
+    let page_ok = range("pageSizeMiB", ext.page_size_mib, 2, 1024);
+    let wbuf_ok = range("writeBufferMiB", ext.write_buffer_mib, 2, 256);
+    range("threads", ext.threads, 1, 64);
+    let item_ok = range("itemSizeBytes", ext.item_size_bytes, 1, i32::MAX);
+    if let Some(age) = ext.item_age_seconds {
+        range("itemAgeSeconds", age, 0, i32::MAX);
+    }
+    // extstore.c: "page_size and wbuf_size must be divisible by 1024*1024*2".
+    for (field, value, ok) in [
+        ("pageSizeMiB", ext.page_size_mib, page_ok),
+        ("writeBufferMiB", ext.write_buffer_mib, wbuf_ok),
+    ] {
+        if ok && value % 2 != 0 {
+            errors.push(FieldError::invalid(
+                format!("spec.extstore.{field}"),
+                value,
+                "must be even: memcached aligns extstore pages and write buffers to 2 MiB and refuses to start otherwise",
+            ));
+        }
+    }
+    if page_ok && wbuf_ok && ext.page_size_mib % ext.write_buffer_mib != 0 {
+        errors.push(FieldError::invalid(
+            "spec.extstore.writeBufferMiB",
+            ext.write_buffer_mib,
+            format!(
+                "must divide pageSizeMiB ({}) evenly: memcached refuses to start otherwise (\"page_size must be divisible by wbuf_size\")",
+                ext.page_size_mib
+            ),
+        ));
+    }
+    let config = spec.config();
+    if let Ok(item_max) = parse_item_size(&config.max_item_size) {
+        let wbuf = u64::try_from(ext.write_buffer_mib.max(0)).unwrap_or(0) * 1024 * 1024;
+        if wbuf_ok && item_max > wbuf {
+            errors.push(FieldError::invalid(
+                "spec.extstore.writeBufferMiB",
+                ext.write_buffer_mib,
+                format!(
+                    "must hold the largest item: config.maxItemSize is {} ({item_max} bytes); memcached refuses to start otherwise (\"-I cannot be larger than ext_wbuf_size\")",
+                    config.max_item_size
+                ),
+            ));
+        }
+        if item_ok && u64::try_from(ext.item_size_bytes).unwrap_or(0) >= item_max {
+            errors.push(FieldError::invalid(
+                "spec.extstore.itemSizeBytes",
+                ext.item_size_bytes,
+                format!(
+                    "must be smaller than config.maxItemSize ({item_max} bytes), or no item would ever go to disk"
+                ),
+            ));
+        }
+    }
+    match parse_quantity_bytes(&ext.size) {
+        None => errors.push(FieldError::invalid(
+            "spec.extstore.size",
+            &ext.size,
+            "must be a quantity of bytes such as 512Mi, 4Gi or 10G",
+        )),
+        Some(bytes) if page_ok => {
+            let page = u64::try_from(ext.page_size_mib).unwrap_or(1) * 1024 * 1024;
+            let pages = bytes / page;
+            if pages == 0 {
+                errors.push(FieldError::invalid(
+                    "spec.extstore.size",
+                    &ext.size,
+                    format!(
+                        "must hold at least one page of pageSizeMiB ({} MiB)",
+                        ext.page_size_mib
+                    ),
+                ));
+            } else if pages >= EXTSTORE_MAX_PAGES {
+                errors.push(FieldError::invalid(
+                    "spec.extstore.size",
+                    &ext.size,
+                    format!(
+                        "makes {pages} pages of {} MiB; memcached accepts fewer than {EXTSTORE_MAX_PAGES}: raise pageSizeMiB",
+                        ext.page_size_mib
+                    ),
+                ));
+            }
+        }
+        Some(_) => {}
+    }
+    if let Some(class) = ext.storage_class_name.as_deref()
+        && !is_dns1123_subdomain(class)
+    {
+        errors.push(FieldError::invalid(
+            "spec.extstore.storageClassName",
+            class,
+            "must be a StorageClass name: a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', at most 253 characters)",
+        ));
+    }
+    if ext.enabled {
+        let mut args = config.extra_args.iter();
+        while let Some(arg) = args.next() {
+            let value = match arg.as_str() {
+                "-U" | "--udp-port" => args.next().map(String::as_str),
+                a if a.starts_with("--udp-port=") => a.strip_prefix("--udp-port="),
+                a if a.starts_with("-U") => a.strip_prefix("-U"),
+                _ => continue,
+            };
+            if value != Some("0") {
+                errors.push(FieldError::invalid(
+                    "spec.config.extraArgs",
+                    arg,
+                    "turns on UDP, which memcached refuses with extstore (\"Cannot use UDP with extstore enabled\")",
+                ));
+            }
+        }
+        if let Some(resources) = &spec.resources
+            && let Some(memory) = resources.requests.as_ref().and_then(|r| r.get("memory"))
+            && let Some(bytes) = parse_quantity_bytes(&memory.0)
+        {
+            let needed_mib = i64::from(config.memory_mib)
+                + EXTSTORE_WRITE_BUFFERS * i64::from(ext.write_buffer_mib);
+            if bytes < u64::try_from(needed_mib).unwrap_or(0) * 1024 * 1024 {
+                errors.push(FieldError::invalid(
+                    "spec.resources.requests[memory]",
+                    &memory.0,
+                    format!(
+                        "must cover the cache ({} MiB) and extstore's {EXTSTORE_WRITE_BUFFERS} write buffers of {} MiB: at least {needed_mib}Mi",
+                        config.memory_mib, ext.write_buffer_mib
+                    ),
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// The bytes of a non-negative Kubernetes quantity (`4Gi`, `512M`, `1.5Gi`, `1e9`),
+/// rounded down; `None` when it does not parse or is negative or over 2^63.
+pub fn parse_quantity_bytes(value: &str) -> Option<u64> {
+    if !is_quantity(value) {
+        return None;
+    }
+    let value = value.strip_prefix('+').unwrap_or(value);
+    if value.starts_with('-') {
+        return None;
+    }
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, suffix) = value.split_at(split);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    // number = digits / 10^scale
+    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
+    let scale = u32::try_from(fraction.len()).ok()?;
+    let (mul, exp10): (u128, i32) = match suffix {
+        "" => (1, 0),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        "m" => (1, -3),
+        "k" => (1, 3),
+        "M" => (1, 6),
+        "G" => (1, 9),
+        "T" => (1, 12),
+        "P" => (1, 15),
+        "E" => (1, 18),
+        e => (1, e.get(1..)?.parse::<i32>().ok()?),
+    };
+    let exp = exp10 - i32::try_from(scale).ok()?;
+    let scaled = digits.checked_mul(mul)?;
+    let bytes = if exp >= 0 {
+        scaled.checked_mul(10u128.checked_pow(u32::try_from(exp).ok()?)?)?
+    } else {
+        scaled / 10u128.checked_pow(u32::try_from(-exp).ok()?)?
+    };
+    u64::try_from(bytes).ok().filter(|b| *b <= i64::MAX as u64)
 }
 
 /// Labels the operator sets on every pod; `spec.podLabels` may not override them.
@@ -517,6 +736,8 @@ fn is_managed_flag(arg: &str) -> bool {
         // `maxItemSize` assumes memcached's defaults.
         || arg.contains("slab_chunk_max")
         || arg.contains("slab_page_size")
+        // extstore goes through `-o ext_*`, which the operator writes from `spec.extstore`.
+        || arg.contains("ext_")
 }
 
 /// The checks of `spec.config` (ranges, item size, extra flags).
@@ -591,7 +812,7 @@ pub fn validate_config(config: &crate::MemcachedConfig) -> Vec<FieldError> {
             errors.push(FieldError::invalid(
                 format!("spec.config.extraArgs[{i}]"),
                 arg,
-                "sets a flag the operator manages; use the matching spec field (config.memoryMiB, maxConnections, threads, maxItemSize, verbosity, containerPort, sasl, tls) instead",
+                "sets a flag the operator manages; use the matching spec field (config.memoryMiB, maxConnections, threads, maxItemSize, verbosity, containerPort, sasl, tls, extstore) instead",
             ));
         } else if arg.is_empty() || arg.len() > 256 || arg.chars().any(char::is_control) {
             errors.push(FieldError::invalid(
@@ -1285,6 +1506,186 @@ mod tests {
         }
     }
 
+    fn ext(edit: impl FnOnce(&mut crate::ExtstoreSpec)) -> Memcached {
+        with(|s| {
+            let mut e = crate::ExtstoreSpec::default();
+            edit(&mut e);
+            s.extstore = Some(e);
+        })
+    }
+
+    /// Each rule of memcached's extstore (storage.c, extstore.c) is refused with the field
+    /// named; the values are memcached's, not ours.
+    #[test]
+    fn extstore_values_memcached_refuses_are_refused_with_the_field_named() {
+        let cases: Vec<(Memcached, &str, &str)> = vec![
+            (
+                ext(|e| e.page_size_mib = 63),
+                "spec.extstore.pageSizeMiB",
+                "even",
+            ),
+            (
+                ext(|e| e.write_buffer_mib = 3),
+                "spec.extstore.writeBufferMiB",
+                "even",
+            ),
+            (
+                ext(|e| {
+                    e.page_size_mib = 6;
+                    e.write_buffer_mib = 4
+                }),
+                "spec.extstore.writeBufferMiB",
+                "divide",
+            ),
+            (
+                ext(|e| e.page_size_mib = 0),
+                "spec.extstore.pageSizeMiB",
+                "between",
+            ),
+            (ext(|e| e.threads = 0), "spec.extstore.threads", "between"),
+            (
+                ext(|e| e.size = "10Mi".into()),
+                "spec.extstore.size",
+                "one page",
+            ),
+            (
+                ext(|e| e.size = "lots".into()),
+                "spec.extstore.size",
+                "quantity",
+            ),
+            (
+                ext(|e| {
+                    e.size = "8Ti".into();
+                    e.page_size_mib = 64
+                }),
+                "spec.extstore.size",
+                "fewer than 65535",
+            ),
+            (
+                ext(|e| e.item_size_bytes = 1024 * 1024),
+                "spec.extstore.itemSizeBytes",
+                "smaller than",
+            ),
+            (
+                ext(|e| e.storage_class_name = Some("Fast SSD".into())),
+                "spec.extstore.storageClassName",
+                "StorageClass",
+            ),
+            (
+                {
+                    let mut m = ext(|e| e.write_buffer_mib = 2);
+                    m.spec.config = cfg(|c| c.max_item_size = "4m".into());
+                    m
+                },
+                "spec.extstore.writeBufferMiB",
+                "largest item",
+            ),
+            (
+                {
+                    let mut m = ext(|_| {});
+                    m.spec.config = cfg(|c| c.extra_args = vec!["-U".into(), "11211".into()]);
+                    m
+                },
+                "spec.config.extraArgs",
+                "UDP",
+            ),
+            (
+                {
+                    let mut m = ext(|_| {});
+                    m.spec.config =
+                        cfg(|c| c.extra_args = vec!["-o".into(), "ext_path=/tmp/x:1G".into()]);
+                    m
+                },
+                "spec.config.extraArgs[1]",
+                "manages",
+            ),
+            (
+                {
+                    let mut m = ext(|_| {});
+                    m.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                        requests: Some(std::collections::BTreeMap::from([(
+                            "memory".to_string(),
+                            k8s_openapi::apimachinery::pkg::api::resource::Quantity("80Mi".into()),
+                        )])),
+                        ..Default::default()
+                    });
+                    m
+                },
+                "spec.resources.requests[memory]",
+                "88Mi",
+            ),
+            (
+                with(|s| {
+                    s.rollout = Some(crate::RolloutSpec {
+                        min_ready_seconds: -1,
+                    })
+                }),
+                "spec.rollout.minReadySeconds",
+                "between 0 and 3600",
+            ),
+            (
+                with(|s| {
+                    s.tls = Some(crate::TlsSpec::secret("certs"));
+                    s.container_port = crate::TLS_ADMIN_PORT;
+                }),
+                "spec.containerPort",
+                "reload agent",
+            ),
+        ];
+        for (m, field, words) in cases {
+            let errors = validate(&m).expect_err(field).0;
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.field == field && e.message.contains(words)),
+                "{field} / {words}: {errors:?}"
+            );
+        }
+        // The defaults, and memcached's documented example (1 MiB items, 64 MiB pages).
+        assert_eq!(validate(&ext(|_| {})), Ok(()));
+        assert_eq!(
+            validate(&ext(|e| {
+                e.size = "64Mi".into();
+                e.item_age_seconds = Some(3600);
+                e.storage_class_name = Some("fast-ssd".into());
+            })),
+            Ok(())
+        );
+        // Off, a bad value is still refused (switching it on must not meet it later) but
+        // UDP and memory are not its business.
+        let mut off = ext(|e| e.enabled = false);
+        off.spec.config = cfg(|c| c.extra_args = vec!["-U".into(), "11211".into()]);
+        assert_eq!(validate(&off), Ok(()));
+        // The port is reserved only while the agent runs.
+        let restart = with(|s| {
+            s.tls = Some(crate::TlsSpec {
+                secret_name: "certs".into(),
+                rotation: Some(crate::TlsRotation::Restart),
+            });
+            s.container_port = crate::TLS_ADMIN_PORT;
+        });
+        assert_eq!(validate(&restart), Ok(()));
+    }
+
+    #[test]
+    fn quantities_parse_to_bytes_as_kubernetes_reads_them() {
+        for (q, bytes) in [
+            ("1Gi", Some(1u64 << 30)),
+            ("512Mi", Some(512 << 20)),
+            ("1.5Gi", Some(3 << 29)),
+            ("10G", Some(10_000_000_000)),
+            ("1e9", Some(1_000_000_000)),
+            ("2048", Some(2048)),
+            ("100m", Some(0)),
+            ("+1Ki", Some(1024)),
+            ("-1Gi", None),
+            ("1GB", None),
+            ("", None),
+        ] {
+            assert_eq!(parse_quantity_bytes(q), bytes, "{q}");
+        }
+    }
+
     fn with(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
         let mut m = mc("cache", 3);
         edit(&mut m.spec);
@@ -1410,6 +1811,7 @@ mod tests {
                 with(|s| {
                     s.tls = Some(crate::TlsSpec {
                         secret_name: "-x".into(),
+                        rotation: None,
                     })
                 }),
                 "spec.tls.secretName",
@@ -1422,6 +1824,7 @@ mod tests {
                     });
                     s.tls = Some(crate::TlsSpec {
                         secret_name: "certs".into(),
+                        rotation: None,
                     });
                 }),
                 "spec.exporter.enabled",

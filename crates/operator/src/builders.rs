@@ -10,16 +10,22 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
-    ServicePort, ServiceSpec, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, TopologySpreadConstraint,
+    Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
-use memcached_api::{EXPORTER_PORT, Memcached, MemcachedConfig, TopologySpread};
+use memcached_api::validation::EXTSTORE_WRITE_BUFFERS;
+use memcached_api::{
+    EXPORTER_PORT, ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, TLS_ADMIN_PORT,
+    TopologySpread,
+};
 
 /// Field manager for every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "memcached-operator";
@@ -46,7 +52,21 @@ pub use memcached_api::validation::HEADLESS_SUFFIX;
 /// Key of the SASL password database in its Secret.
 pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
 const SASL_DIR: &str = "/etc/memcached/sasl";
-const TLS_DIR: &str = "/etc/memcached/tls";
+/// Where the TLS Secret is mounted in the memcached container and the reload agent.
+pub const TLS_DIR: &str = "/etc/memcached/tls";
+/// Where the extstore volume is mounted, and the file memcached writes in it.
+pub const EXTSTORE_DIR: &str = "/var/lib/memcached/extstore";
+pub const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
+/// Name of the extstore volume.
+pub const EXTSTORE_VOLUME: &str = "extstore";
+/// Name of the TLS reload agent's container (a native sidecar).
+pub const TLS_AGENT_NAME: &str = "tls-reload-agent";
+/// Exit code of the reload agent when memcached refused to load the renewed certificate;
+/// the reconciler reads it from the container's last termination, reports the pod, then
+/// restarts it.
+pub const TLS_AGENT_RELOAD_FAILED: i32 = 3;
+/// The reload agent's subcommand of the operator binary.
+pub const TLS_AGENT_COMMAND: &str = "tls-reload-agent";
 
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
@@ -60,13 +80,23 @@ pub struct BuildSettings {
     pub default_image: String,
     /// Exporter image used when the CR does not name one.
     pub default_exporter_image: String,
+    /// Image of the TLS reload agent: the operator's own (`--tls-agent-image`), whose
+    /// binary is at [`TLS_AGENT_BINARY`].
+    pub tls_agent_image: String,
 }
+
+/// The operator binary in its image (the Dockerfile's `COPY`).
+pub const TLS_AGENT_BINARY: &str = "/memcached-operator";
+/// The reload agent's image when the operator is not told its own (`make run` outside the
+/// cluster): the Makefile's default `IMG`.
+pub const DEFAULT_TLS_AGENT_IMAGE: &str = "controller:latest";
 
 impl Default for BuildSettings {
     fn default() -> Self {
         Self {
             default_image: memcached_api::DEFAULT_IMAGE.to_string(),
             default_exporter_image: memcached_api::DEFAULT_EXPORTER_IMAGE.to_string(),
+            tls_agent_image: DEFAULT_TLS_AGENT_IMAGE.to_string(),
         }
     }
 }
@@ -204,16 +234,72 @@ pub fn container_memory_mib(memory_mib: i32) -> i64 {
     m + (m + 3) / 4 + 32
 }
 
-fn default_resources(config: &MemcachedConfig) -> ResourceRequirements {
-    let memory = Quantity(format!("{}Mi", container_memory_mib(config.memory_mib)));
+/// Memory of the memcached container of `spec`: [`container_memory_mib`] of the cache, plus
+/// extstore's write buffers when it is on (memcached allocates them at start).
+pub fn pool_memory_mib(spec: &MemcachedSpec) -> i64 {
+    let cache = container_memory_mib(spec.config().memory_mib);
+    match spec.extstore_enabled() {
+        Some(ext) => cache + EXTSTORE_WRITE_BUFFERS * i64::from(ext.write_buffer_mib.max(0)),
+        None => cache,
+    }
+}
+
+fn default_resources(spec: &MemcachedSpec) -> ResourceRequirements {
+    let memory = Quantity(format!("{}Mi", pool_memory_mib(spec)));
+    let mut requests = BTreeMap::from([
+        ("cpu".to_string(), Quantity("100m".to_string())),
+        ("memory".to_string(), memory.clone()),
+    ]);
+    // An extstore file on node disk counts against the node's ephemeral storage: ask the
+    // scheduler for it, so the pod is not placed where it would be evicted for filling it.
+    if let Some(ext) = spec.extstore_enabled()
+        && ext.storage_class_name.is_none()
+    {
+        requests.insert("ephemeral-storage".to_string(), Quantity(ext.size.clone()));
+    }
     ResourceRequirements {
-        requests: Some(BTreeMap::from([
-            ("cpu".to_string(), Quantity("100m".to_string())),
-            ("memory".to_string(), memory.clone()),
-        ])),
+        requests: Some(requests),
         limits: Some(BTreeMap::from([("memory".to_string(), memory)])),
         ..ResourceRequirements::default()
     }
+}
+
+/// memcached's command line for `spec`: [`memcached_args`], then the listeners when the
+/// TLS certificate is reloaded in place (TLS on every address, plus a non-TLS listener on
+/// loopback only for the reload agent), then extstore's flags.
+pub fn pool_args(spec: &MemcachedSpec) -> Vec<String> {
+    let port = spec.container_port;
+    let mut args = memcached_args(
+        &spec.config(),
+        port,
+        spec.sasl.is_some(),
+        spec.tls.is_some(),
+    );
+    if spec.tls_reloads_in_place() {
+        args.push("-l".into());
+        args.push(format!("*:{port},notls:127.0.0.1:{TLS_ADMIN_PORT}"));
+    }
+    if let Some(ext) = spec.extstore_enabled() {
+        args.push("-o".into());
+        args.push(extstore_options(ext));
+    }
+    args
+}
+
+/// memcached's `-o` value for extstore; `ext_page_size` must come before `ext_path`.
+fn extstore_options(ext: &ExtstoreSpec) -> String {
+    let mib = memcached_api::validation::parse_quantity_bytes(&ext.size).unwrap_or(0) >> 20;
+    let mut options = vec![
+        format!("ext_page_size={}", ext.page_size_mib),
+        format!("ext_wbuf_size={}", ext.write_buffer_mib),
+        format!("ext_threads={}", ext.threads),
+        format!("ext_item_size={}", ext.item_size_bytes),
+    ];
+    if let Some(age) = ext.item_age_seconds {
+        options.push(format!("ext_item_age={age}"));
+    }
+    options.push(format!("ext_path={EXTSTORE_FILE}:{mib}m"));
+    options.join(",")
 }
 
 pub(crate) fn tcp_probe(port: &str, initial_delay: i32, period: i32) -> Probe {
@@ -370,8 +456,7 @@ pub fn desired_deployment_with(
     let name = name_of(mc)?;
     let spec = &mc.spec;
     let port = spec.container_port;
-    let config = spec.config();
-    let args = memcached_args(&config, port, spec.sasl.is_some(), spec.tls.is_some());
+    let args = pool_args(spec);
 
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
@@ -389,6 +474,22 @@ pub fn desired_deployment_with(
         volumes.push(secret_volume("tls", &tls.secret_name));
         mounts.push(mount("tls", TLS_DIR));
     }
+    if let Some(ext) = spec.extstore_enabled() {
+        volumes.push(extstore_volume(ext));
+        mounts.push(VolumeMount {
+            name: EXTSTORE_VOLUME.to_string(),
+            mount_path: EXTSTORE_DIR.to_string(),
+            ..VolumeMount::default()
+        });
+    }
+    // The reload agent loads a renewed certificate in place, so the certificate's contents
+    // leave the pod template's hash: a rotation changes no Deployment and restarts no pod.
+    let in_place = spec.tls_reloads_in_place();
+    let hashed = SecretVersions {
+        sasl: secrets.sasl.clone(),
+        tls: secrets.tls.clone().filter(|_| !in_place),
+    };
+    let init_containers = in_place.then(|| vec![tls_agent_container(settings)]);
 
     let memcached = Container {
         name: CONTAINER_NAME.to_string(),
@@ -406,7 +507,7 @@ pub fn desired_deployment_with(
         resources: Some(
             spec.resources
                 .clone()
-                .unwrap_or_else(|| default_resources(&config)),
+                .unwrap_or_else(|| default_resources(spec)),
         ),
         security_context: Some(restricted(MEMCACHED_UID)),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
@@ -422,13 +523,17 @@ pub fn desired_deployment_with(
     let mut annotations = spec.pod_annotations.clone().unwrap_or_default();
     annotations.insert(
         CONFIG_HASH_ANNOTATION.to_string(),
-        config_hash(&args, secrets),
+        config_hash(&args, &hashed),
     );
 
     Ok(Deployment {
         metadata: child_metadata(mc, name)?,
         spec: Some(DeploymentSpec {
             replicas: Some(spec.size),
+            // A new pod counts as available only after this long Ready, so the next old pod
+            // (and its cache) goes only once the new one has had time to fill and to prove
+            // it stays up.
+            min_ready_seconds: Some(spec.min_ready_seconds()),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(name)),
                 match_expressions: None,
@@ -450,6 +555,7 @@ pub fn desired_deployment_with(
                 }),
                 spec: Some(PodSpec {
                     containers,
+                    init_containers,
                     enable_service_links: Some(false),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
@@ -481,6 +587,74 @@ pub fn desired_deployment_with(
         }),
         status: None,
     })
+}
+
+/// The TLS reload agent: a native sidecar (an init container that keeps running, started
+/// before memcached and stopped after it) from the operator's own image. It watches the
+/// mounted certificate and sends `refresh_certs` to memcached's loopback listener.
+fn tls_agent_container(settings: &BuildSettings) -> Container {
+    Container {
+        name: TLS_AGENT_NAME.to_string(),
+        image: Some(settings.tls_agent_image.clone()),
+        command: Some(vec![
+            TLS_AGENT_BINARY.to_string(),
+            TLS_AGENT_COMMAND.to_string(),
+            format!("--cert-dir={TLS_DIR}"),
+            format!("--admin-address=127.0.0.1:{TLS_ADMIN_PORT}"),
+        ]),
+        restart_policy: Some("Always".to_string()),
+        // The kubelet shows this file's contents as the reason of a failed reload.
+        termination_message_path: Some("/dev/termination-log".to_string()),
+        termination_message_policy: Some("File".to_string()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("5m".to_string())),
+                ("memory".to_string(), Quantity("16Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("32Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        volume_mounts: Some(vec![mount("tls", TLS_DIR)]),
+        ..Container::default()
+    }
+}
+
+/// extstore's volume: an `emptyDir` limited to the file's size, or, with a StorageClass, a
+/// generic ephemeral volume of that class (created and deleted with the pod).
+fn extstore_volume(ext: &ExtstoreSpec) -> Volume {
+    let size = Quantity(ext.size.clone());
+    match &ext.storage_class_name {
+        None => Volume {
+            name: EXTSTORE_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(size),
+            }),
+            ..Volume::default()
+        },
+        Some(class) => Volume {
+            name: EXTSTORE_VOLUME.to_string(),
+            ephemeral: Some(EphemeralVolumeSource {
+                volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                    metadata: None,
+                    spec: PersistentVolumeClaimSpec {
+                        access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+                        storage_class_name: Some(class.clone()),
+                        resources: Some(VolumeResourceRequirements {
+                            requests: Some(BTreeMap::from([("storage".to_string(), size)])),
+                            limits: None,
+                        }),
+                        ..PersistentVolumeClaimSpec::default()
+                    },
+                }),
+            }),
+            ..Volume::default()
+        },
+    }
 }
 
 fn secret_volume(name: &str, secret: &str) -> Volume {
@@ -1169,6 +1343,7 @@ mod tests {
             });
             s.tls = Some(memcached_api::TlsSpec {
                 secret_name: "certs".into(),
+                rotation: None,
             });
         });
         let d = deployment(&mc);
@@ -1259,6 +1434,218 @@ mod tests {
             hash(&base, &v1),
             hash(&base, &v2),
             "a rotated Secret rolls the pods"
+        );
+    }
+    fn template_hash(mc: &Memcached, tls_digest: &str) -> String {
+        let secrets = SecretVersions {
+            sasl: mc.spec.sasl.as_ref().map(|_| "sasl-1".to_string()),
+            tls: Some(tls_digest.to_string()),
+        };
+        let d = desired_deployment_with(mc, &BuildSettings::default(), &secrets).expect("builds");
+        d.spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+            .expect("config hash")
+    }
+
+    fn tls(rotation: Option<memcached_api::TlsRotation>) -> Option<memcached_api::TlsSpec> {
+        Some(memcached_api::TlsSpec {
+            secret_name: "certs".into(),
+            rotation,
+        })
+    }
+
+    #[test]
+    fn tls_in_place_runs_the_reload_agent_and_a_renewal_changes_no_template() {
+        use memcached_api::TlsRotation;
+        let mc = with_spec(|s| s.tls = tls(None));
+        assert_eq!(template_hash(&mc, "cert-1"), template_hash(&mc, "cert-2"));
+        let d = deployment(&mc);
+        let pod = pod_spec(&d);
+        let agents = pod.init_containers.as_ref().expect("the agent");
+        assert_eq!(agents.len(), 1);
+        let agent = &agents[0];
+        assert_eq!(agent.name, "tls-reload-agent");
+        // A native sidecar: an init container that keeps running beside memcached.
+        assert_eq!(agent.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(agent.image.as_deref(), Some("controller:latest"));
+        let command = agent.command.clone().expect("command");
+        assert_eq!(command[..2], ["/memcached-operator", "tls-reload-agent"]);
+        assert!(command.contains(&"--admin-address=127.0.0.1:11299".to_string()));
+        let mounts = agent.volume_mounts.clone().expect("mounts");
+        assert_eq!(mounts[0].mount_path, "/etc/memcached/tls");
+        // memcached: TLS on every address, plain text on loopback only for the agent.
+        let args = container(&d).command.clone().expect("command");
+        assert!(
+            has_pair(&args, "-l", "*:11211,notls:127.0.0.1:11299"),
+            "{args:?}"
+        );
+
+        // Restart, or SASL (binary protocol only: no refresh_certs), roll on a renewal.
+        for mc in [
+            with_spec(|s| s.tls = tls(Some(TlsRotation::Restart))),
+            with_spec(|s| {
+                s.tls = tls(None);
+                s.sasl = Some(memcached_api::SaslSpec {
+                    secret_name: "auth".into(),
+                });
+            }),
+        ] {
+            assert_ne!(template_hash(&mc, "cert-1"), template_hash(&mc, "cert-2"));
+            let d = deployment(&mc);
+            assert_eq!(pod_spec(&d).init_containers, None);
+            let args = container(&d).command.clone().expect("command");
+            assert!(!args.iter().any(|a| a == "-l"), "{args:?}");
+        }
+        // Without TLS there is no agent.
+        assert_eq!(pod_spec(&deployment(&sample(3))).init_containers, None);
+    }
+
+    #[test]
+    fn the_agent_image_follows_the_settings() {
+        let settings = BuildSettings {
+            tls_agent_image: "registry.local/memcached-operator:v1".into(),
+            ..BuildSettings::default()
+        };
+        let mc = with_spec(|s| s.tls = tls(None));
+        let d = desired_deployment(&mc, &settings).expect("builds");
+        let agent = &pod_spec(&d).init_containers.as_ref().expect("agent")[0];
+        assert_eq!(
+            agent.image.as_deref(),
+            Some("registry.local/memcached-operator:v1")
+        );
+    }
+
+    #[test]
+    fn rollouts_wait_30_seconds_per_pod_unless_told_otherwise() {
+        let min_ready = |mc: &Memcached| deployment(mc).spec.and_then(|s| s.min_ready_seconds);
+        assert_eq!(min_ready(&sample(3)), Some(30));
+        let mc = with_spec(|s| {
+            s.rollout = Some(memcached_api::RolloutSpec {
+                min_ready_seconds: 120,
+            })
+        });
+        assert_eq!(min_ready(&mc), Some(120));
+    }
+
+    #[test]
+    fn extstore_adds_its_volume_flags_and_memory() {
+        let mc = with_spec(|s| s.extstore = Some(memcached_api::ExtstoreSpec::default()));
+        let d = deployment(&mc);
+        let args = container(&d).command.clone().expect("command");
+        assert!(
+            has_pair(
+                &args,
+                "-o",
+                "ext_page_size=64,ext_wbuf_size=4,ext_threads=1,ext_item_size=512,ext_path=/var/lib/memcached/extstore/data:1024m"
+            ),
+            "{args:?}"
+        );
+        let volume = pod_spec(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "extstore")
+            .expect("extstore volume");
+        assert_eq!(
+            volume.empty_dir.as_ref().and_then(|e| e.size_limit.clone()),
+            Some(Quantity("1Gi".into()))
+        );
+        let mount = container(&d)
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "extstore")
+            .expect("mounted");
+        assert_eq!(mount.mount_path, "/var/lib/memcached/extstore");
+        assert_ne!(mount.read_only, Some(true));
+        // 64 MiB of cache + 25 % + 32 MiB, and six 4 MiB write buffers: 136 MiB.
+        let resources = container(&d).resources.clone().expect("resources");
+        let requests = resources.requests.expect("requests");
+        assert_eq!(requests.get("memory"), Some(&Quantity("136Mi".into())));
+        assert_eq!(
+            requests.get("ephemeral-storage"),
+            Some(&Quantity("1Gi".into()))
+        );
+        assert_eq!(
+            resources.limits.expect("limits").get("memory"),
+            Some(&Quantity("136Mi".into()))
+        );
+
+        // With a StorageClass: a generic ephemeral volume of that class, off the node's disk.
+        let mc = with_spec(|s| {
+            s.extstore = Some(memcached_api::ExtstoreSpec {
+                size: "20Gi".into(),
+                storage_class_name: Some("fast-ssd".into()),
+                page_size_mib: 32,
+                write_buffer_mib: 8,
+                threads: 4,
+                item_size_bytes: 1024,
+                item_age_seconds: Some(600),
+                enabled: true,
+            })
+        });
+        let d = deployment(&mc);
+        let args = container(&d).command.clone().expect("command");
+        assert!(
+            has_pair(
+                &args,
+                "-o",
+                "ext_page_size=32,ext_wbuf_size=8,ext_threads=4,ext_item_size=1024,ext_item_age=600,ext_path=/var/lib/memcached/extstore/data:20480m"
+            ),
+            "{args:?}"
+        );
+        let volume = pod_spec(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "extstore")
+            .expect("extstore volume");
+        let claim = volume
+            .ephemeral
+            .as_ref()
+            .and_then(|e| e.volume_claim_template.as_ref())
+            .expect("claim template");
+        assert_eq!(claim.spec.storage_class_name.as_deref(), Some("fast-ssd"));
+        assert_eq!(
+            claim
+                .spec
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage")),
+            Some(&Quantity("20Gi".into()))
+        );
+        let requests = container(&d)
+            .resources
+            .clone()
+            .and_then(|r| r.requests)
+            .expect("requests");
+        assert_eq!(requests.get("ephemeral-storage"), None);
+        assert_eq!(requests.get("memory"), Some(&Quantity("160Mi".into())));
+
+        // Off: nothing of it.
+        let mc = with_spec(|s| {
+            s.extstore = Some(memcached_api::ExtstoreSpec {
+                enabled: false,
+                ..memcached_api::ExtstoreSpec::default()
+            })
+        });
+        let d = deployment(&mc);
+        assert!(
+            !container(&d)
+                .command
+                .iter()
+                .flatten()
+                .any(|a| a.contains("ext_"))
+        );
+        assert!(
+            !pod_spec(&d)
+                .volumes
+                .iter()
+                .flatten()
+                .any(|v| v.name == "extstore")
         );
     }
 }

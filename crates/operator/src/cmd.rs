@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// Image of the memcached exporter sidecar for Memcacheds that enable it without naming one.
     #[arg(long, env = "EXPORTER_IMAGE", default_value = memcached_api::DEFAULT_EXPORTER_IMAGE)]
     pub exporter_image: String,
+    /// Image of the TLS reload agent added to pools whose certificate is reloaded in place:
+    /// the operator's own image (config/ sets it from the manager's image).
+    #[arg(long, env = "TLS_AGENT_IMAGE", default_value = crate::builders::DEFAULT_TLS_AGENT_IMAGE)]
+    pub tls_agent_image: String,
     /// Reconciles running at once (never two for the same object). 16: reconciles wait on the
     /// API server, and convergence of 1,000 Memcacheds fell from 20.4 s at 1 to 7.4 s at 16
     /// with no gain beyond (BENCHMARKS.md); idle cost is nil.
@@ -341,6 +345,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
             let settings = BuildSettings {
                 default_image: args.memcached_image.clone(),
                 default_exporter_image: args.exporter_image.clone(),
+                tls_agent_image: args.tls_agent_image.clone(),
             };
             server = server.with_children_check(
                 ChildrenCheck::new(client.clone(), settings)
@@ -378,6 +383,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         build: BuildSettings {
             default_image: args.memcached_image.clone(),
             default_exporter_image: args.exporter_image.clone(),
+            tls_agent_image: args.tls_agent_image.clone(),
         },
         concurrency: args.max_concurrent_reconciles,
         resync: args.resync_period,

@@ -15,5 +15,6 @@ pub mod manifests;
 pub mod proxy;
 pub mod rbac;
 pub mod status;
+pub mod tls_agent;
 pub mod triggers;
 pub mod webhook;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use memcached_operator::{cmd, crd, demo};
+use memcached_operator::{cmd, crd, demo, tls_agent};
 use tracing::error;
 
 #[derive(Parser, Debug)]
@@ -38,6 +38,9 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         step_timeout: u64,
     },
+    /// The TLS reload agent (a sidecar in memcached pods): has memcached load a renewed
+    /// certificate in place when the mounted files change.
+    TlsReloadAgent(tls_agent::AgentArgs),
 }
 
 fn init_logging(default_level: &str) {
@@ -51,6 +54,10 @@ fn init_logging(default_level: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The agent needs no async runtime (one blocking loop, a few MiB).
+    if let Command::TlsReloadAgent(args) = cli.command {
+        return tls_agent::run(args);
+    }
     let mut runtime = match &cli.command {
         Command::Run(args) if args.worker_threads == 0 => {
             tokio::runtime::Builder::new_current_thread()
@@ -120,6 +127,7 @@ async fn command(command: Command) -> ExitCode {
                 }
             }
         }
+        Command::TlsReloadAgent(args) => tls_agent::run(args),
         Command::Run(args) => match cmd::run(*args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -338,6 +338,9 @@ pub fn manager_deployment() -> Result<Deployment, Error> {
                             "env": [
                                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                // The TLS reload agent runs from the operator's own image:
+                                // config/manager's replacement copies the image here.
+                                {"name": "TLS_AGENT_IMAGE", "value": IMAGE_PLACEHOLDER},
                             ],
                             "ports": [
                                 {"name": "https", "containerPort": METRICS_PORT, "protocol": "TCP"},
@@ -383,8 +386,20 @@ fn manager_files() -> Result<Vec<File>, Error> {
             .object(&manager_deployment()?)?
             .finish(),
         Doc::new("manager/kustomization.yaml")
+            .comment("The TLS reload agent's image (TLS_AGENT_IMAGE) is the manager's own, after `make deploy IMG=...` set it.")
             .object(&Kustomization {
                 images: vec![json!({"name": name, "newName": name, "newTag": tag})],
+                replacements: vec![json!({
+                    "source": {
+                        "kind": "Deployment",
+                        "name": "controller-manager",
+                        "fieldPath": "spec.template.spec.containers.[name=manager].image",
+                    },
+                    "targets": [{
+                        "select": {"kind": "Deployment", "name": "controller-manager"},
+                        "fieldPaths": ["spec.template.spec.containers.[name=manager].env.[name=TLS_AGENT_IMAGE].value"],
+                    }],
+                })],
                 ..Kustomization::resources(&["manager.yaml"])
             })?
             .finish(),

@@ -1243,7 +1243,7 @@ mod tests {
     #[test]
     fn schema_defaults_are_exactly_the_crds() {
         // Nested defaults apply only inside objects the user wrote (`spec.config`,
-        // `spec.exporter`, `spec.proxy`), as the API server's structural defaulting does.
+        // `spec.exporter`, `spec.proxy`, `spec.extstore`, `spec.rollout`), as the API server's structural defaulting does.
         let want: Vec<(String, Value)> = [
             ("/spec/config/maxConnections", Value::from(1024)),
             ("/spec/config/maxItemSize", Value::from("1m")),
@@ -1252,9 +1252,17 @@ mod tests {
             ("/spec/config/verbosity", Value::from(1)),
             ("/spec/containerPort", Value::from(11211)),
             ("/spec/exporter/enabled", Value::from(false)),
+            // memcached's own extstore defaults, and a 1 GiB file.
+            ("/spec/extstore/enabled", Value::from(false)),
+            ("/spec/extstore/itemSizeBytes", Value::from(512)),
+            ("/spec/extstore/pageSizeMiB", Value::from(64)),
+            ("/spec/extstore/size", Value::from("1Gi")),
+            ("/spec/extstore/threads", Value::from(1)),
+            ("/spec/extstore/writeBufferMiB", Value::from(4)),
             ("/spec/proxy/copies", Value::from(1)),
             ("/spec/proxy/enabled", Value::from(false)),
             ("/spec/proxy/replicas", Value::from(2)),
+            ("/spec/rollout/minReadySeconds", Value::from(30)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

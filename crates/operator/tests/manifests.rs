@@ -112,16 +112,20 @@ fn writing_twice_changes_nothing() {
 
 /// `kubectl kustomize <dir>` as JSON objects, with the pinned kubectl (`make controlplane`).
 fn kustomize(dir: &str) -> Vec<Value> {
-    let path = config_dir().join(dir);
+    kustomize_path(&config_dir().join(dir))
+}
+
+fn kustomize_path(path: &std::path::Path) -> Vec<Value> {
+    let dir = path.display();
     let kubectl = envtest::kubectl_path().unwrap_or_else(|e| panic!("{e}"));
     let out = Command::new(&kubectl)
         .arg("kustomize")
-        .arg(&path)
+        .arg(path)
         .output()
         .unwrap_or_else(|e| panic!("{}: {e}", kubectl.display()));
     assert!(
         out.status.success(),
-        "kubectl kustomize config/{dir} failed:\n{}",
+        "kubectl kustomize {dir} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let yaml = String::from_utf8(out.stdout).expect("utf-8");
@@ -133,6 +137,44 @@ fn kustomize(dir: &str) -> Vec<Value> {
         }
     }
     objects
+}
+
+/// The TLS reload agent runs from the operator's own image: kustomize (the pinned kubectl's)
+/// copies the manager's image into `TLS_AGENT_IMAGE`, also after the image is set as
+/// `kustomize edit set image` sets it.
+#[test]
+fn the_reload_agent_image_is_the_managers_own() {
+    let agent_image = |objects: &[Value]| {
+        let deployment = find(
+            objects,
+            "Deployment",
+            "memcached-operator-controller-manager",
+        );
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let env = container["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
+            .map(|e| e["value"].clone());
+        (container["image"].clone(), env)
+    };
+    let (image, env) = agent_image(&kustomize("default"));
+    assert_eq!(image, "controller:latest");
+    assert_eq!(env, Some(image));
+
+    let tmp = TempDir::new("agent-image");
+    manifests::write(&tmp.0).expect("writes");
+    let kustomization = tmp.0.join("manager/kustomization.yaml");
+    let text = std::fs::read_to_string(&kustomization).expect("read");
+    let text = text
+        .replace(
+            "newName: controller",
+            "newName: registry.example.com/team/memcached-operator",
+        )
+        .replace("newTag: latest", "newTag: v1.2.3");
+    std::fs::write(&kustomization, text).expect("write");
+    let (image, env) = agent_image(&kustomize_path(&tmp.0.join("default")));
+    assert_eq!(image, "registry.example.com/team/memcached-operator:v1.2.3");
+    assert_eq!(env, Some(image));
 }
 
 /// Deserializes into the k8s-openapi type and back: a field the type does not know (a typo
