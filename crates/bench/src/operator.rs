@@ -328,6 +328,7 @@ async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Dur
                     pods: Vec::new(),
                     problem: None,
                     proxy: None,
+                    reload_failures: Vec::new(),
                 };
                 let status = status::desired_status(&mc, &observed, jiff::Timestamp::now());
                 api.patch_status(

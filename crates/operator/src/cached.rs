@@ -2,8 +2,8 @@
 //!
 //! A `k8s_openapi` `Pod` is 2,176 bytes before any of its strings, lists or maps, because
 //! every optional field of its spec and status is inline; with a real pod's spec that was
-//! about 5 KiB per cached pod. The controller reads a pod's name, namespace, instance label,
-//! deletion state, IP and readiness, so [`CachedPod`] is deserialized straight from the
+//! about 5 KiB per cached pod. The controller reads a pod's name, uid, namespace, instance label,
+//! deletion state, IP, readiness and the TLS reload agent's failure, so [`CachedPod`] is deserialized straight from the
 //! watch with only those: the spec is skipped while parsing, never allocated.
 //!
 //! A Deployment's pod template is read only by the drift check, as JSON; deserialized into
@@ -33,7 +33,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::builders::{LABEL_INSTANCE, LABEL_NAME};
+use crate::builders::{LABEL_INSTANCE, LABEL_NAME, TLS_AGENT_NAME, TLS_AGENT_RELOAD_FAILED};
 use crate::proxy::PROXY_APP_NAME;
 
 /// A pod of ours, as cached: identity, instance label, deletion, IP and readiness.
@@ -51,6 +51,9 @@ pub struct CachedPod {
     /// Whether the pod has ended (`status.phase` `Failed`, as an evicted pod, or
     /// `Succeeded`): it stays until garbage-collected but is no longer part of the pool.
     pub ended: bool,
+    /// The reason the TLS reload agent gave when memcached refused a renewed certificate
+    /// (its container ended with [`TLS_AGENT_RELOAD_FAILED`], now or as its last state).
+    pub tls_reload_failure: Option<String>,
 }
 
 /// `Resource` for a cached form of a built-in kind: the same kind, group, version and plural
@@ -234,6 +237,7 @@ struct WirePodMeta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
+    uid: Option<String>,
 }
 
 /// The parts of a pod's JSON that are read; serde skips everything else unparsed.
@@ -253,6 +257,48 @@ struct WireStatus {
     phase: Option<String>,
     #[serde(default)]
     conditions: Option<Vec<WireCondition>>,
+    /// Native sidecars (the TLS reload agent) report here.
+    #[serde(rename = "initContainerStatuses", default)]
+    init_container_statuses: Option<Vec<WireContainerStatus>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireContainerStatus {
+    name: String,
+    #[serde(default)]
+    state: Option<WireContainerState>,
+    #[serde(default)]
+    last_state: Option<WireContainerState>,
+}
+
+#[derive(Deserialize)]
+struct WireContainerState {
+    #[serde(default)]
+    terminated: Option<WireTerminated>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireTerminated {
+    exit_code: i32,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// The reload agent's reason when it ended on a refused certificate.
+fn tls_reload_failure(statuses: Option<Vec<WireContainerStatus>>) -> Option<String> {
+    let agent = statuses?.into_iter().find(|s| s.name == TLS_AGENT_NAME)?;
+    [agent.state, agent.last_state]
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.terminated)
+        .find(|t| t.exit_code == TLS_AGENT_RELOAD_FAILED)
+        .map(|t| {
+            t.message
+                .filter(|m| !m.trim().is_empty())
+                .unwrap_or_else(|| "the reload agent gave no reason".to_string())
+        })
 }
 
 #[derive(Deserialize)]
@@ -275,6 +321,7 @@ impl From<WirePod> for CachedPod {
             namespace: m.namespace,
             resource_version: m.resource_version,
             deletion_timestamp: m.deletion_timestamp,
+            uid: m.uid,
             ..ObjectMeta::default()
         };
         let status = pod.status;
@@ -286,12 +333,17 @@ impl From<WirePod> for CachedPod {
             .as_ref()
             .and_then(|s| s.phase.as_deref())
             .is_some_and(|phase| phase == "Failed" || phase == "Succeeded");
+        let (ip, statuses) = match status {
+            Some(s) => (s.pod_ip, s.init_container_statuses),
+            None => (None, None),
+        };
         CachedPod {
             metadata,
             instance,
-            ip: status.and_then(|s| s.pod_ip),
+            ip,
             ready,
             ended,
+            tls_reload_failure: tls_reload_failure(statuses),
         }
     }
 }
@@ -662,7 +714,12 @@ mod tests {
         assert_eq!(pod.instance.as_deref(), Some("m"));
         assert!(pod.labels().is_empty() && pod.annotations().is_empty());
         assert!(pod.managed_fields().is_empty() && pod.owner_references().is_empty());
-        assert!(pod.uid().is_none(), "no reader needs a pod's uid");
+        assert_eq!(
+            pod.uid().as_deref(),
+            Some("u1"),
+            "a pod is restarted with its uid as a precondition"
+        );
+        assert_eq!(pod.tls_reload_failure, None);
         assert_eq!(pod.ip.as_deref(), Some("10.0.0.7"));
         assert!(pod.ready);
         assert_eq!(pod.resource_version().as_deref(), Some("7"));
@@ -673,6 +730,34 @@ mod tests {
         }))
         .unwrap_or_default();
         assert_eq!(proxy.instance, None, "a proxy pod is no member of the pool");
+    }
+
+    /// The kubelet's shape of a native sidecar that ended (now or before its restart) with
+    /// the reload agent's exit code and termination message.
+    #[test]
+    fn a_refused_reload_is_read_from_the_agents_termination() {
+        let with_agent = |state: serde_json::Value, last: serde_json::Value| -> CachedPod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p"},
+                "status": {"initContainerStatuses": [{
+                    "name": "tls-reload-agent", "ready": false, "restartCount": 1,
+                    "image": "op", "imageID": "", "state": state, "lastState": last,
+                }]},
+            }))
+            .unwrap_or_default()
+        };
+        let refused = json!({"terminated": {"exitCode": 3, "reason": "Error",
+            "message": "memcached could not load the certificate in /etc/memcached/tls: key mismatch"}});
+        let running = json!({"running": {"startedAt": "2026-11-25T00:00:00Z"}});
+        let pod = with_agent(running.clone(), refused.clone());
+        assert_eq!(
+            pod.tls_reload_failure.as_deref(),
+            Some("memcached could not load the certificate in /etc/memcached/tls: key mismatch")
+        );
+        assert!(with_agent(refused, json!({})).tls_reload_failure.is_some());
+        // Another ending (OOM-killed: 137) is the kubelet's business, not a refused reload.
+        let oom = json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}});
+        assert_eq!(with_agent(running, oom).tls_reload_failure, None);
     }
 
     #[test]
@@ -758,6 +843,7 @@ mod tests {
                 pods: vec![],
                 problem: None,
                 proxy: None,
+                reload_failures: Vec::new(),
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -795,6 +881,7 @@ mod tests {
                 pods: vec![],
                 problem: None,
                 proxy: None,
+                reload_failures: Vec::new(),
             },
             jiff::Timestamp::UNIX_EPOCH,
         );

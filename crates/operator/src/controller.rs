@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -686,6 +686,88 @@ fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<Ob
         .collect()
 }
 
+/// Pods of `name` whose TLS reload agent reported a refused certificate, sorted by name:
+/// (pod, the agent's reason, its uid unless it is already being deleted).
+fn reload_failures(
+    pods: &Index<CachedPod>,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, Option<String>)> {
+    let mut failed: Vec<_> = pods
+        .get(&format!("{namespace}/{name}"))
+        .iter()
+        .filter(|p| !p.ended)
+        .filter_map(|p| {
+            let reason = p.tls_reload_failure.clone()?;
+            let uid = p
+                .metadata
+                .uid
+                .clone()
+                .filter(|_| p.metadata.deletion_timestamp.is_none());
+            Some((p.name_any(), reason, uid))
+        })
+        .collect();
+    failed.sort();
+    failed
+}
+
+/// Restarts the first pod whose certificate reload failed, after the status has named it,
+/// and only while the rest of the pool is whole: no other failed pod is being replaced and
+/// every pod that reported no failure is Ready. So pods are restarted one at a time, each
+/// after the previous one's replacement serves, and a Secret memcached cannot load (whose
+/// replacement pods never start) costs one pod, not the pool: the others keep serving the
+/// old certificate, and their cache, while the condition says why. The pod is deleted
+/// with its uid as a precondition (a pod of that name made since is left alone); its
+/// Deployment makes a new one, which loads the certificate as memcached starts.
+async fn restart_failed_reload(
+    ctx: &Context,
+    mc: &Memcached,
+    namespace: &str,
+    pods: &[ObservedPod],
+    failures: &[(String, String, Option<String>)],
+) -> Result<(), Error> {
+    let replacing = failures.iter().any(|(_, _, uid)| uid.is_none());
+    let others_ready = pods
+        .iter()
+        .filter(|p| !failures.iter().any(|(name, _, _)| *name == p.name))
+        .all(|p| p.ready);
+    if replacing || !others_ready {
+        return Ok(());
+    }
+    let Some((pod, reason, Some(uid))) = failures.first() else {
+        return Ok(());
+    };
+    let note = format!(
+        "Pod {pod} could not load the renewed TLS certificate ({reason}); restarting it so memcached loads it as it starts"
+    );
+    warn!(object = %object_key(mc), pod, reason, "TLS certificate reload failed: restarting the pod");
+    ctx.publish(
+        mc,
+        EventType::Warning,
+        "CertificateReloadFailed",
+        "RestartPod",
+        note,
+    );
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(pod, &params).await {
+        Ok(_) => Ok(()),
+        // Gone already, or another pod of that name now.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(source) => Err(Error::Delete {
+            kind: "Pod".into(),
+            object: format!("{namespace}/{pod}"),
+            source,
+        }),
+    }
+}
+
 async fn write_status_if_changed(
     client: &Client,
     mc: &Memcached,
@@ -724,6 +806,7 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
         pods: observed_pods(&ctx.pod_index, &namespace, &name),
         problem: Some(problem),
         proxy: None,
+        reload_failures: Vec::new(),
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
     write_status_if_changed(&ctx.client, mc, status).await
@@ -915,6 +998,11 @@ async fn reconcile_inner(
 
     reconcile_service_monitor(ctx, changes, mc, &owner, &namespace, &name).await?;
     let pods = observed_pods(&ctx.pod_index, &namespace, &name);
+    let failures = if mc.spec.tls_reloads_in_place() {
+        reload_failures(&ctx.pod_index, &namespace, &name)
+    } else {
+        Vec::new()
+    };
     let proxy = reconcile_proxy(ctx, changes, mc, &owner, &namespace, &name, &pods).await?;
     let proxy_deployment = proxy
         .as_ref()
@@ -930,6 +1018,10 @@ async fn reconcile_inner(
             backends: p.backends,
             version: p.version,
         }),
+        reload_failures: failures
+            .iter()
+            .map(|(pod, reason, _)| (pod.clone(), reason.clone()))
+            .collect(),
     };
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
@@ -937,6 +1029,8 @@ async fn reconcile_inner(
     if write_status_if_changed(&ctx.client, mc, status).await? {
         debug!(object, "status updated");
     }
+    // Reported in the status first (above), then restarted.
+    restart_failed_reload(ctx, mc, &namespace, &observed.pods, &failures).await?;
     Ok(Action::requeue(
         recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
     ))
@@ -1416,10 +1510,11 @@ fn pod_spec(p: &CachedPod) -> u64 {
 }
 
 /// What `status.nodes` and `status.endpoints` are made of besides the name: the pod's IP
-/// and readiness (not restarts, container states or other conditions).
+/// and readiness (not restarts, container states or other conditions), and a reload the TLS
+/// agent reported as refused.
 fn pod_status(p: &CachedPod) -> u64 {
     let mut h = DefaultHasher::new();
-    (&p.ip, p.ready).hash(&mut h);
+    (&p.ip, p.ready, &p.tls_reload_failure).hash(&mut h);
     h.finish()
 }
 

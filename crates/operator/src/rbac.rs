@@ -98,11 +98,13 @@ pub const MANAGER_RULES: &[Rule] = &[
         resources: &["servicemonitors"],
         verbs: &["create", "delete", "get", "patch"],
     },
-    // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness.
+    // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness;
+    // controller::restart_failed_reload deletes a pod whose TLS reload agent reported a
+    // refused certificate (its Deployment replaces it).
     Rule {
         api_groups: &[""],
         resources: &["pods"],
-        verbs: &["list", "watch"],
+        verbs: &["delete", "list", "watch"],
     },
     // controller::Context::publish (kube-runtime Recorder): creates events.k8s.io/v1
     // Events in the Memcached's namespace, and patches them to count repeats.

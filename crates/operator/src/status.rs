@@ -59,6 +59,9 @@ pub struct Observed<'a> {
     /// The proxy, when it runs and was reconciled this time (`None` keeps the proxy's
     /// status and condition as they were).
     pub proxy: Option<ObservedProxy<'a>>,
+    /// Pods whose TLS reload agent reported a refused certificate: (pod, the agent's
+    /// reason), sorted by pod.
+    pub reload_failures: Vec<(String, String)>,
 }
 
 /// The proxy as the reconciler left it.
@@ -187,6 +190,15 @@ fn rollout(deployment: &Deployment) -> Rollout {
     }
 }
 
+/// How a rollout is paced, for `Progressing`'s message: each new pod Ready for
+/// `minReadySeconds` before the next old one goes.
+fn pace(mc: &Memcached) -> String {
+    match mc.spec.min_ready_seconds() {
+        0 => String::new(),
+        s => format!("; each new pod must stay Ready {s}s before the next old one is replaced"),
+    }
+}
+
 fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.to_string(),
@@ -205,6 +217,7 @@ pub fn desired_status(
     now: jiff::Timestamp,
 ) -> MemcachedStatus {
     let size = mc.spec.size;
+    let min_ready = mc.spec.min_ready_seconds();
     let name = mc.metadata.name.clone().unwrap_or_default();
     let mut pods = observed.pods.clone();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
@@ -279,7 +292,15 @@ pub fn desired_status(
             } else if r.updated < size {
                 (
                     "RollingUpdate",
-                    format!("{} of {size} pods updated", r.updated),
+                    format!("{} of {size} pods updated{}", r.updated, pace(mc)),
+                )
+            } else if r.ready >= size && min_ready > 0 {
+                (
+                    "WaitingForReadyPods",
+                    format!(
+                        "{} of {size} pods ready, {} of them for minReadySeconds ({min_ready}s)",
+                        r.ready, r.available
+                    ),
                 )
             } else {
                 (
@@ -340,9 +361,29 @@ pub fn desired_status(
                 .cloned(),
         ),
     };
+    let reload_cond = mc
+        .spec
+        .tls_reloads_in_place()
+        .then(|| match observed.reload_failures.first() {
+            Some((pod, reason)) => cond(
+                condition::CERTIFICATES_RELOADED,
+                false,
+                "ReloadFailed",
+                format!(
+                    "pod {pod} could not load the renewed certificate ({reason}); it is restarted to load it as it starts"
+                ),
+            ),
+            None => cond(
+                condition::CERTIFICATES_RELOADED,
+                true,
+                "InPlace",
+                "each pod's reload agent loads a renewed certificate without a restart".into(),
+            ),
+        });
     let conditions = [available_cond, progressing_cond, degraded_cond]
         .into_iter()
         .chain(proxy_cond)
+        .chain(reload_cond)
         .map(|mut c| {
             c.observed_generation = generation;
             c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
@@ -408,6 +449,50 @@ mod tests {
 
     fn t(secs: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(secs).expect("valid time")
+    }
+
+    /// A rollout's pace is in `Progressing`'s message, and pods Ready but not yet for
+    /// `minReadySeconds` keep the pool Progressing.
+    #[test]
+    fn progressing_says_how_the_rollout_is_paced() {
+        let m = mc(3, 2);
+        let mut rolling = deployment(2, 2, 4, 1, 3);
+        let observed = |d: &Deployment| {
+            desired_status(
+                &m,
+                &Observed {
+                    deployment: Some(d),
+                    ..Observed::default()
+                },
+                t(100),
+            )
+        };
+        let progressing = |s: &MemcachedStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == condition::PROGRESSING)
+                .map(|c| (c.status.clone(), c.message.clone()))
+                .expect("Progressing")
+        };
+        assert_eq!(
+            progressing(&observed(&rolling)),
+            (
+                "True".to_string(),
+                "1 of 3 pods updated; each new pod must stay Ready 30s before the next old one is replaced".to_string()
+            )
+        );
+        // All updated and ready, one not yet for 30 s.
+        rolling = deployment(2, 2, 3, 3, 3);
+        if let Some(s) = rolling.status.as_mut() {
+            s.available_replicas = Some(2);
+        }
+        assert_eq!(
+            progressing(&observed(&rolling)),
+            (
+                "True".to_string(),
+                "3 of 3 pods ready, 2 of them for minReadySeconds (30s)".to_string()
+            )
+        );
     }
 
     #[test]
@@ -504,6 +589,7 @@ mod tests {
             ],
             problem: None,
             proxy: None,
+            reload_failures: Vec::new(),
         };
         let s = desired_status(&mc(3, 4), &observed, t(100));
         assert_eq!(s.nodes, ["m-abc-1", "m-abc-2", "m-abc-3"]);
@@ -582,6 +668,7 @@ mod tests {
                     backends,
                     version: v.into(),
                 }),
+                reload_failures: Vec::new(),
             };
             desired_status(m, &observed, now)
         };

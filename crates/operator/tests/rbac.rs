@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use apisim::ApiServer;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -391,6 +391,50 @@ async fn scenario(driver: &Client) {
         .await;
     }
 
+    // A pod whose TLS reload agent reports a refused certificate is restarted (deleted).
+    let secrets: Api<Secret> = Api::default_namespaced(driver.clone());
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "certs"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": "cert", "tls.key": "key"},
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("Secret created");
+    let tls_pool: Memcached = serde_json::from_value(json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "tls-pool"},
+        "spec": {"size": 2, "tls": {"secretName": "certs"}, "rollout": {"minReadySeconds": 0}}
+    }))
+    .expect("tls-pool");
+    memcacheds
+        .patch(
+            "tls-pool",
+            &PatchParams::apply("kubectl"),
+            &Patch::Apply(&tls_pool),
+        )
+        .await
+        .expect("tls-pool applies");
+    let pods: Api<Pod> = Api::default_namespaced(driver.clone());
+    let victim = wait_for("the TLS pool ready", || async {
+        let mc = memcacheds.get_opt("tls-pool").await.ok()??;
+        let status = mc.status?;
+        (status.ready_replicas == 2).then(|| status.nodes.first().cloned())?
+    })
+    .await;
+    let refused = json!({"status": {"initContainerStatuses": [{
+        "name": "tls-reload-agent", "ready": true, "restartCount": 1, "image": "x", "imageID": "",
+        "lastState": {"terminated": {"exitCode": 3, "message": "refused"}},
+    }]}});
+    pods.patch_status(&victim, &PatchParams::default(), &Patch::Merge(&refused))
+        .await
+        .expect("pod status patched");
+    wait_for("the pod with the refused reload restarted", || async {
+        pods.get_opt(&victim).await.ok()?.is_none().then_some(())
+    })
+    .await;
+
     // The CR is deleted; its children go with it.
     memcacheds
         .delete("memcached-sample", &DeleteParams::default())
@@ -556,6 +600,7 @@ async fn every_request_of_the_operator_is_allowed_by_the_generated_roles() {
         ("patch", "apps", "deployments"),
         ("create", "", "services"),
         ("watch", "", "pods"),
+        ("delete", "", "pods"),
         ("create", "events.k8s.io", "events"),
         ("update", "coordination.k8s.io", "leases"),
         ("create", "authentication.k8s.io", "tokenreviews"),

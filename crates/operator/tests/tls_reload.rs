@@ -1,0 +1,161 @@
+//! A pod whose TLS reload agent reports that memcached refused a renewed certificate is
+//! named in the status (`CertificatesReloaded=False`) and in an event, and only then
+//! restarted; its Deployment replaces it. The kubelet's part (the agent's container ending
+//! with exit code 3 and a termination message) is played by a patch of the pod's status,
+//! in the shape the kubelet writes for a native sidecar.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use memcached_api::{Memcached, MemcachedSpec, TlsSpec, condition};
+use memcached_operator::controller::{self, ControllerConfig};
+use serde_json::json;
+
+mod common;
+use common::cluster::{Cluster, Server};
+use common::wait_for;
+
+const REASON: &str = "Error loading the certificate chain: key values mismatch";
+
+on_every_server! {
+    async fn a_refused_reload_is_reported_then_the_pod_restarted(server: Server) {
+        let cluster = Cluster::start(
+            server,
+            "tls-reload-refused",
+            |b| b.pod_ready_delay(Duration::from_millis(50)),
+            false,
+        )
+        .await;
+        let secrets: Api<Secret> = cluster.api();
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("certs".into()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(
+                [("tls.crt", "cert"), ("tls.key", "key")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        secrets.create(&PostParams::default(), &secret).await.expect("Secret created");
+
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let config = ControllerConfig {
+            namespace: cluster.watch_namespace(),
+            ..ControllerConfig::default()
+        };
+        let task = tokio::spawn(controller::run(cluster.client.clone(), config, async {
+            let _ = stop_rx.await;
+        }));
+
+        let memcacheds: Api<Memcached> = cluster.api();
+        let mut mc = Memcached::new(
+            "reload",
+            MemcachedSpec {
+                tls: Some(TlsSpec::secret("certs")),
+                ..MemcachedSpec::with_size(3)
+            },
+        );
+        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0 });
+        memcacheds.create(&PostParams::default(), &mc).await.expect("Memcached created");
+
+        // Every status the operator writes, in order (a poll could miss a short one).
+        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let recorder = {
+            let seen = seen.clone();
+            let stream = watcher(
+                memcacheds.clone(),
+                watcher::Config::default().fields("metadata.name=reload"),
+            );
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(Ok(event)) = stream.next().await {
+                    if let watcher::Event::Apply(m) | watcher::Event::InitApply(m) = event
+                        && let Some(c) = m.condition(condition::CERTIFICATES_RELOADED)
+                    {
+                        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                        seen.push((c.status.clone(), c.message.clone()));
+                    }
+                }
+            })
+        };
+
+        let pods: Api<Pod> = cluster.api();
+        let selector = ListParams::default().labels("app.kubernetes.io/instance=reload");
+        let before = wait_for("3 pods ready and reloads in place", || async {
+            let m = memcacheds.get("reload").await.ok()?;
+            let status = m.status.as_ref()?;
+            let reloads = m.condition(condition::CERTIFICATES_RELOADED)?;
+            (status.ready_replicas == 3 && reloads.status == "True")
+                .then(|| status.nodes.clone())
+        })
+        .await;
+        let victim = before[0].clone();
+        let victim_uid = pods.get(&victim).await.expect("pod").uid();
+
+        // The kubelet's record of the agent's last run: exit code 3, the reason it wrote.
+        let sidecar = json!({"status": {"initContainerStatuses": [{
+            "name": "tls-reload-agent", "ready": true, "restartCount": 1, "started": true,
+            "image": "controller:latest", "imageID": "",
+            "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}},
+            "lastState": {"terminated": {"exitCode": 3, "reason": "Error",
+                "message": format!("memcached could not load the certificate in /etc/memcached/tls: memcached refused the certificate: {REASON}"),
+                "startedAt": "2026-11-25T00:00:00Z", "finishedAt": "2026-11-25T00:00:01Z"}},
+        }]}});
+        pods.patch_status(&victim, &PatchParams::default(), &Patch::Merge(&sidecar))
+            .await
+            .expect("pod status patched");
+
+        // Reported: the condition names the pod and memcached's reason, and so does an event.
+        let events: Api<Event> = cluster.api();
+        let note = wait_for("a CertificateReloadFailed event", || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("CertificateReloadFailed"))
+                .and_then(|e| e.note)
+        })
+        .await;
+        assert!(note.contains(&victim) && note.contains(REASON), "{note}");
+        // Then restarted: the pod is gone and the Deployment made another.
+        let after = wait_for("the pod replaced and 3 ready again", || async {
+            let list = pods.list(&selector).await.ok()?;
+            let gone = list.items.iter().all(|p| p.uid() != victim_uid);
+            let m = memcacheds.get("reload").await.ok()?;
+            let status = m.status.as_ref()?;
+            let reloads = m.condition(condition::CERTIFICATES_RELOADED)?;
+            (gone && status.ready_replicas == 3 && reloads.status == "True")
+                .then(|| status.nodes.clone())
+        })
+        .await;
+        assert_eq!(after.len(), 3);
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let failed = seen
+            .iter()
+            .find(|(status, _)| status == "False")
+            .unwrap_or_else(|| panic!("CertificatesReloaded never False: {seen:?}"));
+        assert!(failed.1.contains(&victim) && failed.1.contains(REASON), "{failed:?}");
+        // The other pods were left alone.
+        for pod in &before[1..] {
+            assert!(after.contains(pod), "{pod} kept: {after:?}");
+        }
+
+        recorder.abort();
+        let _ = stop_tx.send(());
+        let _ = task.await;
+    }
+}
