@@ -880,6 +880,14 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
             "metadata.name: the proxy of a Memcached named {other:?} has this name too (Deployment, Service, budget); if both exist, the one created second is Degraded until the other goes"
         ));
     }
+    if let Some(tls) = &mc.spec.tls
+        && mc.spec.sasl.is_some()
+        && tls.rotation.unwrap_or_default() == crate::TlsRotation::InPlace
+    {
+        out.push(
+            "spec.tls.rotation: InPlace acts as Restart with spec.sasl: SASL makes memcached speak only the binary protocol, which cannot reload a certificate, so a renewed certificate rolls the pods".into(),
+        );
+    }
     if let Some(proxy) = mc.spec.proxy_enabled()
         && proxy.copies > 1
     {
@@ -1447,6 +1455,19 @@ mod tests {
                 .any(|w| w.contains("moves the Service port"))
         );
         assert_eq!(validate_update(&old, &m), Ok(()));
+
+        let mut both = mc("x", 3);
+        both.spec.tls = Some(crate::TlsSpec::secret("certs"));
+        both.spec.sasl = Some(crate::SaslSpec {
+            secret_name: "auth".into(),
+        });
+        assert!(
+            warnings(&both, crate::DEFAULT_IMAGE)
+                .iter()
+                .any(|w| w.contains("acts as Restart")),
+            "{:?}",
+            warnings(&both, crate::DEFAULT_IMAGE)
+        );
 
         let named = mc("cache-proxy", 3);
         assert!(warnings(&named, crate::DEFAULT_IMAGE)[0].contains("\"cache\""));
