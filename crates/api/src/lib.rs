@@ -456,8 +456,8 @@ pub struct ExtstoreSpec {
     /// Use extstore.
     #[serde(default)]
     pub enabled: bool,
-    /// Size of the extstore file (a quantity, e.g. `4Gi`): a whole number of pages of
-    /// `pageSizeMiB`, at least one, fewer than 65,535.
+    /// Size of the extstore file (a quantity, e.g. `4Gi`): memcached uses the whole pages
+    /// of `pageSizeMiB` that fit (at least one, fewer than 65,535); the volume is this size.
     #[serde(default = "default_extstore_size")]
     #[schemars(length(min = 1, max = 64))]
     pub size: String,

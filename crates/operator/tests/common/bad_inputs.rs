@@ -196,6 +196,33 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
             422,
             vec!["spec.proxy.image", "should match"],
         ),
+        (
+            "extstore page of 4 GiB",
+            memcached(
+                "ext-page-huge",
+                json!({"size": 1, "extstore": {"enabled": true, "pageSizeMiB": 4096}}),
+            ),
+            422,
+            vec!["spec.extstore.pageSizeMiB", "less than or equal to 1024"],
+        ),
+        (
+            "no extstore threads",
+            memcached(
+                "ext-threads0",
+                json!({"size": 1, "extstore": {"enabled": true, "threads": 0}}),
+            ),
+            422,
+            vec!["spec.extstore.threads", "greater than or equal to 1"],
+        ),
+        (
+            "negative minReadySeconds",
+            memcached(
+                "min-ready-neg",
+                json!({"size": 1, "rollout": {"minReadySeconds": -1}}),
+            ),
+            422,
+            vec!["spec.rollout.minReadySeconds", "greater than or equal to 0"],
+        ),
         ("wrong kind", wrong_kind, 400, vec!["kind", "Redis"]),
         (
             "wrong apiVersion",
@@ -272,6 +299,28 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             "proxy-with-sasl".into(),
             json!({"size": 2, "proxy": {"enabled": true}, "sasl": {"secretName": "pwdb"}}),
             "spec.proxy.enabled",
+        ),
+        // memcached refuses to start with these extstore settings (storage.c, extstore.c).
+        (
+            "ext-page-odd".into(),
+            json!({"size": 1, "extstore": {"enabled": true, "pageSizeMiB": 63}}),
+            "spec.extstore.pageSizeMiB",
+        ),
+        (
+            "ext-wbuf-uneven".into(),
+            json!({"size": 1, "extstore": {"enabled": true, "pageSizeMiB": 64, "writeBufferMiB": 6}}),
+            "spec.extstore.writeBufferMiB",
+        ),
+        (
+            "ext-size-under-a-page".into(),
+            json!({"size": 1, "extstore": {"enabled": true, "size": "10Mi"}}),
+            "spec.extstore.size",
+        ),
+        // memcached's default item size limit is 1 MiB (`-I 1m`): no item reaches it.
+        (
+            "ext-item-size-max".into(),
+            json!({"size": 1, "extstore": {"enabled": true, "itemSizeBytes": 1_048_576}}),
+            "spec.extstore.itemSizeBytes",
         ),
     ]
 }
