@@ -157,7 +157,6 @@ struct Rollout {
     replicas: i32,
     updated: i32,
     ready: i32,
-    available: i32,
     observed: bool,
     /// The Deployment's own message when its rollout is stuck.
     stuck: Option<String>,
@@ -184,7 +183,6 @@ fn rollout(deployment: &Deployment) -> Rollout {
         replicas: status.replicas.unwrap_or(0),
         updated: status.updated_replicas.unwrap_or(0),
         ready: status.ready_replicas.unwrap_or(0),
-        available: status.available_replicas.unwrap_or(0),
         observed,
         stuck,
     }
@@ -217,7 +215,6 @@ pub fn desired_status(
     now: jiff::Timestamp,
 ) -> MemcachedStatus {
     let size = mc.spec.size;
-    let min_ready = mc.spec.min_ready_seconds();
     let name = mc.metadata.name.clone().unwrap_or_default();
     let mut pods = observed.pods.clone();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
@@ -259,7 +256,10 @@ pub fn desired_status(
         ),
         Some(deployment) => {
             let r = rollout(deployment);
-            let available = r.available >= size && (size == 0 || r.ready > 0);
+            // The pool serves at full size once `size` pods are Ready. The Deployment's own
+            // count of available pods lags that by `minReadySeconds`, a pace for replacing
+            // old pods that says nothing about whether the pool serves.
+            let available = r.ready >= size;
             let available_cond = cond(
                 condition::AVAILABLE,
                 available,
@@ -270,11 +270,11 @@ pub fn desired_status(
                 },
                 format!("{}/{} pods ready", r.ready, size),
             );
-            let done = r.observed
-                && r.updated >= size
-                && r.replicas == size
-                && r.available >= size
-                && r.ready >= size;
+            // Done when only updated pods remain and all are Ready. While old pods remain, a
+            // new one waits out `minReadySeconds` before the next old one goes (the rollout
+            // keeps a pod beyond `size` until then); once none remains, that wait guards
+            // nothing, so a new or scaled pool is done as soon as its pods are Ready.
+            let done = r.observed && r.updated >= size && r.replicas == size && r.ready >= size;
             let (reason, message) = if done {
                 ("RolloutComplete", format!("{size} pods updated and ready"))
             } else if !r.observed {
@@ -284,23 +284,17 @@ pub fn desired_status(
                 )
             } else if r.replicas < size && r.updated >= r.replicas {
                 ("ScalingUp", format!("{} of {size} pods exist", r.replicas))
-            } else if r.replicas > size && r.updated >= size {
+            } else if r.replicas > size && r.updated >= r.replicas {
                 (
                     "ScalingDown",
                     format!("{} pods exist, {size} wanted", r.replicas),
                 )
-            } else if r.updated < size {
+            } else if r.updated < size || r.replicas > r.updated {
+                // Old pods remain: replaced one at a time, each new pod first Ready for
+                // minReadySeconds.
                 (
                     "RollingUpdate",
-                    format!("{} of {size} pods updated{}", r.updated, pace(mc)),
-                )
-            } else if r.ready >= size && min_ready > 0 {
-                (
-                    "WaitingForReadyPods",
-                    format!(
-                        "{} of {size} pods ready, {} of them for minReadySeconds ({min_ready}s)",
-                        r.ready, r.available
-                    ),
+                    format!("{} of {size} pods updated{}", r.updated.min(size), pace(mc)),
                 )
             } else {
                 (
@@ -481,17 +475,26 @@ mod tests {
                 "1 of 3 pods updated; each new pod must stay Ready 30s before the next old one is replaced".to_string()
             )
         );
-        // All updated and ready, one not yet for 30 s.
-        rolling = deployment(2, 2, 3, 3, 3);
+        // The last new pod Ready but not yet for 30 s: the last old pod is still there.
+        rolling = deployment(2, 2, 4, 3, 4);
         if let Some(s) = rolling.status.as_mut() {
-            s.available_replicas = Some(2);
+            s.available_replicas = Some(3);
         }
+        let (status, message) = progressing(&observed(&rolling));
+        assert_eq!(status, "True");
+        assert!(message.starts_with("3 of 3 pods updated"), "{message}");
+        // A new pool whose pods are Ready serves: Available, and nothing is left to
+        // replace, so the 30 s the Deployment counts before calling them available do not
+        // keep it Progressing.
+        let mut created = deployment(1, 1, 3, 3, 3);
+        if let Some(s) = created.status.as_mut() {
+            s.available_replicas = Some(0);
+        }
+        let s = observed(&created);
+        assert_eq!(progressing(&s).0, "False");
         assert_eq!(
-            progressing(&observed(&rolling)),
-            (
-                "True".to_string(),
-                "3 of 3 pods ready, 2 of them for minReadySeconds (30s)".to_string()
-            )
+            status_of(&s, condition::AVAILABLE),
+            ("True", "MinimumReplicasAvailable")
         );
     }
 
