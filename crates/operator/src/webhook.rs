@@ -1072,13 +1072,33 @@ fn decode_spec(
         rest.remove(handled);
     }
     rest.insert("size".into(), Value::from(size));
-    let typed = match serde_json::from_value::<MemcachedSpec>(Value::Object(rest)) {
+    let typed = match serde_path_to_error::deserialize::<_, MemcachedSpec>(Value::Object(rest)) {
         Ok(typed) => typed,
         Err(e) => {
+            // Named by the field serde stopped at (`spec.tls.rotation`), as the schema
+            // would name it, with the value found there.
+            let mut field = "spec".to_string();
+            let mut pointer = String::new();
+            for segment in e.path().iter() {
+                match segment {
+                    serde_path_to_error::Segment::Map { key } => {
+                        field.push_str(&format!(".{key}"));
+                        pointer
+                            .push_str(&format!("/{}", key.replace('~', "~0").replace('/', "~1")));
+                    }
+                    serde_path_to_error::Segment::Seq { index } => {
+                        field.push_str(&format!("[{index}]"));
+                        pointer.push_str(&format!("/{index}"));
+                    }
+                    _ => {}
+                }
+            }
+            let whole = Value::Object(spec.clone());
+            let value = whole.pointer(&pointer).cloned().unwrap_or(whole);
             errors.push(FieldError::invalid(
-                "spec",
-                Json(&Value::Object(spec.clone())),
-                format!("is not a valid Memcached spec: {e}"),
+                field,
+                Json(&value),
+                e.into_inner().to_string(),
             ));
             return None;
         }
@@ -1303,6 +1323,30 @@ mod tests {
         );
         assert!(
             text.contains("spec.replicas: Forbidden: unknown field"),
+            "{text}"
+        );
+        // A nested typed field is named down to where it is wrong, with its value.
+        let err = decode_memcached(&serde_json::json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": "x"},
+            "spec": {"size": 1, "tls": {"secretName": "c", "rotation": "Reload"},
+                "tolerations": [{"key": "a"}, {"key": 7}]}
+        }))
+        .expect_err("bad");
+        let text = err.to_string();
+        assert!(
+            text.contains("spec.tls.rotation: Invalid value: \"Reload\": unknown variant `Reload`"),
+            "{text}"
+        );
+        let err = decode_memcached(&serde_json::json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": "x"},
+            "spec": {"size": 1, "tolerations": [{"key": "a"}, {"key": 7}]}
+        }))
+        .expect_err("bad");
+        let text = err.to_string();
+        assert!(
+            text.contains("spec.tolerations[1].key: Invalid value: 7:"),
             "{text}"
         );
     }

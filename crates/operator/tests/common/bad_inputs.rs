@@ -223,6 +223,15 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
             422,
             vec!["spec.rollout.minReadySeconds", "greater than or equal to 0"],
         ),
+        (
+            "unknown TLS rotation",
+            memcached(
+                "tls-rotation",
+                json!({"size": 1, "tls": {"secretName": "certs", "rotation": "Reload"}}),
+            ),
+            422,
+            vec!["spec.tls.rotation", "Reload"],
+        ),
         ("wrong kind", wrong_kind, 400, vec!["kind", "Redis"]),
         (
             "wrong apiVersion",
