@@ -741,12 +741,24 @@ async fn restart_failed_reload(
         "Pod {pod} could not load the renewed TLS certificate ({reason}); restarting it so memcached loads it as it starts"
     );
     warn!(object = %object_key(mc), pod, reason, "TLS certificate reload failed: restarting the pod");
-    ctx.publish(
+    // The pod as the related object: warnings repeat as a series per (object, reason,
+    // related), so each pod's failure keeps its own note.
+    ctx.publish_event(
         mc,
-        EventType::Warning,
-        "CertificateReloadFailed",
-        "RestartPod",
-        note,
+        Event {
+            type_: EventType::Warning,
+            reason: "CertificateReloadFailed".to_string(),
+            note: Some(truncate(note, EVENT_NOTE_MAX)),
+            action: "RestartPod".to_string(),
+            secondary: Some(ObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Pod".to_string()),
+                name: Some(pod.clone()),
+                namespace: Some(namespace.to_string()),
+                uid: Some(uid.clone()),
+                ..ObjectReference::default()
+            }),
+        },
     );
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let params = DeleteParams {

@@ -127,10 +127,12 @@ on_every_server! {
                 .items
                 .into_iter()
                 .find(|e| e.reason.as_deref() == Some("CertificateReloadFailed"))
-                .and_then(|e| e.note)
+                .map(|e| (e.note.unwrap_or_default(), e.related.and_then(|r| r.name)))
         })
         .await;
+        let (note, related) = note;
         assert!(note.contains(&victim) && note.contains(REASON), "{note}");
+        assert_eq!(related.as_deref(), Some(victim.as_str()), "the event's related object");
         // Then restarted: the pod is gone and the Deployment made another.
         let after = wait_for("the pod replaced and 3 ready again", || async {
             let list = pods.list(&selector).await.ok()?;
