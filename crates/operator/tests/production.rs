@@ -231,26 +231,32 @@ on_every_server! {
 async fn an_image_change_rolls_the_pods_and_shows_progress_until_done(server: Server) {
     // Slow readiness so the rollout is long enough to watch.
     let env = start(server, "an_image_change_rolls_the_pods", Duration::from_millis(300), false).await;
+    // Each new pod Ready 3 s before the next old one goes (the default 30 s would make
+    // the test wait a minute on a real server).
     env.apply(
         "rolling",
-        json!({"size": 2, "image": "memcached:1.6.38-alpine"}),
+        json!({"size": 2, "image": "memcached:1.6.38-alpine", "rollout": {"minReadySeconds": 3}}),
     )
     .await;
     env.converged("rolling", 2).await;
 
     env.apply(
         "rolling",
-        json!({"size": 2, "image": "memcached:1.6.39-alpine"}),
+        json!({"size": 2, "image": "memcached:1.6.39-alpine", "rollout": {"minReadySeconds": 3}}),
     )
     .await;
     let api = env.api::<Memcached>();
     let mut reasons: Vec<String> = Vec::new();
+    let mut messages: Vec<String> = Vec::new();
     let deadline = Instant::now() + common::DEADLINE;
     let done = loop {
         let mc = api.get("rolling").await.expect("get");
         if let Some(progressing) = mc.condition(condition::PROGRESSING).cloned() {
             if reasons.last() != Some(&progressing.reason) {
                 reasons.push(progressing.reason.clone());
+            }
+            if messages.last() != Some(&progressing.message) {
+                messages.push(progressing.message.clone());
             }
             let observed = mc.status.as_ref().and_then(|s| s.observed_generation);
             if progressing.status == "False" && observed == mc.metadata.generation {
@@ -273,6 +279,13 @@ async fn an_image_change_rolls_the_pods_and_shows_progress_until_done(server: Se
         reasons.last().map(String::as_str),
         Some("RolloutComplete"),
         "{reasons:?}"
+    );
+    // The pace is shown while the rollout waits.
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("each new pod must stay Ready 3s before the next old one is replaced")),
+        "{messages:?}"
     );
     assert_eq!(
         done.condition(condition::AVAILABLE)
