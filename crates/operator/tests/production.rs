@@ -384,7 +384,8 @@ async fn the_exporter_and_its_service_monitor_appear_only_when_asked(server: Ser
             "servicemonitors",
         ),
     );
-    env.apply("watched", json!({"size": 1})).await;
+    // minReadySeconds 0: switching the exporter rolls the pod, and its pace is not the point.
+    env.apply("watched", json!({"size": 1, "rollout": {"minReadySeconds": 0}})).await;
     env.converged("watched", 1).await;
     let containers = |d: Deployment| {
         d.spec
@@ -397,7 +398,7 @@ async fn the_exporter_and_its_service_monitor_appear_only_when_asked(server: Ser
     );
     assert!(monitors.get_opt("watched").await.expect("get").is_none());
 
-    env.apply("watched", json!({"size": 1, "exporter": {"enabled": true}}))
+    env.apply("watched", json!({"size": 1, "exporter": {"enabled": true}, "rollout": {"minReadySeconds": 0}}))
         .await;
     env.converged("watched", 1).await;
     let monitor = wait_for("ServiceMonitor", || async {
@@ -425,7 +426,7 @@ async fn the_exporter_and_its_service_monitor_appear_only_when_asked(server: Ser
 
     env.apply(
         "watched",
-        json!({"size": 1, "exporter": {"enabled": false}}),
+        json!({"size": 1, "exporter": {"enabled": false}, "rollout": {"minReadySeconds": 0}}),
     )
     .await;
     wait_for("ServiceMonitor removed", || async {
@@ -538,7 +539,8 @@ async fn only_a_secrets_contents_roll_the_pods(server: Server) {
         .create(&PostParams::default(), &secret)
         .await
         .expect("create Secret");
-    env.apply("rotated", json!({"size": 1, "sasl": {"secretName": "auth"}}))
+    // minReadySeconds 0: a roll here is the outcome, not its pace.
+    env.apply("rotated", json!({"size": 1, "sasl": {"secretName": "auth"}, "rollout": {"minReadySeconds": 0}}))
         .await;
     env.converged("rotated", 1).await;
     let template_hash = || async {
