@@ -397,8 +397,9 @@ impl TlsSpec {
 pub enum TlsRotation {
     /// A reload agent (a native sidecar from the operator's image) watches the mounted
     /// certificate and has memcached load it in place (`refresh_certs`): no pod restarts,
-    /// no cache lost. A pod whose reload fails is reported and then restarted. With SASL
-    /// (binary protocol only, so no `refresh_certs`) this acts as `Restart`.
+    /// no cache lost. Files that cannot be loaded are reported (`CertificatesReloaded`);
+    /// a pod whose memcached refused them is then restarted. With SASL (binary protocol
+    /// only, so no `refresh_certs`) this acts as `Restart`.
     #[default]
     InPlace,
     /// Every renewal rolls the pods, one at a time (each comes back with an empty cache).
@@ -410,8 +411,10 @@ pub enum TlsRotation {
 /// soon after it became Ready stops the rollout before a second old pod (and its cache)
 /// goes, and long enough for the hottest keys to refill the new pod.
 pub const DEFAULT_MIN_READY_SECONDS: i32 = 30;
-/// Largest `spec.rollout.minReadySeconds` accepted (an hour per pod).
-pub const MAX_MIN_READY_SECONDS: i32 = 3600;
+/// Largest `spec.rollout.minReadySeconds` accepted: five minutes per pod. Kubernetes wants
+/// a Deployment's `progressDeadlineSeconds` (600, its default, which the operator keeps)
+/// above `minReadySeconds`, and a longer wait per pod is a rollout of hours.
+pub const MAX_MIN_READY_SECONDS: i32 = 300;
 
 /// Rollout settings.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -421,7 +424,7 @@ pub struct RolloutSpec {
     /// is replaced (the Deployment's `minReadySeconds`): time for the new, empty cache to
     /// fill before another one is emptied.
     #[serde(default = "default_min_ready_seconds")]
-    #[schemars(range(min = 0, max = 3600))]
+    #[schemars(range(min = 0, max = 300))]
     pub min_ready_seconds: i32,
 }
 
@@ -673,8 +676,9 @@ pub mod condition {
     /// that configuration (present only while `spec.proxy.enabled`).
     pub const PROXY_READY: &str = "ProxyReady";
     /// Every pod loaded its renewed TLS certificate in place; `False` names a pod whose
-    /// reload agent reported a failed reload (that pod is then restarted). Present only
-    /// while the certificate is reloaded in place.
+    /// reload agent could not load it: `CertificateInvalid` (the agent refused the files;
+    /// memcached keeps its certificate) or `ReloadFailed` (memcached refused them; the pod
+    /// is restarted). Present only while the certificate is reloaded in place.
     pub const CERTIFICATES_RELOADED: &str = "CertificatesReloaded";
 }
 

@@ -617,6 +617,8 @@ pub fn parse_quantity_bytes(value: &str) -> Option<u64> {
         "Ti" => (1 << 40, 0),
         "Pi" => (1 << 50, 0),
         "Ei" => (1 << 60, 0),
+        "n" => (1, -9),
+        "u" => (1, -6),
         "m" => (1, -3),
         "k" => (1, 3),
         "M" => (1, 6),
@@ -631,7 +633,10 @@ pub fn parse_quantity_bytes(value: &str) -> Option<u64> {
     let bytes = if exp >= 0 {
         scaled.checked_mul(10u128.checked_pow(u32::try_from(exp).ok()?)?)?
     } else {
-        scaled / 10u128.checked_pow(u32::try_from(-exp).ok()?)?
+        // Past 10^38 the quotient is 0 (u128 tops out near 3.4e38).
+        10u128
+            .checked_pow(u32::try_from(-exp).ok()?)
+            .map_or(0, |d| scaled / d)
     };
     u64::try_from(bytes).ok().filter(|b| *b <= i64::MAX as u64)
 }
@@ -1642,7 +1647,7 @@ mod tests {
                     })
                 }),
                 "spec.rollout.minReadySeconds",
-                "between 0 and 3600",
+                "between 0 and 300",
             ),
             (
                 with(|s| {
@@ -1699,6 +1704,9 @@ mod tests {
             ("2048", Some(2048)),
             ("100m", Some(0)),
             ("+1Ki", Some(1024)),
+            ("1000000000u", Some(1000)),
+            ("5000000000n", Some(5)),
+            ("1e-100", Some(0)),
             ("-1Gi", None),
             ("1GB", None),
             ("", None),

@@ -61,10 +61,17 @@ pub const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
 pub const EXTSTORE_VOLUME: &str = "extstore";
 /// Name of the TLS reload agent's container (a native sidecar).
 pub const TLS_AGENT_NAME: &str = "tls-reload-agent";
-/// Exit code of the reload agent when memcached refused to load the renewed certificate;
-/// the reconciler reads it from the container's last termination, reports the pod, then
-/// restarts it.
+/// Exit code of the reload agent when memcached refused to load the renewed certificate
+/// (its TLS may be broken); the reconciler reads it from the container's last termination,
+/// reports the pod, then restarts it.
 pub const TLS_AGENT_RELOAD_FAILED: i32 = 3;
+/// Exit code of the reload agent when it refused the files itself (not a certificate, a key
+/// of another certificate) and never sent them: memcached keeps serving the certificate it
+/// has, so the pod is reported and left running (a restart would not start with them).
+pub const TLS_AGENT_CERTIFICATE_INVALID: i32 = 4;
+/// The reload agent's state directory (an `emptyDir` that outlives its restarts).
+pub const TLS_AGENT_STATE_DIR: &str = "/var/run/tls-reload-agent";
+const TLS_AGENT_STATE_VOLUME: &str = "tls-reload-agent";
 /// The reload agent's subcommand of the operator binary.
 pub const TLS_AGENT_COMMAND: &str = "tls-reload-agent";
 
@@ -490,6 +497,16 @@ pub fn desired_deployment_with(
         tls: secrets.tls.clone().filter(|_| !in_place),
     };
     let init_containers = in_place.then(|| vec![tls_agent_container(settings)]);
+    if in_place {
+        volumes.push(Volume {
+            name: TLS_AGENT_STATE_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(Quantity("1Mi".to_string())),
+            }),
+            ..Volume::default()
+        });
+    }
 
     let memcached = Container {
         name: CONTAINER_NAME.to_string(),
@@ -601,6 +618,7 @@ fn tls_agent_container(settings: &BuildSettings) -> Container {
             TLS_AGENT_COMMAND.to_string(),
             format!("--cert-dir={TLS_DIR}"),
             format!("--admin-address=127.0.0.1:{TLS_ADMIN_PORT}"),
+            format!("--state-dir={TLS_AGENT_STATE_DIR}"),
         ]),
         restart_policy: Some("Always".to_string()),
         // The kubelet shows this file's contents as the reason of a failed reload.
@@ -618,7 +636,14 @@ fn tls_agent_container(settings: &BuildSettings) -> Container {
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted(MEMCACHED_UID)),
-        volume_mounts: Some(vec![mount("tls", TLS_DIR)]),
+        volume_mounts: Some(vec![
+            mount("tls", TLS_DIR),
+            VolumeMount {
+                name: TLS_AGENT_STATE_VOLUME.to_string(),
+                mount_path: TLS_AGENT_STATE_DIR.to_string(),
+                ..VolumeMount::default()
+            },
+        ]),
         ..Container::default()
     }
 }

@@ -33,7 +33,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::builders::{LABEL_INSTANCE, LABEL_NAME, TLS_AGENT_NAME, TLS_AGENT_RELOAD_FAILED};
+use crate::builders::{
+    LABEL_INSTANCE, LABEL_NAME, TLS_AGENT_CERTIFICATE_INVALID, TLS_AGENT_NAME,
+    TLS_AGENT_RELOAD_FAILED,
+};
 use crate::proxy::PROXY_APP_NAME;
 
 /// A pod of ours, as cached: identity, instance label, deletion, IP and readiness.
@@ -51,9 +54,9 @@ pub struct CachedPod {
     /// Whether the pod has ended (`status.phase` `Failed`, as an evicted pod, or
     /// `Succeeded`): it stays until garbage-collected but is no longer part of the pool.
     pub ended: bool,
-    /// The reason the TLS reload agent gave when memcached refused a renewed certificate
-    /// (its container ended with [`TLS_AGENT_RELOAD_FAILED`], now or as its last state).
-    pub tls_reload_failure: Option<String>,
+    /// What the TLS reload agent reported when it last ended: its exit code
+    /// ([`TLS_AGENT_RELOAD_FAILED`] or [`TLS_AGENT_CERTIFICATE_INVALID`]) and reason.
+    pub tls_reload_failure: Option<(i32, String)>,
 }
 
 /// `Resource` for a cached form of a built-in kind: the same kind, group, version and plural
@@ -286,18 +289,23 @@ struct WireTerminated {
     message: Option<String>,
 }
 
-/// The reload agent's reason when it ended on a refused certificate.
-fn tls_reload_failure(statuses: Option<Vec<WireContainerStatus>>) -> Option<String> {
+/// The reload agent's report, from its latest ending: the current state when it is
+/// terminated, else the last state. An agent that recovered ended with 0 since, so an
+/// older failure no longer counts.
+fn tls_reload_failure(statuses: Option<Vec<WireContainerStatus>>) -> Option<(i32, String)> {
     let agent = statuses?.into_iter().find(|s| s.name == TLS_AGENT_NAME)?;
-    [agent.state, agent.last_state]
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.terminated)
-        .find(|t| t.exit_code == TLS_AGENT_RELOAD_FAILED)
-        .map(|t| {
-            t.message
+    let ended = agent
+        .state
+        .and_then(|s| s.terminated)
+        .or_else(|| agent.last_state.and_then(|s| s.terminated))?;
+    [TLS_AGENT_RELOAD_FAILED, TLS_AGENT_CERTIFICATE_INVALID]
+        .contains(&ended.exit_code)
+        .then(|| {
+            let reason = ended
+                .message
                 .filter(|m| !m.trim().is_empty())
-                .unwrap_or_else(|| "the reload agent gave no reason".to_string())
+                .unwrap_or_else(|| "the reload agent gave no reason".to_string());
+            (ended.exit_code, reason)
         })
 }
 
@@ -751,10 +759,31 @@ mod tests {
         let running = json!({"running": {"startedAt": "2026-11-25T00:00:00Z"}});
         let pod = with_agent(running.clone(), refused.clone());
         assert_eq!(
-            pod.tls_reload_failure.as_deref(),
-            Some("memcached could not load the certificate in /etc/memcached/tls: key mismatch")
+            pod.tls_reload_failure,
+            Some((
+                3,
+                "memcached could not load the certificate in /etc/memcached/tls: key mismatch"
+                    .to_string()
+            ))
         );
-        assert!(with_agent(refused, json!({})).tls_reload_failure.is_some());
+        let ended_now = with_agent(refused.clone(), json!({})).tls_reload_failure;
+        assert_eq!(ended_now.map(|f| f.0), Some(3));
+        let invalid =
+            json!({"terminated": {"exitCode": 4, "message": "tls.crt holds no PEM certificate"}});
+        assert_eq!(
+            with_agent(running.clone(), invalid)
+                .tls_reload_failure
+                .map(|f| f.0),
+            Some(4)
+        );
+        // Recovered since: it ended with 0 after the failure (now the last state).
+        let recovered = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+        assert_eq!(
+            with_agent(running.clone(), recovered.clone()).tls_reload_failure,
+            None
+        );
+        // Terminated now with 0, the failure one run before: the latest ending counts.
+        assert_eq!(with_agent(recovered, refused).tls_reload_failure, None);
         // Another ending (OOM-killed: 137) is the kubelet's business, not a refused reload.
         let oom = json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}});
         assert_eq!(with_agent(running, oom).tls_reload_failure, None);

@@ -40,7 +40,7 @@ use crate::children_check;
 use crate::drift::{self, NormalForm, NormalForms};
 use crate::informer::{Index, Informer};
 use crate::proxy;
-use crate::status::{self, Observed, ObservedPod, ObservedProxy, Problem};
+use crate::status::{self, Observed, ObservedPod, ObservedProxy, Problem, ReloadFailure};
 use crate::triggers::{self, Busy, Classifier, Urgency};
 
 /// Name under which the controller reports events and metrics.
@@ -686,79 +686,112 @@ fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<Ob
         .collect()
 }
 
-/// Pods of `name` whose TLS reload agent reported a refused certificate, sorted by name:
-/// (pod, the agent's reason, its uid unless it is already being deleted).
+/// Pods of `name` whose TLS reload agent reported renewed files it could not load, sorted
+/// by name; none when the certificate is not reloaded in place.
 fn reload_failures(
+    mc: &Memcached,
     pods: &Index<CachedPod>,
     namespace: &str,
     name: &str,
-) -> Vec<(String, String, Option<String>)> {
+) -> Vec<ReloadFailure> {
+    if !mc.spec.tls_reloads_in_place() {
+        return Vec::new();
+    }
     let mut failed: Vec<_> = pods
         .get(&format!("{namespace}/{name}"))
         .iter()
         .filter(|p| !p.ended)
         .filter_map(|p| {
-            let reason = p.tls_reload_failure.clone()?;
-            let uid = p
-                .metadata
-                .uid
-                .clone()
-                .filter(|_| p.metadata.deletion_timestamp.is_none());
-            Some((p.name_any(), reason, uid))
+            let (code, reason) = p.tls_reload_failure.clone()?;
+            Some(ReloadFailure {
+                pod: p.name_any(),
+                restart: code == builders::TLS_AGENT_RELOAD_FAILED,
+                reason,
+            })
         })
         .collect();
     failed.sort();
     failed
 }
 
-/// Restarts the first pod whose certificate reload failed, after the status has named it,
-/// and only while the rest of the pool is whole: no other failed pod is being replaced and
+/// A Warning event about `mc` naming the pod of `failure` as its related object: warnings
+/// repeat as a series per (object, reason, related), so each pod's failure keeps its note.
+fn publish_reload_failure(
+    ctx: &Context,
+    mc: &Memcached,
+    namespace: &str,
+    failure: &ReloadFailure,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    ctx.publish_event(
+        mc,
+        Event {
+            type_: EventType::Warning,
+            reason: reason.to_string(),
+            note: Some(truncate(note, EVENT_NOTE_MAX)),
+            action: action.to_string(),
+            secondary: Some(ObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Pod".to_string()),
+                name: Some(failure.pod.clone()),
+                namespace: Some(namespace.to_string()),
+                ..ObjectReference::default()
+            }),
+        },
+    );
+}
+
+/// Restarts the first pod whose memcached refused its renewed certificate, after the
+/// status has named it, and only while the rest of the pool is whole: no pod of the pool
+/// is being deleted (a replacement, a drain, an eviction), the pool has `size` pods, and
 /// every pod that reported no failure is Ready. So pods are restarted one at a time, each
-/// after the previous one's replacement serves, and a Secret memcached cannot load (whose
-/// replacement pods never start) costs one pod, not the pool: the others keep serving the
-/// old certificate, and their cache, while the condition says why. The pod is deleted
+/// after the previous one's replacement serves, and files memcached cannot load at all
+/// (whose replacement pods never start) cost one pod, not the pool. The pod is deleted
 /// with its uid as a precondition (a pod of that name made since is left alone); its
 /// Deployment makes a new one, which loads the certificate as memcached starts.
 async fn restart_failed_reload(
     ctx: &Context,
     mc: &Memcached,
     namespace: &str,
-    pods: &[ObservedPod],
-    failures: &[(String, String, Option<String>)],
+    failures: &[ReloadFailure],
 ) -> Result<(), Error> {
-    let replacing = failures.iter().any(|(_, _, uid)| uid.is_none());
-    let others_ready = pods
+    let Some(failure) = failures.iter().find(|f| f.restart) else {
+        return Ok(());
+    };
+    let pods = ctx.pod_index.get(&format!("{namespace}/{}", mc.name_any()));
+    let live: Vec<_> = pods.iter().filter(|p| !p.ended).collect();
+    let deleting = live.iter().any(|p| p.metadata.deletion_timestamp.is_some());
+    let others_ready = live
         .iter()
-        .filter(|p| !failures.iter().any(|(name, _, _)| *name == p.name))
+        .filter(|p| !failures.iter().any(|f| f.pod == p.name_any()))
         .all(|p| p.ready);
-    if replacing || !others_ready {
+    let whole = i32::try_from(live.len()).unwrap_or(i32::MAX) >= mc.spec.size;
+    if deleting || !others_ready || !whole {
         return Ok(());
     }
-    let Some((pod, reason, Some(uid))) = failures.first() else {
+    let pod = &failure.pod;
+    let reason = &failure.reason;
+    let Some(uid) = live
+        .iter()
+        .find(|p| p.name_any() == *pod)
+        .and_then(|p| p.metadata.uid.clone())
+    else {
         return Ok(());
     };
     let note = format!(
         "Pod {pod} could not load the renewed TLS certificate ({reason}); restarting it so memcached loads it as it starts"
     );
     warn!(object = %object_key(mc), pod, reason, "TLS certificate reload failed: restarting the pod");
-    // The pod as the related object: warnings repeat as a series per (object, reason,
-    // related), so each pod's failure keeps its own note.
-    ctx.publish_event(
+    publish_reload_failure(
+        ctx,
         mc,
-        Event {
-            type_: EventType::Warning,
-            reason: "CertificateReloadFailed".to_string(),
-            note: Some(truncate(note, EVENT_NOTE_MAX)),
-            action: "RestartPod".to_string(),
-            secondary: Some(ObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("Pod".to_string()),
-                name: Some(pod.clone()),
-                namespace: Some(namespace.to_string()),
-                uid: Some(uid.clone()),
-                ..ObjectReference::default()
-            }),
-        },
+        namespace,
+        failure,
+        "CertificateReloadFailed",
+        "RestartPod",
+        note,
     );
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let params = DeleteParams {
@@ -818,7 +851,7 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
         pods: observed_pods(&ctx.pod_index, &namespace, &name),
         problem: Some(problem),
         proxy: None,
-        reload_failures: Vec::new(),
+        reload_failures: reload_failures(mc, &ctx.pod_index, &namespace, &name),
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
     write_status_if_changed(&ctx.client, mc, status).await
@@ -1010,11 +1043,7 @@ async fn reconcile_inner(
 
     reconcile_service_monitor(ctx, changes, mc, &owner, &namespace, &name).await?;
     let pods = observed_pods(&ctx.pod_index, &namespace, &name);
-    let failures = if mc.spec.tls_reloads_in_place() {
-        reload_failures(&ctx.pod_index, &namespace, &name)
-    } else {
-        Vec::new()
-    };
+    let failures = reload_failures(mc, &ctx.pod_index, &namespace, &name);
     let proxy = reconcile_proxy(ctx, changes, mc, &owner, &namespace, &name, &pods).await?;
     let proxy_deployment = proxy
         .as_ref()
@@ -1030,19 +1059,32 @@ async fn reconcile_inner(
             backends: p.backends,
             version: p.version,
         }),
-        reload_failures: failures
-            .iter()
-            .map(|(pod, reason, _)| (pod.clone(), reason.clone()))
-            .collect(),
+        reload_failures: failures.clone(),
     };
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
     let recheck = proxy_recheck(&status, now);
     if write_status_if_changed(&ctx.client, mc, status).await? {
         debug!(object, "status updated");
+        // Files the agent refused itself: reported when the status first says so; the pod
+        // keeps serving the certificate it has.
+        for failure in failures.iter().filter(|f| !f.restart) {
+            publish_reload_failure(
+                ctx,
+                mc,
+                &namespace,
+                failure,
+                "CertificateInvalid",
+                "Report",
+                format!(
+                    "Pod {} did not load the renewed TLS certificate ({}); memcached keeps serving the certificate it has",
+                    failure.pod, failure.reason
+                ),
+            );
+        }
     }
     // Reported in the status first (above), then restarted.
-    restart_failed_reload(ctx, mc, &namespace, &observed.pods, &failures).await?;
+    restart_failed_reload(ctx, mc, &namespace, &failures).await?;
     Ok(Action::requeue(
         recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
     ))

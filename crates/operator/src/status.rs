@@ -59,9 +59,19 @@ pub struct Observed<'a> {
     /// The proxy, when it runs and was reconciled this time (`None` keeps the proxy's
     /// status and condition as they were).
     pub proxy: Option<ObservedProxy<'a>>,
-    /// Pods whose TLS reload agent reported a refused certificate: (pod, the agent's
-    /// reason), sorted by pod.
-    pub reload_failures: Vec<(String, String)>,
+    /// Pods whose TLS reload agent reported renewed files it could not load, sorted by pod.
+    pub reload_failures: Vec<ReloadFailure>,
+}
+
+/// A pod whose TLS reload agent reported renewed certificate files it could not load.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ReloadFailure {
+    pub pod: String,
+    /// memcached refused the files (its TLS may be broken): the pod is restarted. Else the
+    /// agent refused them itself and memcached keeps serving the certificate it has.
+    pub restart: bool,
+    /// The agent's reason.
+    pub reason: String,
 }
 
 /// The proxy as the reconciler left it.
@@ -359,14 +369,32 @@ pub fn desired_status(
         .spec
         .tls_reloads_in_place()
         .then(|| match observed.reload_failures.first() {
-            Some((pod, reason)) => cond(
-                condition::CERTIFICATES_RELOADED,
-                false,
-                "ReloadFailed",
-                format!(
-                    "pod {pod} could not load the renewed certificate ({reason}); it is restarted to load it as it starts"
-                ),
-            ),
+            Some(failure) => {
+                let others = match observed.reload_failures.len() - 1 {
+                    0 => String::new(),
+                    n => format!(" ({n} more pods report the same)"),
+                };
+                let (reason, then) = if failure.restart {
+                    (
+                        "ReloadFailed",
+                        "it is restarted, one pod at a time while the others are Ready, to load it as it starts",
+                    )
+                } else {
+                    (
+                        "CertificateInvalid",
+                        "memcached keeps serving the certificate it has; fix the Secret",
+                    )
+                };
+                cond(
+                    condition::CERTIFICATES_RELOADED,
+                    false,
+                    reason,
+                    format!(
+                        "pod {} could not load the renewed certificate ({}); {then}{others}",
+                        failure.pod, failure.reason
+                    ),
+                )
+            }
             None => cond(
                 condition::CERTIFICATES_RELOADED,
                 true,

@@ -4,11 +4,17 @@
 //! atomically), sends `refresh_certs` to memcached's loopback-only non-TLS listener, so
 //! memcached serves the new certificate on the next handshake and keeps its cache.
 //!
-//! A reload memcached refuses is written to the termination log and the agent exits with
-//! [`TLS_AGENT_RELOAD_FAILED`]: the kubelet keeps that reason in the container's last state,
-//! where the reconciler reads it, reports the pod and restarts it. Plain threads and
-//! blocking sockets: the agent does one thing every few seconds and should cost no more
-//! than a few MiB.
+//! What it cannot load is reported through the kubelet: the reason goes to the termination
+//! log and the agent exits, with [`TLS_AGENT_RELOAD_FAILED`] when memcached refused the files
+//! (its TLS may be broken: the pod is restarted) or [`TLS_AGENT_CERTIFICATE_INVALID`] when
+//! the agent refused them itself and memcached never saw them (it keeps serving the old
+//! certificate: the pod is left running). The kubelet keeps the exit code and reason as the
+//! container's last state, where the reconciler reads them. The digest of the reported
+//! files is kept in a state file, so the restarted agent waits for new files instead of
+//! failing again (a crash-looping sidecar would make its pod NotReady); once it loads new
+//! files after a failure it exits 0, so the last state the kubelet keeps is no longer a
+//! failure. Plain threads and blocking sockets: the agent does one thing every few seconds
+//! and costs a few MiB.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -16,7 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::builders::{TLS_AGENT_RELOAD_FAILED, TLS_DIR};
+use crate::builders::{
+    TLS_AGENT_CERTIFICATE_INVALID, TLS_AGENT_RELOAD_FAILED, TLS_AGENT_STATE_DIR, TLS_DIR,
+};
 
 /// The files of a `kubernetes.io/tls` Secret memcached reads (`ca.crt` when present).
 pub const CERT_FILES: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
@@ -33,13 +41,17 @@ pub struct AgentArgs {
     /// How often the files are read, e.g. `2s`.
     #[arg(long, default_value = "2s", value_parser = crate::cmd::parse_duration)]
     pub interval: Duration,
-    /// Attempts at a reload memcached does not answer `OK` before the pod is reported.
+    /// Answers of memcached refusing the files before they are reported.
     #[arg(long, default_value_t = 3)]
     pub attempts: u32,
     /// Where the reason of a failed reload is written (the container's
     /// `terminationMessagePath`).
     #[arg(long, default_value = "/dev/termination-log")]
     pub termination_log: PathBuf,
+    /// Directory that outlives the agent's restarts (an `emptyDir`): the digest of the
+    /// files last reported is kept there.
+    #[arg(long, default_value = TLS_AGENT_STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 /// Why a reload did not happen.
@@ -48,34 +60,83 @@ pub enum ReloadError {
     /// Nothing listens: memcached is not running (it reads the files when it starts).
     #[error("memcached is not listening on {0}")]
     NotListening(String),
-    /// memcached answered something other than `OK` (its reason, e.g. a key that does not
-    /// match the certificate).
+    /// memcached refused the files (`Error loading the key: ...`).
     #[error("memcached refused the certificate: {0}")]
     Refused(String),
-    /// The connection failed or timed out mid-way.
+    /// Anything else (a connection limit reached, `ERROR Too many open connections`, a
+    /// timeout): worth another try later, never a reason to restart the pod.
     #[error("talking to memcached at {address}: {reason}")]
-    Io { address: String, reason: String },
+    Transient { address: String, reason: String },
 }
 
-/// A digest of the certificate files' contents in `dir` (a missing `ca.crt` counts as
-/// empty); `None` while `tls.crt` or `tls.key` cannot be read.
-pub fn digest(dir: &Path) -> Option<String> {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for name in CERT_FILES {
-        let bytes = match std::fs::read(dir.join(name)) {
-            Ok(bytes) => bytes,
-            Err(_) if name == "ca.crt" => Vec::new(),
-            Err(_) => return None,
-        };
-        ctx.update(&(bytes.len() as u64).to_le_bytes());
-        ctx.update(&bytes);
+/// The certificate files as read at one moment.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Files {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    pub ca: Vec<u8>,
+}
+
+impl Files {
+    /// Reads the files of `dir` from one version of a Secret volume: through its `..data`
+    /// link, resolved once, so a swap between two reads cannot pair an old certificate with
+    /// a new key. `None` while `tls.crt` or `tls.key` cannot be read.
+    pub fn read(dir: &Path) -> Option<Self> {
+        let data = std::fs::canonicalize(dir.join("..data")).unwrap_or_else(|_| dir.to_path_buf());
+        let read = |name: &str| std::fs::read(data.join(name));
+        Some(Self {
+            cert: read("tls.crt").ok()?,
+            key: read("tls.key").ok()?,
+            ca: read("ca.crt").unwrap_or_default(),
+        })
     }
-    Some(
+
+    /// A digest of the contents.
+    pub fn digest(&self) -> String {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        for bytes in [&self.cert, &self.key, &self.ca] {
+            ctx.update(&(bytes.len() as u64).to_le_bytes());
+            ctx.update(bytes);
+        }
         ctx.finish().as_ref()[..8]
             .iter()
             .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
+            .collect()
+    }
+
+    /// Why memcached must not be sent these files, if it must not: a certificate or key
+    /// that does not parse, or a key that provably belongs to another certificate. memcached
+    /// (1.6.18, OpenSSL 3) installs a new chain before it checks the key, so such a pair
+    /// leaves every new handshake failing until a good reload or a restart. A key rustls
+    /// parses but ring cannot use (a type it does not support) is left to memcached.
+    pub fn problem(&self) -> Option<String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = match CertificateDer::pem_slice_iter(&self.cert).collect::<Result<Vec<_>, _>>()
+        {
+            Ok(certs) if certs.is_empty() => {
+                return Some("tls.crt holds no PEM certificate".into());
+            }
+            Ok(certs) => certs,
+            Err(e) => return Some(format!("tls.crt is not a PEM certificate: {e}")),
+        };
+        let key = match PrivateKeyDer::from_pem_slice(&self.key) {
+            Ok(key) => key,
+            Err(e) => {
+                return Some(format!(
+                    "tls.key is not an unencrypted PEM private key: {e}"
+                ));
+            }
+        };
+        let provider = rustls::crypto::ring::default_provider();
+        let signing_key = provider.key_provider.load_private_key(key).ok()?;
+        match rustls::sign::CertifiedKey::new(certs, signing_key).keys_match() {
+            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+                Some("tls.key does not match the certificate in tls.crt".into())
+            }
+            _ => None,
+        }
+    }
 }
 
 fn resolve(address: &str) -> Result<SocketAddr, ReloadError> {
@@ -83,43 +144,20 @@ fn resolve(address: &str) -> Result<SocketAddr, ReloadError> {
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
-        .ok_or_else(|| ReloadError::Io {
+        .ok_or_else(|| ReloadError::Transient {
             address: address.to_string(),
             reason: "not an address".into(),
         })
 }
 
-/// Whether `tls.key` provably does not belong to the certificate in `tls.crt` (their
-/// public keys differ). memcached (OpenSSL 3) installs a new chain before it checks the
-/// key, so a mismatched pair sent to it leaves every new handshake failing until a good
-/// reload or a restart (measured with Debian's 1.6.18): such a pair is never sent. What
-/// rustls cannot read (a key type ring does not support) is left to memcached to judge.
-pub fn key_mismatch(dir: &Path) -> Option<String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let cert_pem = std::fs::read(dir.join("tls.crt")).ok()?;
-    let key_pem = std::fs::read(dir.join("tls.key")).ok()?;
-    let certs = CertificateDer::pem_slice_iter(&cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .ok()?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).ok()?;
-    let provider = rustls::crypto::ring::default_provider();
-    let signing_key = provider.key_provider.load_private_key(key).ok()?;
-    match rustls::sign::CertifiedKey::new(certs, signing_key).keys_match() {
-        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => Some(
-            "tls.key does not match the certificate in tls.crt (not sent to memcached, which keeps serving the certificate it has)".into(),
-        ),
-        _ => None,
-    }
-}
-
 /// Sends `refresh_certs` to memcached at `address` and reads its answer.
 pub fn reload(address: &str, timeout: Duration) -> Result<(), ReloadError> {
     let addr = resolve(address)?;
-    let io = |e: std::io::Error| ReloadError::Io {
+    let transient = |reason: String| ReloadError::Transient {
         address: address.to_string(),
-        reason: e.to_string(),
+        reason,
     };
+    let io = |e: std::io::Error| transient(e.to_string());
     let mut stream = match TcpStream::connect_timeout(&addr, timeout) {
         Ok(stream) => stream,
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
@@ -133,74 +171,121 @@ pub fn reload(address: &str, timeout: Duration) -> Result<(), ReloadError> {
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).map_err(io)?;
     let answer = line.trim_end();
-    match answer {
-        "OK" => Ok(()),
-        "" => Err(ReloadError::Io {
-            address: address.to_string(),
-            reason: "memcached closed the connection without an answer".into(),
-        }),
-        other => Err(ReloadError::Refused(other.to_string())),
+    // memcached's refusals of the files are `Error loading ...` / `Error validating ...`
+    // (proto_text.c); its generic `ERROR ...` (too many connections) is not about them.
+    if answer == "OK" {
+        Ok(())
+    } else if answer.starts_with("Error ") {
+        Err(ReloadError::Refused(answer.to_string()))
+    } else if answer.is_empty() {
+        Err(transient(
+            "memcached closed the connection without an answer".into(),
+        ))
+    } else {
+        Err(transient(answer.to_string()))
     }
 }
 
 /// What one look at the files led to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
-    /// The files are as last loaded (or unreadable for now).
+    /// The files are as last loaded, or as last reported, or unreadable for now.
     Unchanged,
     /// memcached loaded the files.
     Reloaded,
-    /// memcached is not running; it loads the files when it starts.
-    NotRunning,
-    /// memcached refused the files every time: the reason.
-    Failed(String),
+    /// memcached loaded new files after a failure was reported: exit 0, so the kubelet's
+    /// record of the agent's last run is no longer the failure.
+    Recovered,
+    /// memcached is not running (it loads the files when it starts), or did not answer
+    /// this time: looked at again at the next interval.
+    Waiting(String),
+    /// The files cannot be loaded: the exit code and the reason.
+    Failed(i32, String),
 }
 
-/// The agent's state: the digest of the files memcached last loaded.
+/// The agent's state: the digest of the files memcached last loaded, and of the files last
+/// reported (kept across restarts in the state directory).
 pub struct Agent {
     args: AgentArgs,
     loaded: Option<String>,
+    reported: Option<String>,
+    refusals: u32,
 }
+
+const REPORTED_FILE: &str = "reported";
 
 impl Agent {
     /// An agent that has loaded nothing yet: its first [`Agent::step`] reloads, so a
-    /// renewal that happened while the agent was restarting is not missed.
+    /// renewal that happened while the agent was restarting is not missed, unless the files
+    /// are those it reported before its restart.
     pub fn new(args: AgentArgs) -> Self {
-        Self { args, loaded: None }
+        let reported = std::fs::read_to_string(args.state_dir.join(REPORTED_FILE))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+        Self {
+            args,
+            loaded: None,
+            reported,
+            refusals: 0,
+        }
+    }
+
+    fn report(&mut self, digest: String, code: i32, reason: String) -> Step {
+        if let Err(e) = std::fs::write(self.args.state_dir.join(REPORTED_FILE), &digest) {
+            eprintln!(
+                "tls-reload-agent: cannot write {}: {e}",
+                self.args.state_dir.display()
+            );
+        }
+        self.reported = Some(digest);
+        self.refusals = 0;
+        Step::Failed(code, reason)
     }
 
     /// Reads the files and reloads memcached if they changed since the last reload.
     pub fn step(&mut self) -> Step {
-        let Some(current) = digest(&self.args.cert_dir) else {
+        let Some(files) = Files::read(&self.args.cert_dir) else {
             return Step::Unchanged;
         };
-        if self.loaded.as_deref() == Some(current.as_str()) {
+        let current = files.digest();
+        if self.loaded.as_deref() == Some(current.as_str())
+            || self.reported.as_deref() == Some(current.as_str())
+        {
             return Step::Unchanged;
         }
-        if let Some(reason) = key_mismatch(&self.args.cert_dir) {
-            return Step::Failed(reason);
+        if let Some(problem) = files.problem() {
+            let reason =
+                format!("{problem} (not sent to memcached, which keeps the certificate it has)");
+            return self.report(current, TLS_AGENT_CERTIFICATE_INVALID, reason);
         }
-        let timeout = Duration::from_secs(5);
-        let mut last = String::new();
-        for attempt in 1..=self.args.attempts.max(1) {
-            match reload(&self.args.admin_address, timeout) {
-                Ok(()) => {
-                    self.loaded = Some(current);
-                    return Step::Reloaded;
+        match reload(&self.args.admin_address, Duration::from_secs(5)) {
+            Ok(()) => {
+                self.loaded = Some(current);
+                self.refusals = 0;
+                if self.reported.take().is_some() {
+                    let _ = std::fs::remove_file(self.args.state_dir.join(REPORTED_FILE));
+                    Step::Recovered
+                } else {
+                    Step::Reloaded
                 }
-                Err(ReloadError::NotListening(_)) => return Step::NotRunning,
-                Err(e) => last = e.to_string(),
             }
-            if attempt < self.args.attempts {
-                std::thread::sleep(self.args.interval);
+            Err(ReloadError::Refused(answer)) => {
+                self.refusals += 1;
+                if self.refusals >= self.args.attempts.max(1) {
+                    let reason = format!("memcached refused the certificate: {answer}");
+                    self.report(current, TLS_AGENT_RELOAD_FAILED, reason)
+                } else {
+                    Step::Waiting(answer)
+                }
             }
+            Err(e) => Step::Waiting(e.to_string()),
         }
-        Step::Failed(last)
     }
 }
 
-/// Runs the agent until memcached refuses a certificate (exit code
-/// [`TLS_AGENT_RELOAD_FAILED`], the reason in the termination log).
+/// Runs the agent until it must report (its exit code and reason in the termination log)
+/// or has recovered from a reported failure (exit 0).
 pub fn run(args: AgentArgs) -> ExitCode {
     let interval = args.interval;
     let dir = args.cert_dir.display().to_string();
@@ -209,11 +294,18 @@ pub fn run(args: AgentArgs) -> ExitCode {
     println!("tls-reload-agent: watching {dir}");
     loop {
         match agent.step() {
-            Step::Unchanged | Step::NotRunning => {}
+            Step::Unchanged => {}
+            Step::Waiting(why) => println!("tls-reload-agent: will look again: {why}"),
             Step::Reloaded => {
                 println!("tls-reload-agent: memcached loaded the certificate in {dir}")
             }
-            Step::Failed(reason) => {
+            Step::Recovered => {
+                println!(
+                    "tls-reload-agent: memcached loaded the certificate in {dir}; exiting so the failure reported before is cleared"
+                );
+                return ExitCode::SUCCESS;
+            }
+            Step::Failed(code, reason) => {
                 let message =
                     format!("memcached could not load the certificate in {dir}: {reason}");
                 eprintln!("tls-reload-agent: {message}");
@@ -223,7 +315,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
                         termination_log.display()
                     );
                 }
-                return ExitCode::from(TLS_AGENT_RELOAD_FAILED as u8);
+                return ExitCode::from(u8::try_from(code).unwrap_or(1));
             }
         }
         std::thread::sleep(interval);
@@ -253,32 +345,55 @@ mod tests {
     }
 
     fn args(dir: &Path, address: String) -> AgentArgs {
+        let state_dir = dir.join("state");
+        std::fs::create_dir_all(&state_dir).expect("state dir");
         AgentArgs {
-            cert_dir: dir.to_path_buf(),
+            cert_dir: dir.join("certs"),
             admin_address: address,
             interval: Duration::from_millis(10),
             attempts: 2,
             termination_log: dir.join("termination-log"),
+            state_dir,
         }
     }
 
-    fn cert_dir(name: &str) -> PathBuf {
+    struct Pair {
+        cert: String,
+        key: String,
+    }
+
+    fn pair(name: &str) -> Pair {
+        let c = rcgen::generate_simple_self_signed(vec![name.to_string()]).expect("cert");
+        Pair {
+            cert: c.cert.pem(),
+            key: c.signing_key.serialize_pem(),
+        }
+    }
+
+    fn write(dir: &Path, cert: &str, key: &str) {
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).expect("dir");
+        std::fs::write(certs.join("tls.crt"), cert).expect("write");
+        std::fs::write(certs.join("tls.key"), key).expect("write");
+    }
+
+    fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("tls-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::write(dir.join("tls.crt"), "cert 1").expect("write");
-        std::fs::write(dir.join("tls.key"), "key 1").expect("write");
         dir
     }
 
     #[test]
     fn a_changed_certificate_is_reloaded_once() {
-        let dir = cert_dir("changed");
+        let dir = temp("changed");
+        let (one, two) = (pair("one.example"), pair("two.example"));
+        write(&dir, &one.cert, &one.key);
         let (address, sent) = fake_memcached("OK\r\n");
         let mut agent = Agent::new(args(&dir, address));
         assert_eq!(agent.step(), Step::Reloaded, "the first look reloads");
         assert_eq!(agent.step(), Step::Unchanged);
-        std::fs::write(dir.join("tls.crt"), "cert 2").expect("write");
+        write(&dir, &two.cert, &two.key);
         assert_eq!(agent.step(), Step::Reloaded);
         assert_eq!(agent.step(), Step::Unchanged);
         let lines: Vec<String> = sent.try_iter().collect();
@@ -286,53 +401,126 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_certificate_fails_with_memcacheds_reason() {
-        let dir = cert_dir("refused");
+    fn a_refused_certificate_fails_with_memcacheds_reason_and_is_not_retried_after_a_restart() {
+        let dir = temp("refused");
+        let one = pair("one.example");
+        write(&dir, &one.cert, &one.key);
         let (address, sent) =
             fake_memcached("Error loading the certificate chain: no start line\r\n");
-        let mut agent = Agent::new(args(&dir, address));
+        let mut agent = Agent::new(args(&dir, address.clone()));
         match agent.step() {
-            Step::Failed(reason) => assert!(reason.contains("no start line"), "{reason}"),
+            Step::Waiting(why) => assert!(why.contains("no start line"), "{why}"),
+            other => panic!("the first refusal is tried again: {other:?}"),
+        }
+        match agent.step() {
+            Step::Failed(code, reason) => {
+                assert_eq!(code, 3);
+                assert!(reason.contains("no start line"), "{reason}");
+            }
             other => panic!("expected a failure, got {other:?}"),
         }
-        assert_eq!(sent.try_iter().count(), 2, "every attempt is made");
+        assert_eq!(sent.try_iter().count(), 2, "both attempts were made");
+        // The kubelet restarts the agent: the same files are not tried again, so the agent
+        // stays running (and its pod Ready) until the files change.
+        let mut restarted = Agent::new(args(&dir, address));
+        assert_eq!(restarted.step(), Step::Unchanged);
+        assert_eq!(sent.try_iter().count(), 0);
+    }
+
+    #[test]
+    fn a_recovery_after_a_reported_failure_exits_clean() {
+        let dir = temp("recovery");
+        let (one, two) = (pair("one.example"), pair("two.example"));
+        write(&dir, &one.cert, &two.key);
+        let (address, sent) = fake_memcached("OK\r\n");
+        let mut agent = Agent::new(args(&dir, address.clone()));
+        assert!(matches!(agent.step(), Step::Failed(4, _)));
+        let mut restarted = Agent::new(args(&dir, address));
+        assert_eq!(restarted.step(), Step::Unchanged, "reported already");
+        write(&dir, &two.cert, &two.key);
+        assert_eq!(restarted.step(), Step::Recovered);
+        assert_eq!(sent.try_iter().count(), 1);
+        assert!(!dir.join("state").join(REPORTED_FILE).exists());
+    }
+
+    /// memcached's own `ERROR ...` (a connection limit) and silence are not about the files:
+    /// looked at again, never reported.
+    #[test]
+    fn a_busy_memcached_is_asked_again_not_reported() {
+        let dir = temp("busy");
+        let one = pair("one.example");
+        write(&dir, &one.cert, &one.key);
+        let (address, sent) = fake_memcached("ERROR Too many open connections\r\n");
+        let mut agent = Agent::new(args(&dir, address));
+        for _ in 0..5 {
+            assert!(matches!(agent.step(), Step::Waiting(_)));
+        }
+        assert_eq!(sent.try_iter().count(), 5);
     }
 
     #[test]
     fn memcached_not_running_is_not_a_failure() {
-        let dir = cert_dir("down");
+        let dir = temp("down");
+        let one = pair("one.example");
+        write(&dir, &one.cert, &one.key);
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("port")
             .port();
         let mut agent = Agent::new(args(&dir, format!("127.0.0.1:{port}")));
-        assert_eq!(agent.step(), Step::NotRunning);
+        assert!(matches!(agent.step(), Step::Waiting(_)));
     }
 
-    /// A key of another certificate is caught before memcached sees it.
+    /// Files memcached would choke on never reach it: a key of another certificate, a key
+    /// that is not one, a certificate that is not one.
     #[test]
-    fn a_key_of_another_certificate_is_never_sent() {
-        let dir = cert_dir("mismatch");
-        let one = rcgen::generate_simple_self_signed(vec!["one.example".into()]).expect("cert");
-        let two = rcgen::generate_simple_self_signed(vec!["two.example".into()]).expect("cert");
-        std::fs::write(dir.join("tls.crt"), one.cert.pem()).expect("write");
-        std::fs::write(dir.join("tls.key"), two.signing_key.serialize_pem()).expect("write");
-        let (address, sent) = fake_memcached("OK\r\n");
-        let mut agent = Agent::new(args(&dir, address));
-        match agent.step() {
-            Step::Failed(reason) => assert!(reason.contains("does not match"), "{reason}"),
-            other => panic!("expected a failure, got {other:?}"),
+    fn files_that_cannot_be_loaded_are_never_sent() {
+        let (one, two) = (pair("one.example"), pair("two.example"));
+        for (what, cert, key, words) in [
+            (
+                "mismatch",
+                one.cert.as_str(),
+                two.key.as_str(),
+                "does not match",
+            ),
+            (
+                "garbage key",
+                one.cert.as_str(),
+                "garbage",
+                "tls.key is not",
+            ),
+            (
+                "garbage cert",
+                "garbage",
+                one.key.as_str(),
+                "tls.crt holds no PEM certificate",
+            ),
+        ] {
+            let dir = temp(&what.replace(' ', "-"));
+            write(&dir, cert, key);
+            let (address, sent) = fake_memcached("OK\r\n");
+            let mut agent = Agent::new(args(&dir, address));
+            match agent.step() {
+                Step::Failed(code, reason) => {
+                    assert_eq!(code, 4, "{what}");
+                    assert!(reason.contains(words), "{what}: {reason}");
+                }
+                other => panic!("{what}: expected a failure, got {other:?}"),
+            }
+            assert_eq!(
+                sent.try_iter().count(),
+                0,
+                "{what}: nothing sent to memcached"
+            );
         }
-        assert_eq!(sent.try_iter().count(), 0, "nothing sent to memcached");
-        // The matching key: reloaded.
-        std::fs::write(dir.join("tls.key"), one.signing_key.serialize_pem()).expect("write");
-        assert_eq!(agent.step(), Step::Reloaded);
     }
 
     #[test]
     fn missing_key_means_no_reload_yet() {
-        let dir = cert_dir("partial");
-        std::fs::remove_file(dir.join("tls.key")).expect("remove");
+        let dir = temp("partial");
+        let one = pair("one.example");
+        write(&dir, &one.cert, &one.key);
+        std::fs::remove_file(dir.join("certs").join("tls.key")).expect("remove");
         let (address, sent) = fake_memcached("OK\r\n");
         let mut agent = Agent::new(args(&dir, address));
         assert_eq!(agent.step(), Step::Unchanged);

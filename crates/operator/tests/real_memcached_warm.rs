@@ -506,6 +506,12 @@ impl TlsPool {
             .expect("the reload agent's command");
         assert_eq!(agent_args[0], AGENT_BINARY, "{agent_args:?}");
         rewrite(&mut agent_args, TLS_DIR, &certs_str);
+        let state = dir.writable_subdir("agent-state");
+        rewrite(
+            &mut agent_args,
+            builders::TLS_AGENT_STATE_DIR,
+            &state.display().to_string(),
+        );
         rewrite(
             &mut agent_args,
             &format!("127.0.0.1:{}", memcached_api::TLS_ADMIN_PORT),
@@ -667,9 +673,9 @@ fn a_renewed_certificate_is_loaded_in_place_and_the_cache_stays() {
 // ---------------------------------------------------------------------------------------
 // 2. A certificate memcached refuses is reported
 
-/// Waits (at most 15 s) for the agent to exit, failing unless it exits with
-/// [`builders::TLS_AGENT_RELOAD_FAILED`]; the termination log's contents.
-fn wait_agent_failed(pool: &mut TlsPool) -> String {
+/// Waits (at most 15 s) for the agent to exit, failing unless it exits with `code`; the
+/// termination log's contents.
+fn wait_agent_failed(pool: &mut TlsPool, code: i32) -> String {
     let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
         if let Some(status) = pool.agent.child.try_wait().expect("agent status") {
@@ -682,12 +688,7 @@ fn wait_agent_failed(pool: &mut TlsPool) -> String {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(
-        status.code(),
-        Some(builders::TLS_AGENT_RELOAD_FAILED),
-        "{}",
-        pool.agent.output()
-    );
+    assert_eq!(status.code(), Some(code), "{}", pool.agent.output());
     let reason = std::fs::read_to_string(&pool.termination_log).expect("termination log");
     assert!(
         reason.contains(&format!(
@@ -699,10 +700,11 @@ fn wait_agent_failed(pool: &mut TlsPool) -> String {
     reason
 }
 
-/// A key that does not match the certificate: the agent reports it and exits 3 without
-/// sending it to memcached, which keeps serving the old certificate and every item; once
-/// the Secret is fixed the restarted agent (the kubelet restarts the sidecar) loads it
-/// with no item lost.
+/// A key that does not match the certificate: the agent reports it and exits 4 without
+/// sending it to memcached, which keeps serving the old certificate and every item. The
+/// kubelet restarts the agent, which waits for new files (it does not fail again on the
+/// same ones); once the Secret is fixed it loads them with no item lost, then exits 0 so
+/// the kubelet's record of its last run is no longer the failure.
 #[test]
 fn a_mismatched_key_is_reported_and_never_reaches_memcached() {
     let first = self_signed("first.example");
@@ -717,7 +719,7 @@ fn a_mismatched_key_is_reported_and_never_reaches_memcached() {
 
     // The second certificate with the first one's key.
     pool.volume.install(&second, &first);
-    let reason = wait_agent_failed(&mut pool);
+    let reason = wait_agent_failed(&mut pool, builders::TLS_AGENT_CERTIFICATE_INVALID);
     assert!(
         reason.contains("tls.key does not match the certificate in tls.crt"),
         "{reason}"
@@ -729,13 +731,25 @@ fn a_mismatched_key_is_reported_and_never_reaches_memcached() {
     assert_eq!(stat(&client.stats(""), "pid"), pid, "the same memcached");
     drop(client);
 
-    // The Secret is fixed; the kubelet restarts the agent, which loads it.
-    pool.volume.install(&second, &second);
+    // The kubelet restarts the agent; the Secret is fixed; the agent loads it.
     pool.restart_agent();
+    pool.volume.install(&second, &second);
     let mut client = pool.wait_presenting(&second);
     assert_all_present(&mut client, &items);
     assert_eq!(stat(&client.stats(""), "pid"), pid, "the same memcached");
-    pool.agent.assert_running();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = pool.agent.child.try_wait().expect("agent status") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the recovered agent did not exit 0 within 15 s: {}",
+            pool.agent.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{}", pool.agent.output());
 }
 
 /// Why the agent checks the pair itself: memcached 1.6.18 installs a new chain in its live
@@ -766,7 +780,7 @@ fn memcached_itself_fails_every_handshake_after_a_mismatched_reload() {
     }
 }
 
-/// A certificate memcached cannot read: the agent reports memcached's reason and exits 3;
+/// A certificate that is not one: the agent reports it and exits 4 without sending it;
 /// memcached keeps serving the old certificate and every item.
 #[test]
 fn an_unreadable_certificate_is_reported_and_memcached_keeps_the_old_one() {
@@ -783,14 +797,11 @@ fn an_unreadable_certificate_is_reported_and_memcached_keeps_the_old_one() {
         ("tls.crt", "not a certificate\n"),
         ("tls.key", &first.key_pem),
     ]);
-    let reason = wait_agent_failed(&mut pool);
-    // "Error loading the certificate chain: <dir>/tls.crt : error:0480006C:PEM
-    // routines::no start line".
+    let reason = wait_agent_failed(&mut pool, builders::TLS_AGENT_CERTIFICATE_INVALID);
     assert!(
-        reason.contains("Error loading the certificate chain: "),
+        reason.contains("tls.crt holds no PEM certificate"),
         "{reason}"
     );
-    assert!(reason.contains("no start line"), "{reason}");
 
     pool.memcached.assert_running();
     let mut client = pool.connect_presenting(&first);

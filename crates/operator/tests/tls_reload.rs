@@ -1,6 +1,7 @@
 //! A pod whose TLS reload agent reports that memcached refused a renewed certificate is
 //! named in the status (`CertificatesReloaded=False`) and in an event, and only then
-//! restarted; its Deployment replaces it. The kubelet's part (the agent's container ending
+//! restarted; its Deployment replaces it. Files the agent refused itself (memcached never
+//! saw them and keeps its certificate) are reported and the pod left running. The kubelet's part (the agent's container ending
 //! with exit code 3 and a termination message) is played by a patch of the pod's status,
 //! in the shape the kubelet writes for a native sidecar.
 
@@ -101,24 +102,71 @@ on_every_server! {
                 .then(|| status.nodes.clone())
         })
         .await;
+        let agent_ended = |code: i32, message: &str| {
+            json!({"status": {"initContainerStatuses": [{
+                "name": "tls-reload-agent", "ready": true, "restartCount": 1, "started": true,
+                "image": "controller:latest", "imageID": "",
+                "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}},
+                "lastState": {"terminated": {"exitCode": code, "reason": "Error",
+                    "message": message,
+                    "startedAt": "2026-11-25T00:00:00Z", "finishedAt": "2026-11-25T00:00:01Z"}},
+            }]}})
+        };
+        let events: Api<Event> = cluster.api();
+
+        // Files the agent refused itself (exit 4): reported, and the pod left running, as
+        // memcached keeps serving the certificate it has.
+        let kept = before[1].clone();
+        let kept_uid = pods.get(&kept).await.expect("pod").uid();
+        let mismatch = "memcached could not load the certificate in /etc/memcached/tls: tls.key does not match the certificate in tls.crt";
+        pods.patch_status(&kept, &PatchParams::default(), &Patch::Merge(&agent_ended(4, mismatch)))
+            .await
+            .expect("pod status patched");
+        let message = wait_for("CertificatesReloaded=False, CertificateInvalid", || async {
+            let m = memcacheds.get("reload").await.ok()?;
+            let c = m.condition(condition::CERTIFICATES_RELOADED)?;
+            (c.status == "False" && c.reason == "CertificateInvalid").then(|| c.message.clone())
+        })
+        .await;
+        assert!(message.contains(&kept) && message.contains("does not match"), "{message}");
+        let related = wait_for("a CertificateInvalid event", || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("CertificateInvalid"))
+                .and_then(|e| e.related.and_then(|r| r.name))
+        })
+        .await;
+        assert_eq!(related, kept);
+        assert_eq!(pods.get(&kept).await.expect("still there").uid(), kept_uid);
+        // The agent loaded fixed files and exited 0: no longer a failure.
+        pods.patch_status(&kept, &PatchParams::default(), &Patch::Merge(&agent_ended(0, "")))
+            .await
+            .expect("pod status patched");
+        wait_for("CertificatesReloaded=True again", || async {
+            let m = memcacheds.get("reload").await.ok()?;
+            let c = m.condition(condition::CERTIFICATES_RELOADED)?;
+            (c.status == "True").then_some(())
+        })
+        .await;
+        assert_eq!(pods.get(&kept).await.expect("still there").uid(), kept_uid);
+
         let victim = before[0].clone();
         let victim_uid = pods.get(&victim).await.expect("pod").uid();
 
-        // The kubelet's record of the agent's last run: exit code 3, the reason it wrote.
-        let sidecar = json!({"status": {"initContainerStatuses": [{
-            "name": "tls-reload-agent", "ready": true, "restartCount": 1, "started": true,
-            "image": "controller:latest", "imageID": "",
-            "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}},
-            "lastState": {"terminated": {"exitCode": 3, "reason": "Error",
-                "message": format!("memcached could not load the certificate in /etc/memcached/tls: memcached refused the certificate: {REASON}"),
-                "startedAt": "2026-11-25T00:00:00Z", "finishedAt": "2026-11-25T00:00:01Z"}},
-        }]}});
+        // memcached refused the files (exit 3): reported, then the pod restarted.
+        let sidecar = agent_ended(
+            3,
+            &format!("memcached could not load the certificate in /etc/memcached/tls: memcached refused the certificate: {REASON}"),
+        );
         pods.patch_status(&victim, &PatchParams::default(), &Patch::Merge(&sidecar))
             .await
             .expect("pod status patched");
 
         // Reported: the condition names the pod and memcached's reason, and so does an event.
-        let events: Api<Event> = cluster.api();
         let note = wait_for("a CertificateReloadFailed event", || async {
             events
                 .list(&ListParams::default())
@@ -148,8 +196,8 @@ on_every_server! {
         let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let failed = seen
             .iter()
-            .find(|(status, _)| status == "False")
-            .unwrap_or_else(|| panic!("CertificatesReloaded never False: {seen:?}"));
+            .find(|(status, message)| status == "False" && message.contains(&victim))
+            .unwrap_or_else(|| panic!("CertificatesReloaded never False for {victim}: {seen:?}"));
         assert!(failed.1.contains(&victim) && failed.1.contains(REASON), "{failed:?}");
         // The other pods were left alone.
         for pod in &before[1..] {

@@ -417,5 +417,18 @@ async fn extstore_gets_its_volume_and_flags_and_rollouts_their_pace(server: Serv
             .any(|m| m.name == "extstore" && m.mount_path == EXTSTORE_DIR),
         "extstore mounted"
     );
+
+    // The longest pace accepted: the server takes a Deployment with it (Kubernetes wants
+    // minReadySeconds below the 600 s progress deadline).
+    env.apply(
+        "slowest",
+        json!({"size": 1, "rollout": {"minReadySeconds": 300}}),
+    )
+    .await;
+    let slowest = env.deployment("slowest", "created", |_| true).await;
+    assert_eq!(
+        slowest.spec.as_ref().and_then(|s| s.min_ready_seconds),
+        Some(300)
+    );
 }
 }
