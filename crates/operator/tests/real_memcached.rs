@@ -4,7 +4,7 @@
 //! Without a `memcached` binary the tests fail, naming the package that provides it.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,26 +12,8 @@ use memcached_api::{Memcached, MemcachedConfig, MemcachedSpec};
 use memcached_operator::builders::{self, BuildSettings};
 use proptest::prelude::*;
 
-fn memcached_binary() -> String {
-    for dir in std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/bin", "/usr/local/bin"])
-    {
-        let path = format!("{dir}/memcached");
-        if std::path::Path::new(&path).is_file() {
-            return path;
-        }
-    }
-    panic!("memcached is not installed: apt-get install memcached (.ci/run does)");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+mod common;
+use common::process::{free_port, memcached_binary};
 
 struct Running(Child);
 

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -30,6 +30,9 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
 
+mod common;
+use common::process::{free_port, memcached_binary};
+
 const TLS_DIR: &str = "/etc/memcached/tls";
 const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
 const AGENT_BINARY: &str = "/memcached-operator";
@@ -37,27 +40,6 @@ const MIB: u64 = 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------
 // Processes, ports, directories
-
-fn memcached_binary() -> String {
-    for dir in std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/bin", "/usr/local/bin"])
-    {
-        let path = format!("{dir}/memcached");
-        if Path::new(&path).is_file() {
-            return path;
-        }
-    }
-    panic!("memcached is not installed: apt-get install memcached (.ci/run does)");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

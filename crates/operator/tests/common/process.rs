@@ -40,6 +40,22 @@ impl Drop for TempDir {
     }
 }
 
+/// Debian's `memcached` on the PATH (or in /usr/bin, /usr/local/bin); the tests that run it
+/// fail naming the package when it is missing.
+pub fn memcached_binary() -> String {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/bin", "/usr/local/bin"])
+    {
+        let path = format!("{dir}/memcached");
+        if Path::new(&path).is_file() {
+            return path;
+        }
+    }
+    panic!("memcached is not installed: apt-get install memcached (.ci/run does)");
+}
+
 /// A free TCP port on loopback (free when asked; the caller binds it soon after).
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
