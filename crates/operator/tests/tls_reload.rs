@@ -27,39 +27,7 @@ const REASON: &str = "Error loading the certificate chain: key values mismatch";
 
 on_every_server! {
     async fn a_refused_reload_is_reported_then_the_pod_restarted(server: Server) {
-        let cluster = Cluster::start(
-            server,
-            "tls-reload-refused",
-            |b| b.pod_ready_delay(Duration::from_millis(50)),
-            false,
-        )
-        .await;
-        let secrets: Api<Secret> = cluster.api();
-        let secret = Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some("certs".into()),
-                ..Default::default()
-            },
-            type_: Some("kubernetes.io/tls".into()),
-            data: Some(
-                [("tls.crt", "cert"), ("tls.key", "key")]
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        secrets.create(&PostParams::default(), &secret).await.expect("Secret created");
-
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let config = ControllerConfig {
-            namespace: cluster.watch_namespace(),
-            ..ControllerConfig::default()
-        };
-        let task = tokio::spawn(controller::run(cluster.client.clone(), config, async {
-            let _ = stop_rx.await;
-        }));
-
+        let (cluster, stop_tx, task) = start(server, "tls-reload-refused").await;
         let memcacheds: Api<Memcached> = cluster.api();
         let mut mc = Memcached::new(
             "reload",
@@ -102,16 +70,6 @@ on_every_server! {
                 .then(|| status.nodes.clone())
         })
         .await;
-        let agent_ended = |code: i32, message: &str| {
-            json!({"status": {"initContainerStatuses": [{
-                "name": "tls-reload-agent", "ready": true, "restartCount": 1, "started": true,
-                "image": "controller:latest", "imageID": "",
-                "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}},
-                "lastState": {"terminated": {"exitCode": code, "reason": "Error",
-                    "message": message,
-                    "startedAt": "2026-11-25T00:00:00Z", "finishedAt": "2026-11-25T00:00:01Z"}},
-            }]}})
-        };
         let events: Api<Event> = cluster.api();
 
         // Files the agent refused itself (exit 4): reported, and the pod left running, as
@@ -188,7 +146,10 @@ on_every_server! {
             let m = memcacheds.get("reload").await.ok()?;
             let status = m.status.as_ref()?;
             let reloads = m.condition(condition::CERTIFICATES_RELOADED)?;
-            (gone && status.ready_replicas == 3 && reloads.status == "True")
+            (gone
+                && status.ready_replicas == 3
+                && status.nodes.len() == 3
+                && reloads.status == "True")
                 .then(|| status.nodes.clone())
         })
         .await;
@@ -203,6 +164,157 @@ on_every_server! {
         for pod in &before[1..] {
             assert!(after.contains(pod), "{pod} kept: {after:?}");
         }
+
+        recorder.abort();
+        let _ = stop_tx.send(());
+        let _ = task.await;
+    }
+}
+
+/// A cluster with the `certs` TLS Secret and the controller running on it.
+async fn start(
+    server: Server,
+    test: &str,
+) -> (
+    Cluster,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let cluster = Cluster::start(
+        server,
+        test,
+        |b| b.pod_ready_delay(Duration::from_millis(50)),
+        false,
+    )
+    .await;
+    let secrets: Api<Secret> = cluster.api();
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("certs".into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(
+            [("tls.crt", "cert"), ("tls.key", "key")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("Secret created");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let config = ControllerConfig {
+        namespace: cluster.watch_namespace(),
+        ..ControllerConfig::default()
+    };
+    let task = tokio::spawn(controller::run(cluster.client.clone(), config, async {
+        let _ = stop_rx.await;
+    }));
+    (cluster, stop_tx, task)
+}
+
+/// The kubelet's record of the reload agent's last run, as a pod status patch.
+fn agent_ended(code: i32, message: &str) -> serde_json::Value {
+    json!({"status": {"initContainerStatuses": [{
+        "name": "tls-reload-agent", "ready": true, "restartCount": 1, "started": true,
+        "image": "controller:latest", "imageID": "",
+        "state": {"running": {"startedAt": "2026-11-25T00:00:00Z"}},
+        "lastState": {"terminated": {"exitCode": code, "reason": "Error",
+            "message": message,
+            "startedAt": "2026-11-25T00:00:00Z", "finishedAt": "2026-11-25T00:00:01Z"}},
+    }]}})
+}
+
+on_every_server! {
+    /// Two pods whose memcached refused the files: restarted one at a time, the second only
+    /// once the first one's replacement is Ready (read from the order of pod events).
+    async fn failed_reloads_restart_one_pod_at_a_time(server: Server) {
+        let (cluster, stop_tx, task) = start(server, "tls-reload-one-at-a-time").await;
+        let memcacheds: Api<Memcached> = cluster.api();
+        let mut mc = Memcached::new(
+            "pace",
+            MemcachedSpec {
+                tls: Some(TlsSpec::secret("certs")),
+                ..MemcachedSpec::with_size(3)
+            },
+        );
+        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0 });
+        memcacheds.create(&PostParams::default(), &mc).await.expect("Memcached created");
+        let before = wait_for("3 pods ready", || async {
+            let status = memcacheds.get("pace").await.ok()?.status?;
+            (status.ready_replicas == 3).then_some(status.nodes)
+        })
+        .await;
+
+        // Every change of the pool's pods, in order: (name, deleted or being deleted, Ready).
+        let pods: Api<Pod> = cluster.api();
+        let seen: Arc<Mutex<Vec<(String, bool, bool)>>> = Arc::default();
+        let recorder = {
+            let seen = seen.clone();
+            let stream = watcher(
+                pods.clone(),
+                watcher::Config::default().labels("app.kubernetes.io/instance=pace"),
+            );
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(Ok(event)) = stream.next().await {
+                    let (pod, gone) = match event {
+                        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                            let gone = p.metadata.deletion_timestamp.is_some();
+                            (p, gone)
+                        }
+                        watcher::Event::Delete(p) => (p, true),
+                        _ => continue,
+                    };
+                    let ready = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.push((pod.name_any(), gone, ready));
+                }
+            })
+        };
+
+        let refused = agent_ended(3, &format!("memcached refused the certificate: {REASON}"));
+        for pod in &before[..2] {
+            pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&refused))
+                .await
+                .expect("pod status patched");
+        }
+        let after = wait_for("both pods replaced and 3 ready", || async {
+            let status = memcacheds.get("pace").await.ok()?.status?;
+            (status.ready_replicas == 3
+                && status.nodes.len() == 3
+                && !status.nodes.contains(&before[0])
+                && !status.nodes.contains(&before[1]))
+            .then_some(status.nodes)
+        })
+        .await;
+        assert!(after.contains(&before[2]), "the third pod kept: {after:?}");
+
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let gone_at = |name: &str| {
+            seen.iter()
+                .position(|(n, gone, _)| n == name && *gone)
+                .unwrap_or_else(|| panic!("{name} never deleted: {seen:?}"))
+        };
+        let (first, second) = {
+            let (a, b) = (gone_at(&before[0]), gone_at(&before[1]));
+            (a.min(b), a.max(b))
+        };
+        let replacement_ready = seen[first..second]
+            .iter()
+            .any(|(n, gone, ready)| !before.contains(n) && !gone && *ready);
+        assert!(
+            replacement_ready,
+            "the second pod was deleted before the first one's replacement was Ready: {seen:?}"
+        );
 
         recorder.abort();
         let _ = stop_tx.send(());
