@@ -292,10 +292,16 @@ pub fn run(args: AgentArgs) -> ExitCode {
     let termination_log = args.termination_log.clone();
     let mut agent = Agent::new(args);
     println!("tls-reload-agent: watching {dir}");
+    // A reason to wait is logged when it changes, not at every look.
+    let mut waiting = String::new();
     loop {
         match agent.step() {
             Step::Unchanged => {}
-            Step::Waiting(why) => println!("tls-reload-agent: will look again: {why}"),
+            Step::Waiting(why) if why == waiting => {}
+            Step::Waiting(why) => {
+                println!("tls-reload-agent: will look again: {why}");
+                waiting = why;
+            }
             Step::Reloaded => {
                 println!("tls-reload-agent: memcached loaded the certificate in {dir}")
             }
