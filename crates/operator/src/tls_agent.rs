@@ -91,17 +91,13 @@ impl Files {
         })
     }
 
-    /// A digest of the contents.
+    /// A digest of the contents, as the reconciler digests a Secret's keys.
     pub fn digest(&self) -> String {
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        for bytes in [&self.cert, &self.key, &self.ca] {
-            ctx.update(&(bytes.len() as u64).to_le_bytes());
-            ctx.update(bytes);
-        }
-        ctx.finish().as_ref()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::builders::secret_digest([
+            ("tls.crt", self.cert.as_slice()),
+            ("tls.key", self.key.as_slice()),
+            ("ca.crt", self.ca.as_slice()),
+        ])
     }
 
     /// Why memcached must not be sent these files, if it must not: a certificate or key

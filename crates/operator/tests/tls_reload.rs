@@ -28,16 +28,7 @@ const REASON: &str = "Error loading the certificate chain: key values mismatch";
 on_every_server! {
     async fn a_refused_reload_is_reported_then_the_pod_restarted(server: Server) {
         let (cluster, stop_tx, task) = start(server, "tls-reload-refused").await;
-        let memcacheds: Api<Memcached> = cluster.api();
-        let mut mc = Memcached::new(
-            "reload",
-            MemcachedSpec {
-                tls: Some(TlsSpec::secret("certs")),
-                ..MemcachedSpec::with_size(3)
-            },
-        );
-        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0 });
-        memcacheds.create(&PostParams::default(), &mc).await.expect("Memcached created");
+        let memcacheds = create_pool(&cluster, "reload").await;
 
         // Every status the operator writes, in order (a poll could miss a short one).
         let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
@@ -217,6 +208,26 @@ async fn start(
     (cluster, stop_tx, task)
 }
 
+/// A TLS pool of 3 whose certificate is reloaded in place (rollouts unpaced).
+async fn create_pool(cluster: &Cluster, name: &str) -> Api<Memcached> {
+    let memcacheds: Api<Memcached> = cluster.api();
+    let mut mc = Memcached::new(
+        name,
+        MemcachedSpec {
+            tls: Some(TlsSpec::secret("certs")),
+            ..MemcachedSpec::with_size(3)
+        },
+    );
+    mc.spec.rollout = Some(memcached_api::RolloutSpec {
+        min_ready_seconds: 0,
+    });
+    memcacheds
+        .create(&PostParams::default(), &mc)
+        .await
+        .expect("Memcached created");
+    memcacheds
+}
+
 /// The kubelet's record of the reload agent's last run, as a pod status patch.
 fn agent_ended(code: i32, message: &str) -> serde_json::Value {
     json!({"status": {"initContainerStatuses": [{
@@ -234,16 +245,7 @@ on_every_server! {
     /// once the first one's replacement is Ready (read from the order of pod events).
     async fn failed_reloads_restart_one_pod_at_a_time(server: Server) {
         let (cluster, stop_tx, task) = start(server, "tls-reload-one-at-a-time").await;
-        let memcacheds: Api<Memcached> = cluster.api();
-        let mut mc = Memcached::new(
-            "pace",
-            MemcachedSpec {
-                tls: Some(TlsSpec::secret("certs")),
-                ..MemcachedSpec::with_size(3)
-            },
-        );
-        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0 });
-        memcacheds.create(&PostParams::default(), &mc).await.expect("Memcached created");
+        let memcacheds = create_pool(&cluster, "pace").await;
         let before = wait_for("3 pods ready", || async {
             let status = memcacheds.get("pace").await.ok()?.status?;
             (status.ready_replicas == 3).then_some(status.nodes)
