@@ -26,8 +26,9 @@ help: ## Display this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: ## Write config/ (CRD, RBAC, manager, webhook, cert-manager, ...) from the code.
+manifests: ## Write config/ (CRD, RBAC, manager, webhook, cert-manager, ...) and the Helm chart from the code.
 	$(CARGO) run -q -p memcached-operator -- manifests --dir config
+	$(CARGO) run -q -p memcached-operator -- helm-chart --dir charts/memcached-operator
 
 .PHONY: fmt
 fmt: ## Format the code (cargo fmt).
@@ -38,10 +39,14 @@ lint: ## Lint the code (clippy, warnings are errors).
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: controlplane memcached-proxy ## Run all tests (what CI runs): builds the pinned control plane and memcached with its proxy, then every test, the real-server suites included.
+test: controlplane memcached-proxy tools ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, helm and operator-sdk, then every test, the real-server suites included.
 	$(CARGO) test --workspace --locked
 
 ##@ Control plane (a real Kubernetes without a cluster)
+
+.PHONY: tools
+tools: ## Build the pinned helm and operator-sdk into bin/ (Go; only when a pin changed).
+	hack/tools/build.sh
 
 .PHONY: controlplane
 controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok into bin/ (Go; only when a pin changed).

@@ -177,6 +177,29 @@ fn require(path: &Path, version_dir: &str) -> Result<PathBuf, Error> {
     }
 }
 
+/// A pinned release tool built by `make tools` (hack/tools/build.sh): `bin/<name>-v*/<name>`
+/// (`helm`, `operator-sdk`).
+pub fn tool_path(name: &str) -> Result<PathBuf, Error> {
+    let found = std::fs::read_dir(bin_root())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{name}-v")))
+        })
+        .map(|dir| dir.join(name))
+        .filter(|p| p.is_file())
+        .max();
+    found.ok_or_else(|| Error::MissingBinary {
+        binary: name.to_string(),
+        path: bin_root().join(format!("{name}-v*")).join(name),
+        command: "make tools (or: hack/tools/build.sh)".to_string(),
+    })
+}
+
 /// Where the binaries live: `$CONTROLPLANE_BIN` or `<repo>/bin`.
 pub fn bin_root() -> PathBuf {
     std::env::var_os("CONTROLPLANE_BIN")

@@ -10,6 +10,7 @@ pub mod controller;
 pub mod crd;
 pub mod demo;
 pub mod drift;
+pub mod helm;
 pub mod informer;
 pub mod manifests;
 pub mod proxy;

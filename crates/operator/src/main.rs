@@ -31,6 +31,12 @@ enum Command {
         #[arg(long, default_value = "config")]
         dir: std::path::PathBuf,
     },
+    /// Write the Helm chart (charts/memcached-operator) from code, as `manifests` writes config/.
+    HelmChart {
+        /// Directory to write into.
+        #[arg(long, default_value = "charts/memcached-operator")]
+        dir: std::path::PathBuf,
+    },
     /// Run the operator against the in-memory API server: apply the seed sample, scale it,
     /// repair drift and delete it, printing what happens.
     Demo {
@@ -91,21 +97,10 @@ fn main() -> ExitCode {
 
 async fn command(command: Command) -> ExitCode {
     match command {
-        Command::Manifests { dir } => match memcached_operator::manifests::write(&dir) {
-            Ok(written) => {
-                for path in &written {
-                    println!("wrote {}", dir.join(path).display());
-                }
-                if written.is_empty() {
-                    println!("{} is up to date", dir.display());
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Manifests { dir } => {
+            report_written(&dir, memcached_operator::manifests::write(&dir))
+        }
+        Command::HelmChart { dir } => report_written(&dir, memcached_operator::helm::write(&dir)),
         Command::Crd => match crd::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
@@ -136,5 +131,26 @@ async fn command(command: Command) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+fn report_written(
+    dir: &std::path::Path,
+    result: Result<Vec<std::path::PathBuf>, memcached_operator::manifests::Error>,
+) -> ExitCode {
+    match result {
+        Ok(written) => {
+            for path in &written {
+                println!("wrote {}", dir.join(path).display());
+            }
+            if written.is_empty() {
+                println!("{} is up to date", dir.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
