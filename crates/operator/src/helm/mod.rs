@@ -358,10 +358,13 @@ fn deployment_template() -> Result<Template, Error> {
             }
         }
     }
-    if let T::List(items) = webhook_ports {
-        for item in items {
-            ports.push(item.value, cond("$.Values.webhook.enabled"));
-        }
+    // First, where kustomize's strategic merge puts the patch's port.
+    if let (T::List(webhook), T::List(items)) = (webhook_ports, ports) {
+        let webhook = webhook.into_iter().map(|item| tpl::Item {
+            value: item.value,
+            cond: cond("$.Values.webhook.enabled"),
+        });
+        items.splice(0..0, webhook);
     }
     container.set_when(
         "volumeMounts",

@@ -1,0 +1,540 @@
+//! The Helm chart (`charts/memcached-operator`) with the pinned helm (`make tools`): it is
+//! what `memcached-operator helm-chart` writes, `helm lint` passes, bad values are refused
+//! naming the value, the rendered objects equal what `kubectl kustomize` builds from
+//! `config/`, and `helm install` / `upgrade` / `uninstall` work against the real control
+//! plane (the operator's pod need not run: kwok nodes run no containers).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::PostParams;
+use memcached_api::Memcached;
+use memcached_operator::{helm, manifests};
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn chart_dir() -> PathBuf {
+    repo().join("charts/memcached-operator")
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "memcached-operator-{tag}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The pinned helm, with its own config, cache and data directories.
+fn helm(home: &Path) -> Command {
+    let helm = envtest::tool_path("helm").unwrap_or_else(|e| panic!("{e}"));
+    let mut cmd = Command::new(helm);
+    for (var, dir) in [
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_DATA_HOME", "data"),
+    ] {
+        cmd.env(var, home.join(dir));
+    }
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn yaml_objects(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("YAML"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// `helm template` of the committed chart as release `memcached-operator` in
+/// `memcached-operator-system` (kustomize's namePrefix and namespace).
+fn template(home: &Path, sets: &[&str]) -> Vec<Value> {
+    let mut cmd = helm(home);
+    cmd.args(["template", "memcached-operator"])
+        .arg(chart_dir())
+        .args(["--namespace", "memcached-operator-system"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    yaml_objects(&ok(&mut cmd))
+}
+
+#[test]
+fn committed_chart_is_what_helm_chart_writes() {
+    let tmp = TempDir::new("chart");
+    helm::write(&tmp.0).expect("writes");
+    let mut problems = vec![];
+    for file in helm::render().expect("renders") {
+        let committed = std::fs::read_to_string(chart_dir().join(&file.path)).ok();
+        if committed.as_deref() != Some(file.content.as_str()) {
+            problems.push(file.path.display().to_string());
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "charts/memcached-operator is out of date with the code ({}); run `make manifests`",
+        problems.join(", ")
+    );
+}
+
+/// One version for the binary, the image tag and the chart.
+#[test]
+fn chart_and_image_carry_the_crates_version() {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("YAML");
+    assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    let tmp = TempDir::new("helm-version");
+    let objects = template(&tmp.0, &[]);
+    let deployment = find(
+        &objects,
+        "Deployment",
+        "memcached-operator-controller-manager",
+    );
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        format!(
+            "example.com/memcached-operator:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}
+
+#[test]
+fn helm_lint_passes_for_every_feature_combination() {
+    let tmp = TempDir::new("helm-lint");
+    for sets in [
+        vec![],
+        vec!["webhook.certManager.enabled=true"],
+        vec!["webhook.enabled=false", "metrics.enabled=false"],
+        vec![
+            "networkPolicy.enabled=true",
+            "metrics.serviceMonitor.enabled=true",
+            "watchNamespaces={team-a,team-b}",
+            "replicaCount=2",
+            "serviceAccount.create=false",
+            "crds.install=false",
+        ],
+    ] {
+        let mut cmd = helm(&tmp.0);
+        cmd.args(["lint", "--strict"]).arg(chart_dir());
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let out = ok(&mut cmd);
+        assert!(out.contains("0 chart(s) failed"), "{sets:?}: {out}");
+    }
+}
+
+/// values.schema.json (and the chart's own check) refuse bad values before anything is
+/// rendered, naming the value.
+#[test]
+fn bad_values_are_refused_naming_the_value() {
+    let tmp = TempDir::new("helm-bad");
+    for (set, expected) in [
+        ("replicaCont=2", "replicaCont"),
+        ("replicaCount=-1", "replicaCount"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("metrics.port=70000", "port"),
+        ("webhook.certManger.enabled=true", "certManger"),
+        ("tolerations[0].effect=1", "effect"),
+    ] {
+        let mut cmd = helm(&tmp.0);
+        cmd.args(["template", "x"])
+            .arg(chart_dir())
+            .args(["--set", set]);
+        let out = run(&mut cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set} was accepted");
+        assert!(stderr.contains(expected), "{set}: {stderr}");
+    }
+    let mut cmd = helm(&tmp.0);
+    cmd.args(["template", "x"]).arg(chart_dir()).args([
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    let out = run(&mut cmd);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs leaderElection.enabled"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// What only Helm adds: its labels (kustomize's `managed-by: kustomize` goes with them),
+/// the CRD's keep policy, and the image pull policy config/ leaves to the API server.
+fn without_tool_marks(mut v: Value) -> Value {
+    if let Some(labels) = v["metadata"]["labels"].as_object_mut() {
+        for key in [
+            "helm.sh/chart",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by",
+        ] {
+            labels.remove(key);
+        }
+        if labels.is_empty() {
+            v["metadata"].as_object_mut().map(|m| m.remove("labels"));
+        }
+    }
+    if let Some(annotations) = v["metadata"]["annotations"].as_object_mut() {
+        annotations.remove("helm.sh/resource-policy");
+        if annotations.is_empty() {
+            v["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("annotations"));
+        }
+    }
+    // kustomize writes an emptied map as null.
+    if let Some(meta) = v["metadata"].as_object_mut() {
+        meta.retain(|_, value| !value.is_null());
+    }
+    if let Some(containers) = v["spec"]["template"]["spec"]["containers"].as_array_mut() {
+        for c in containers {
+            c.as_object_mut().map(|c| c.remove("imagePullPolicy"));
+        }
+    }
+    v
+}
+
+fn by_kind_and_name(objects: Vec<Value>) -> BTreeMap<(String, String), Value> {
+    objects
+        .into_iter()
+        .map(|o| {
+            let key = (
+                o["kind"].as_str().unwrap_or_default().to_string(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            (key, without_tool_marks(o))
+        })
+        .collect()
+}
+
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let kubectl = envtest::kubectl_path().unwrap_or_else(|e| panic!("{e}"));
+    yaml_objects(&ok(Command::new(kubectl).arg("kustomize").arg(dir)))
+}
+
+/// The chart with cert-manager, the ServiceMonitor and the NetworkPolicies renders exactly
+/// the objects kustomize builds from config/default plus config/prometheus and
+/// config/network-policy (under config/default's namespace and prefix), but the Namespace
+/// (Helm's `--create-namespace`).
+#[test]
+fn rendered_objects_equal_kustomizes() {
+    let tmp = TempDir::new("helm-vs-kustomize");
+    let overlay = tmp.0.join("overlay");
+    std::fs::create_dir_all(&overlay).expect("mkdir");
+    // kustomize takes relative paths only: the overlay next to a config/ tree (what
+    // `manifests` writes, which is the committed tree: tests/manifests.rs).
+    let config = tmp.0.join("config");
+    manifests::write(&config).expect("writes config/");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        serde_yaml::to_string(&json!({
+            "namespace": manifests::NAMESPACE,
+            "namePrefix": manifests::NAME_PREFIX,
+            "resources": ["../config/prometheus", "../config/network-policy"],
+        }))
+        .expect("YAML"),
+    )
+    .expect("write");
+    let mut expected = kustomize(&config.join("default"));
+    expected.extend(kustomize(&overlay));
+    expected.retain(|o| o["kind"] != "Namespace");
+    let expected = by_kind_and_name(expected);
+
+    let actual = by_kind_and_name(template(
+        &tmp.0,
+        &[
+            "webhook.certManager.enabled=true",
+            "networkPolicy.enabled=true",
+            "metrics.serviceMonitor.enabled=true",
+            // config/'s image placeholder.
+            "image.repository=controller",
+            "image.tag=latest",
+        ],
+    ));
+    let keys = |m: &BTreeMap<(String, String), Value>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&actual), keys(&expected), "different objects");
+    for (key, want) in &expected {
+        if let Some(path) = first_difference(&actual[key], want, String::new()) {
+            panic!(
+                "{key:?} differs at {path}:\nhelm: {}\nkustomize: {}",
+                pointer(&actual[key], &path),
+                pointer(want, &path)
+            );
+        }
+    }
+}
+
+fn pointer(v: &Value, path: &str) -> String {
+    v.pointer(path)
+        .map(Value::to_string)
+        .unwrap_or("(none)".into())
+}
+
+/// The JSON pointer of the first place `a` and `b` differ.
+fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
+    match (a, b) {
+        // YAML's 65536.0 is 65536.
+        (Value::Number(x), Value::Number(y)) => (x.as_f64() != y.as_f64()).then_some(path),
+        (Value::Object(x), Value::Object(y)) => x
+            .keys()
+            .chain(y.keys().filter(|k| !x.contains_key(*k)))
+            .find_map(|k| {
+                let p = format!("{path}/{}", k.replace('~', "~0").replace('/', "~1"));
+                match (x.get(k), y.get(k)) {
+                    (Some(a), Some(b)) => first_difference(a, b, p),
+                    _ => Some(p),
+                }
+            }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (a, b))| first_difference(a, b, format!("{path}/{i}"))),
+        _ => (a != b).then_some(path),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The real control plane
+
+async fn lifecycle(kube: envtest::Kube) {
+    let cp = envtest::ControlPlane::shared(kube).unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.expect("client");
+    let tmp = TempDir::new("helm-lifecycle");
+    let ns = cp.namespace("helm").await.expect("namespace");
+    let watched = cp.namespace("helm-watched").await.expect("namespace");
+    let release = "memcached-operator";
+    let helm_in = |args: &[&str]| {
+        let mut cmd = helm(&tmp.0);
+        cmd.env("KUBECONFIG", cp.kubeconfig())
+            .args(args)
+            .args(["--namespace", ns.as_str()]);
+        cmd
+    };
+    let chart = chart_dir().display().to_string();
+
+    // Install: every object accepted and owned by the release.
+    ok(&mut helm_in(&["install", release, &chart]));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment = deployments
+        .get("memcached-operator-controller-manager")
+        .await
+        .expect("the operator's Deployment");
+    let annotations = deployment.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("meta.helm.sh/release-name")
+            .map(String::as_str),
+        Some(release)
+    );
+    assert_eq!(
+        deployment
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .map(String::as_str),
+        Some("Helm")
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.get("memcacheds.memcached.cache.example.com")
+        .await
+        .expect("the CRD");
+
+    // The webhook is registered with the chart's own CA, that of the Secret it mounts.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let ca = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("ca.crt"))
+            .map(|b| b.0.clone())
+    };
+    let secret = secrets
+        .get("webhook-server-cert")
+        .await
+        .expect("cert Secret");
+    let hooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let hook = hooks
+        .get("memcached-operator-validating-webhook-configuration")
+        .await
+        .expect("validating webhook");
+    let bundle = hook
+        .webhooks
+        .as_ref()
+        .and_then(|w| w[0].client_config.ca_bundle.clone());
+    assert!(ca(&secret).is_some());
+    assert_eq!(bundle.map(|b| b.0), ca(&secret));
+
+    // With the webhook registered and no operator pod serving it, the API server refuses
+    // Memcacheds: the registration is live.
+    let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let sample: Memcached =
+        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("the seed sample");
+    let refused = memcacheds.create(&PostParams::default(), &sample).await;
+    assert!(
+        format!("{refused:?}").contains("webhook"),
+        "expected the unreachable webhook to refuse: {refused:?}"
+    );
+
+    // Upgrade: values change the objects; the certificate is kept.
+    ok(&mut helm_in(&[
+        "upgrade",
+        release,
+        &chart,
+        "--set",
+        "replicaCount=2",
+        "--set",
+        &format!("watchNamespaces={{{watched}}}"),
+    ]));
+    let deployment = deployments
+        .get("memcached-operator-controller-manager")
+        .await
+        .expect("Deployment");
+    assert_eq!(deployment.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    let args = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].args.clone().unwrap_or_default())
+        .unwrap_or_default();
+    assert!(args.contains(&format!("--namespace={watched}")), "{args:?}");
+    let kept = secrets
+        .get("webhook-server-cert")
+        .await
+        .expect("cert Secret");
+    assert_eq!(
+        ca(&kept),
+        ca(&secret),
+        "the upgrade replaced the webhook CA"
+    );
+    // The real server's RBAC decides: the operator may list Memcacheds in the watched
+    // namespace only.
+    let can_i = |namespace: &str| {
+        let out = run(cp.kubectl().args([
+            "auth",
+            "can-i",
+            "list",
+            "memcacheds.memcached.cache.example.com",
+            "--as",
+            &format!("system:serviceaccount:{ns}:memcached-operator-controller-manager"),
+            "-n",
+            namespace,
+        ]));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(can_i(&watched), "yes");
+    assert_eq!(can_i(&ns), "no");
+
+    // Without webhooks the seed's sample is accepted (by the CRD's schema alone).
+    ok(&mut helm_in(&[
+        "upgrade",
+        release,
+        &chart,
+        "--reuse-values",
+        "--set",
+        "webhook.enabled=false",
+    ]));
+    assert!(
+        hooks
+            .get_opt("memcached-operator-validating-webhook-configuration")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    memcacheds
+        .create(&PostParams::default(), &sample)
+        .await
+        .expect("the sample is accepted");
+
+    // Uninstall: the release's objects go; the CRD and the Memcacheds stay.
+    ok(&mut helm_in(&["uninstall", release, "--wait"]));
+    assert!(
+        deployments
+            .get_opt("memcached-operator-controller-manager")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    assert!(
+        roles
+            .get_opt("memcached-operator-manager-role")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    crds.get("memcacheds.memcached.cache.example.com")
+        .await
+        .expect("the CRD is kept");
+    memcacheds
+        .get("memcached-sample")
+        .await
+        .expect("the Memcached is kept");
+}
+
+#[tokio::test]
+async fn install_upgrade_uninstall_on_the_oldest_kubernetes() {
+    lifecycle(envtest::Kube::Oldest).await;
+}
+
+#[tokio::test]
+async fn install_upgrade_uninstall_on_the_newest_kubernetes() {
+    lifecycle(envtest::Kube::Newest).await;
+}
