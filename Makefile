@@ -1,8 +1,18 @@
 # The Kubebuilder workflow for memcached-operator; every target is a thin wrapper around
 # cargo, kubectl (with its built-in kustomize) or the container tool.
 
+# One version for the binary, the image tag, the Helm chart and the OLM bundle: the
+# workspace's (Cargo.toml [workspace.package] version).
+CRATE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+VERSION ?= $(CRATE_VERSION)
+# Repository of released images (the chart's and the bundle's default).
+IMAGE_TAG_BASE ?= example.com/memcached-operator
 # Image URL to use for all building/pushing image targets.
 IMG ?= controller:latest
+# The OLM bundle image.
+BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
+# Where make release-manifests writes install.yaml.
+RELEASE_DIR ?= dist
 # Container tool to build and push the image with (docker or podman).
 CONTAINER_TOOL ?= docker
 KUBECTL ?= kubectl
@@ -147,6 +157,27 @@ docker-build: ## Build the operator image: make docker-build IMG=registry/memcac
 .PHONY: docker-push
 docker-push: ## Push the operator image.
 	$(CONTAINER_TOOL) push $(IMG)
+
+##@ Release
+
+.PHONY: check-version
+check-version:
+	@test "$(VERSION)" = "$(CRATE_VERSION)" || { echo "VERSION=$(VERSION) is not the crate's version $(CRATE_VERSION): one version for binary, image, chart and bundle; set [workspace.package] version in Cargo.toml, then make manifests bundle"; exit 1; }
+
+.PHONY: bundle
+bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile) from the code and validate it with operator-sdk (OperatorHub validators).
+	$(CARGO) run -q -p memcached-operator -- bundle --dir .
+	$(firstword $(wildcard bin/operator-sdk-v*/operator-sdk) operator-sdk) bundle validate ./bundle --select-optional suite=operatorframework
+
+.PHONY: bundle-build
+bundle-build: ## Build the bundle image: make bundle-build BUNDLE_IMG=registry/memcached-operator-bundle:vX.Y.Z
+	$(CONTAINER_TOOL) build -f bundle.Dockerfile -t $(BUNDLE_IMG) .
+
+.PHONY: release-manifests
+release-manifests: check-version ## Write $(RELEASE_DIR)/install.yaml (config/default with image IMAGE_TAG_BASE:VERSION): make release-manifests VERSION=x.y.z
+	@mkdir -p $(RELEASE_DIR)
+	$(KUBECTL) kustomize config/default | sed -e 's|image: controller:latest$$|image: $(IMAGE_TAG_BASE):$(VERSION)|' -e 's|value: controller:latest$$|value: $(IMAGE_TAG_BASE):$(VERSION)|' > $(RELEASE_DIR)/install.yaml
+	@echo "wrote $(RELEASE_DIR)/install.yaml ($(IMAGE_TAG_BASE):$(VERSION))"
 
 ##@ Deployment
 

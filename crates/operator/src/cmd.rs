@@ -293,10 +293,18 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     }
 
     let client = client_from_environment().await?;
-    let scopes: Vec<Option<String>> = if args.namespaces.is_empty() {
+    // OLM sets WATCH_NAMESPACE from its `olm.targetNamespaces` annotation, which is empty
+    // in AllNamespaces mode: empty names mean all namespaces.
+    let namespaces: Vec<String> = args
+        .namespaces
+        .iter()
+        .filter(|n| !n.trim().is_empty())
+        .cloned()
+        .collect();
+    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
     } else {
-        args.namespaces.iter().cloned().map(Some).collect()
+        namespaces.into_iter().map(Some).collect()
     };
     crd::check_version(&client, args.allow_unsupported_kubernetes).await?;
     for scope in &scopes {

@@ -13,6 +13,7 @@ pub mod drift;
 pub mod helm;
 pub mod informer;
 pub mod manifests;
+pub mod olm;
 pub mod proxy;
 pub mod rbac;
 pub mod status;

@@ -37,6 +37,12 @@ enum Command {
         #[arg(long, default_value = "charts/memcached-operator")]
         dir: std::path::PathBuf,
     },
+    /// Write the OLM bundle (bundle/ and bundle.Dockerfile under --dir) from code.
+    Bundle {
+        /// The repository's root.
+        #[arg(long, default_value = ".")]
+        dir: std::path::PathBuf,
+    },
     /// Run the operator against the in-memory API server: apply the seed sample, scale it,
     /// repair drift and delete it, printing what happens.
     Demo {
@@ -100,6 +106,7 @@ async fn command(command: Command) -> ExitCode {
         Command::Manifests { dir } => {
             report_written(&dir, memcached_operator::manifests::write(&dir))
         }
+        Command::Bundle { dir } => report_written(&dir, memcached_operator::olm::write(&dir)),
         Command::HelmChart { dir } => report_written(&dir, memcached_operator::helm::write(&dir)),
         Command::Crd => match crd::crd_yaml() {
             Ok(yaml) => {
