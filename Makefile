@@ -165,13 +165,17 @@ check-version:
 	@test "$(VERSION)" = "$(CRATE_VERSION)" || { echo "VERSION=$(VERSION) is not the crate's version $(CRATE_VERSION): one version for binary, image, chart and bundle; set [workspace.package] version in Cargo.toml, then make manifests bundle"; exit 1; }
 
 .PHONY: bundle
-bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile) from the code and validate it with operator-sdk (OperatorHub validators).
-	$(CARGO) run -q -p memcached-operator -- bundle --dir .
+bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile; image IMAGE_TAG_BASE:VERSION) from the code and validate it with operator-sdk (OperatorHub validators).
+	$(CARGO) run -q -p memcached-operator -- bundle --dir . --image-repository $(IMAGE_TAG_BASE)
 	$(firstword $(wildcard bin/operator-sdk-v*/operator-sdk) operator-sdk) bundle validate ./bundle --select-optional suite=operatorframework
 
 .PHONY: bundle-build
 bundle-build: ## Build the bundle image: make bundle-build BUNDLE_IMG=registry/memcached-operator-bundle:vX.Y.Z
 	$(CONTAINER_TOOL) build -f bundle.Dockerfile -t $(BUNDLE_IMG) .
+
+.PHONY: bundle-push
+bundle-push: ## Push the bundle image.
+	$(CONTAINER_TOOL) push $(BUNDLE_IMG)
 
 .PHONY: release-manifests
 release-manifests: check-version ## Write $(RELEASE_DIR)/install.yaml (config/default with image IMAGE_TAG_BASE:VERSION): make release-manifests VERSION=x.y.z

@@ -42,6 +42,9 @@ enum Command {
         /// The repository's root.
         #[arg(long, default_value = ".")]
         dir: std::path::PathBuf,
+        /// Repository of the operator's image (tagged with the version).
+        #[arg(long, default_value = memcached_operator::manifests::IMAGE_REPOSITORY)]
+        image_repository: String,
     },
     /// Run the operator against the in-memory API server: apply the seed sample, scale it,
     /// repair drift and delete it, printing what happens.
@@ -106,7 +109,13 @@ async fn command(command: Command) -> ExitCode {
         Command::Manifests { dir } => {
             report_written(&dir, memcached_operator::manifests::write(&dir))
         }
-        Command::Bundle { dir } => report_written(&dir, memcached_operator::olm::write(&dir)),
+        Command::Bundle {
+            dir,
+            image_repository,
+        } => report_written(
+            &dir,
+            memcached_operator::olm::write(&dir, &image_repository),
+        ),
         Command::HelmChart { dir } => report_written(&dir, memcached_operator::helm::write(&dir)),
         Command::Crd => match crd::crd_yaml() {
             Ok(yaml) => {

@@ -22,9 +22,9 @@ pub const CHANNEL: &str = "alpha";
 /// The oldest Kubernetes the bundle installs on (k8s-openapi's feature).
 pub const MIN_KUBE_VERSION: &str = "1.33.0";
 
-/// The released image of this version.
-pub fn image() -> String {
-    format!("{}:{}", manifests::IMAGE_REPOSITORY, manifests::VERSION)
+/// The released image of this version in `repository`.
+pub fn image(repository: &str) -> String {
+    format!("{repository}:{}", manifests::VERSION)
 }
 
 const ICON: &str = r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64"><rect width="64" height="64" rx="12" fill="#1f6f5c"/><path d="M14 48V18h7l11 15 11-15h7v30h-7V29L32 44 21 29v19z" fill="#fff"/></svg>"##;
@@ -128,8 +128,9 @@ fn to_value<S: serde::Serialize>(what: &str, obj: &S) -> Result<Value, Error> {
     })
 }
 
-/// The ClusterServiceVersion.
-pub fn cluster_service_version() -> Result<Value, Error> {
+/// The ClusterServiceVersion, for the operator's image in `repository`.
+pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
+    let image = || image(repository);
     let crd = to_value("CRD", &Memcached::crd())?;
     let schema = crd
         .pointer("/spec/versions/0/schema/openAPIV3Schema")
@@ -318,8 +319,9 @@ fn yaml_file(path: &str, value: &Value) -> Result<File, Error> {
 }
 
 /// Every file of the bundle, by path relative to the repository: `bundle/...` and
-/// `bundle.Dockerfile`.
-pub fn render() -> Result<Vec<File>, Error> {
+/// `bundle.Dockerfile`, for the operator's image in `repository`
+/// ([`manifests::IMAGE_REPOSITORY`] in the committed bundle).
+pub fn render(repository: &str) -> Result<Vec<File>, Error> {
     let mut metrics_service = to_value("Service", &manifests::metrics_service()?)?;
     metrics_service["metadata"]["name"] = json!(format!(
         "{}controller-manager-metrics-service",
@@ -343,7 +345,7 @@ pub fn render() -> Result<Vec<File>, Error> {
     Ok(vec![
         yaml_file(
             &format!("bundle/manifests/{PACKAGE}.clusterserviceversion.yaml"),
-            &cluster_service_version()?,
+            &cluster_service_version(repository)?,
         )?,
         yaml_file(
             "bundle/manifests/memcached.cache.example.com_memcacheds.yaml",
@@ -376,8 +378,8 @@ pub fn render() -> Result<Vec<File>, Error> {
 
 /// Writes the bundle under `root` (the repository), only rewriting files whose content
 /// changed; returns the paths written.
-pub fn write(root: &Path) -> Result<Vec<PathBuf>, Error> {
-    manifests::write_files(root, render()?)
+pub fn write(root: &Path, repository: &str) -> Result<Vec<PathBuf>, Error> {
+    manifests::write_files(root, render(repository)?)
 }
 
 #[cfg(test)]

@@ -355,6 +355,30 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // The real control plane
 
+/// Panics unless `cert_pem` chains to `ca_pem` and is valid for `dns_name` (webpki, as a
+/// TLS client checks it).
+fn verify_serving_cert(ca_pem: &[u8], cert_pem: &[u8], dns_name: &str) {
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(ca.expect("caBundle PEM"))
+            .expect("a CA certificate");
+    }
+    let verifier = WebPkiServerVerifier::builder(std::sync::Arc::new(roots))
+        .build()
+        .expect("verifier");
+    let cert = CertificateDer::from_pem_slice(cert_pem).expect("tls.crt PEM");
+    let name = ServerName::try_from(dns_name.to_string()).expect("DNS name");
+    verifier
+        .verify_server_cert(&cert, &[], &name, &[], UnixTime::now())
+        .unwrap_or_else(|e| panic!("the webhook certificate does not verify for {dns_name}: {e}"));
+}
+
 async fn lifecycle(kube: envtest::Kube) {
     let cp = envtest::ControlPlane::shared(kube).unwrap_or_else(|e| panic!("{e}"));
     let client = cp.client().await.expect("client");
@@ -421,7 +445,20 @@ async fn lifecycle(kube: envtest::Kube) {
         .as_ref()
         .and_then(|w| w[0].client_config.ca_bundle.clone());
     assert!(ca(&secret).is_some());
-    assert_eq!(bundle.map(|b| b.0), ca(&secret));
+    assert_eq!(bundle.clone().map(|b| b.0), ca(&secret));
+    // What the API server checks when it calls the webhook: the certificate the operator
+    // serves (the Secret's tls.crt) chains to the caBundle and names the Service.
+    let tls_crt = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("tls.crt"))
+        .map(|b| b.0.clone())
+        .expect("tls.crt");
+    verify_serving_cert(
+        &bundle.map(|b| b.0).unwrap_or_default(),
+        &tls_crt,
+        &format!("memcached-operator-webhook-service.{ns}.svc"),
+    );
 
     // With the webhook registered and no operator pod serving it, the API server refuses
     // Memcacheds: the registration is live.

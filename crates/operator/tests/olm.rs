@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use memcached_operator::olm;
 use serde_json::{Value, json};
 
@@ -79,7 +80,7 @@ fn read_csv(root: &Path) -> Value {
 #[test]
 fn committed_bundle_is_what_bundle_writes() {
     let mut stale = vec![];
-    for file in olm::render().expect("renders") {
+    for file in olm::render(memcached_operator::manifests::IMAGE_REPOSITORY).expect("renders") {
         let committed = std::fs::read_to_string(repo().join(&file.path)).ok();
         if committed.as_deref() != Some(file.content.as_str()) {
             stale.push(file.path.display().to_string());
@@ -112,7 +113,7 @@ fn operator_sdk_validates_the_bundle_for_operatorhub() {
 #[test]
 fn operator_sdk_refuses_a_broken_bundle() {
     let tmp = TempDir::new("olm-broken");
-    olm::write(&tmp.0).expect("writes");
+    olm::write(&tmp.0, memcached_operator::manifests::IMAGE_REPOSITORY).expect("writes");
     let mut csv = read_csv(&tmp.0);
     csv["metadata"]["annotations"]["categories"] = json!("Caching");
     std::fs::write(csv_path(&tmp.0), serde_yaml::to_string(&csv).expect("YAML")).expect("write");
@@ -145,14 +146,78 @@ fn the_bundle_carries_the_crates_version() {
     assert_eq!(container["image"], image);
 }
 
-/// The CSV's Deployment is one the real API server takes (a server-side dry run), and OLM's
-/// webhook certificate directory is the operator's default `--webhook-cert-dir`.
+/// OLM's own CRD of ClusterServiceVersions, from the operator-framework/api module the
+/// pinned operator-sdk is built with (`make tools` downloads it).
+fn olm_csv_crd() -> CustomResourceDefinition {
+    let tools = repo().join("hack/tools/operator-sdk");
+    let out = Command::new("go")
+        .current_dir(&tools)
+        .args([
+            "list",
+            "-m",
+            "-f",
+            "{{.Dir}}",
+            "github.com/operator-framework/api",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("go (needed to find OLM's CRDs; `make tools`): {e}"));
+    assert!(
+        out.status.success(),
+        "go list github.com/operator-framework/api in {} failed (run `make tools`): {}",
+        tools.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let yaml =
+        std::fs::read_to_string(dir.join("crds/operators.coreos.com_clusterserviceversions.yaml"))
+            .expect("OLM's ClusterServiceVersion CRD");
+    serde_yaml::from_str(&yaml).expect("a CRD")
+}
+
+/// The real API server takes the CSV under OLM's own schema, and the Deployment it
+/// declares (a server-side dry run); OLM mounts the webhook certificate where the operator
+/// looks by default.
 #[tokio::test]
-async fn the_real_server_accepts_the_csv_deployment() {
+async fn the_real_server_accepts_the_csv_and_its_deployment() {
     let cp = envtest::ControlPlane::shared(envtest::Kube::Oldest).unwrap_or_else(|e| panic!("{e}"));
     let client = cp.client().await.expect("client");
     let ns = cp.namespace("olm").await.expect("namespace");
     let csv = read_csv(&repo());
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = olm_csv_crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    if crds.get_opt(&name).await.expect("get").is_none() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("OLM's CSV CRD");
+    }
+    let established = |c: &CustomResourceDefinition| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !established(&crds.get(&name).await.expect("get")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} not Established"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let gvk = GroupVersionKind::gvk("operators.coreos.com", "v1alpha1", "ClusterServiceVersion");
+    let csvs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &ApiResource::from_gvk(&gvk));
+    let mut object: DynamicObject = serde_json::from_value(csv.clone()).expect("a CSV");
+    object.metadata.namespace = Some(ns.clone());
+    csvs.create(&PostParams::default(), &object)
+        .await
+        .expect("the real server accepts the CSV under OLM's schema");
+
     let spec = &csv["spec"]["install"]["spec"]["deployments"][0];
     let deployment: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1",
