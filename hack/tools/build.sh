@@ -31,4 +31,4 @@ build helm helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm helm \
   "-X helm.sh/helm/v4/internal/version.version=VERSION"
 build operator-sdk github.com/operator-framework/operator-sdk \
   github.com/operator-framework/operator-sdk/cmd/operator-sdk operator-sdk \
-  "-X github.com/operator-framework/operator-sdk/internal/version.Version=VERSION"
+  "-X github.com/operator-framework/operator-sdk/internal/version.Version=VERSION -X github.com/operator-framework/operator-sdk/internal/version.GitVersion=VERSION"

@@ -117,13 +117,22 @@ fn committed_chart_is_what_helm_chart_writes() {
     );
 }
 
-/// One version for the binary, the image tag and the chart.
+/// One version for the binary (`--version`), the image tag and the chart.
 #[test]
 fn chart_and_image_carry_the_crates_version() {
     let chart: Value = serde_yaml::from_str(
         &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
     )
     .expect("YAML");
+    // The binary says which version it is.
+    let out = ok(Command::new(env!("CARGO_BIN_EXE_memcached-operator")).arg("--version"));
+    assert_eq!(
+        out.trim(),
+        format!(
+            "memcached-operator {}",
+            chart["appVersion"].as_str().unwrap_or_default()
+        )
+    );
     assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
     let tmp = TempDir::new("helm-version");
