@@ -11,6 +11,8 @@ IMAGE_TAG_BASE ?= example.com/memcached-operator
 IMG ?= controller:latest
 # The OLM bundle image.
 BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
+# The pinned operator-sdk (make tools), else the one on the PATH.
+OPERATOR_SDK ?= $(firstword $(wildcard bin/operator-sdk-v*/operator-sdk) operator-sdk)
 # Where make release-manifests writes install.yaml.
 RELEASE_DIR ?= dist
 # Container tool to build and push the image with (docker or podman).
@@ -167,7 +169,8 @@ check-version:
 .PHONY: bundle
 bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile; image IMAGE_TAG_BASE:VERSION) from the code and validate it with operator-sdk (OperatorHub validators).
 	$(CARGO) run -q -p memcached-operator -- bundle --dir . --image-repository $(IMAGE_TAG_BASE)
-	$(firstword $(wildcard bin/operator-sdk-v*/operator-sdk) operator-sdk) bundle validate ./bundle --select-optional suite=operatorframework
+	$(OPERATOR_SDK) bundle validate ./bundle --select-optional suite=operatorframework
+	$(OPERATOR_SDK) bundle validate ./bundle --select-optional name=operatorhub
 
 .PHONY: bundle-build
 bundle-build: ## Build the bundle image: make bundle-build BUNDLE_IMG=registry/memcached-operator-bundle:vX.Y.Z

@@ -293,19 +293,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     }
 
     let client = client_from_environment().await?;
-    // OLM sets WATCH_NAMESPACE from its `olm.targetNamespaces` annotation, which is empty
-    // in AllNamespaces mode: empty names mean all namespaces.
-    let namespaces: Vec<String> = args
-        .namespaces
-        .iter()
-        .filter(|n| !n.trim().is_empty())
-        .cloned()
-        .collect();
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.into_iter().map(Some).collect()
-    };
+    let scopes = watch_scopes(&args.namespaces);
     crd::check_version(&client, args.allow_unsupported_kubernetes).await?;
     for scope in &scopes {
         crd::check_installed(&client, scope.as_deref()).await?;
@@ -461,6 +449,25 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     result
 }
 
+/// The scopes the caches watch: one per `--namespace` / `WATCH_NAMESPACE` name, or the
+/// whole cluster (`None`) when there is none. OLM sets WATCH_NAMESPACE from its
+/// `olm.targetNamespaces` annotation, which is empty in AllNamespaces mode: empty names
+/// mean all namespaces, and a name given twice is watched once.
+pub fn watch_scopes(namespaces: &[String]) -> Vec<Option<String>> {
+    let mut names: Vec<String> = namespaces
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        vec![None]
+    } else {
+        names.into_iter().map(Some).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,5 +485,37 @@ mod tests {
         assert_eq!(parse_batch_window("1m"), Ok(Duration::from_secs(60)));
         let too_long = parse_batch_window("1000h").unwrap_err();
         assert!(too_long.contains("longer than 1m"), "{too_long}");
+    }
+
+    /// What OLM's `olm.targetNamespaces` becomes: empty in AllNamespaces mode, one name in
+    /// OwnNamespace and SingleNamespace, comma-separated names in MultiNamespace.
+    #[test]
+    fn watch_namespace_as_olm_sets_it() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let scopes = |flags: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("memcached-operator").chain(flags.iter().copied()),
+            )
+            .map_err(|e| e.to_string());
+            cli.map(|c| watch_scopes(&c.run.namespaces))
+        };
+        assert_eq!(scopes(&["--namespace="]), Ok(vec![None]));
+        assert_eq!(scopes(&[]), Ok(vec![None]));
+        assert_eq!(
+            scopes(&["--namespace=team-a"]),
+            Ok(vec![Some("team-a".to_string())])
+        );
+        assert_eq!(
+            scopes(&["--namespace=team-b,team-a", "--namespace", "team-b"]),
+            Ok(vec![Some("team-a".to_string()), Some("team-b".to_string())])
+        );
+        assert_eq!(
+            scopes(&["--namespace=team-a,"]),
+            Ok(vec![Some("team-a".to_string())])
+        );
     }
 }

@@ -3,11 +3,13 @@
 //! ClusterServiceVersion with the owned CRD and its descriptors, the RBAC, the Deployment,
 //! the webhook definitions and the OperatorHub listing; the CRD, the metrics Service and the
 //! metrics-reader ClusterRole beside it. `tests/olm.rs` validates it with the pinned
-//! `operator-sdk bundle validate --select-optional suite=operatorhub`.
+//! `operator-sdk bundle validate` with the OperatorHub validators (`suite=operatorframework`
+//! and `name=operatorhub`), and runs the operator as OLM installs it on the real control plane.
 
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
 use kube::CustomResourceExt;
 use memcached_api::Memcached;
 use serde_json::{Value, json};
@@ -60,8 +62,14 @@ for authorized callers only.
 Admission webhooks default and validate every Memcached, naming the field at fault.
 ";
 
-/// Title Case of a camelCase field name (`maxItemSize` -> `Max Item Size`).
+/// Title Case of a camelCase field name (`maxItemSize` -> `Max Item Size`), with the
+/// acronyms the API spells in lower case written as acronyms (`tls` -> `TLS`).
 fn display_name(field: &str) -> String {
+    match field {
+        "tls" => return "TLS".into(),
+        "sasl" => return "SASL".into(),
+        _ => {}
+    }
     let mut out = String::new();
     for (i, c) in field.chars().enumerate() {
         if i == 0 {
@@ -76,49 +84,157 @@ fn display_name(field: &str) -> String {
     out
 }
 
-/// The first sentence of a schema description.
+/// The first sentence of a schema description ("e.g. ", "i.e. " and "etc. " do not end it).
 fn first_sentence(description: &str) -> String {
     let one_line = description.replace('\n', " ");
-    match one_line.find(". ") {
+    let end = one_line.match_indices(". ").map(|(i, _)| i).find(|&i| {
+        !["e.g", "i.e", "etc"]
+            .iter()
+            .any(|a| one_line[..i].ends_with(a))
+    });
+    match end {
         Some(i) => one_line[..=i].to_string(),
         None => one_line,
     }
 }
 
-/// OLM descriptors of the top-level fields of `spec` or `status`, from the CRD's schema.
+/// The OpenShift console's widgets for the fields that have one, by path (`.` between
+/// levels) in `spec` or `status`: top-level fields and the nested fields named here.
+const X_DESCRIPTORS: &[(&str, &str, &str, &str)] = &[
+    // (section, path, display name of a nested field, x-descriptor)
+    (
+        "spec",
+        "size",
+        "",
+        "urn:alm:descriptor:com.tectonic.ui:podCount",
+    ),
+    (
+        "spec",
+        "image",
+        "",
+        "urn:alm:descriptor:com.tectonic.ui:text",
+    ),
+    (
+        "spec",
+        "containerPort",
+        "",
+        "urn:alm:descriptor:com.tectonic.ui:number",
+    ),
+    (
+        "spec",
+        "resources",
+        "",
+        "urn:alm:descriptor:com.tectonic.ui:resourceRequirements",
+    ),
+    (
+        "spec",
+        "tolerations",
+        "",
+        "urn:alm:descriptor:com.tectonic.ui:advanced",
+    ),
+    (
+        "spec",
+        "affinity",
+        "",
+        "urn:alm:descriptor:com.tectonic.ui:advanced",
+    ),
+    (
+        "spec",
+        "affinity.nodeAffinity",
+        "Node Affinity",
+        "urn:alm:descriptor:com.tectonic.ui:nodeAffinity",
+    ),
+    (
+        "spec",
+        "affinity.podAffinity",
+        "Pod Affinity",
+        "urn:alm:descriptor:com.tectonic.ui:podAffinity",
+    ),
+    (
+        "spec",
+        "affinity.podAntiAffinity",
+        "Pod Anti-Affinity",
+        "urn:alm:descriptor:com.tectonic.ui:podAntiAffinity",
+    ),
+    (
+        "spec",
+        "config.memoryMiB",
+        "Memory (MiB)",
+        "urn:alm:descriptor:com.tectonic.ui:number",
+    ),
+    (
+        "spec",
+        "tls.secretName",
+        "TLS Secret",
+        "urn:alm:descriptor:io.kubernetes:Secret",
+    ),
+    (
+        "spec",
+        "sasl.secretName",
+        "SASL Secret",
+        "urn:alm:descriptor:io.kubernetes:Secret",
+    ),
+    (
+        "status",
+        "conditions",
+        "",
+        "urn:alm:descriptor:io.kubernetes.conditions",
+    ),
+];
+
+/// The schema of `path` (`a.b`) under `section` of the CRD's schema.
+fn schema_at<'a>(schema: &'a Value, section: &str, path: &str) -> Option<&'a Value> {
+    let mut pointer = format!("/properties/{section}");
+    for part in path.split('.') {
+        pointer.push_str("/properties/");
+        pointer.push_str(part);
+    }
+    schema.pointer(&pointer)
+}
+
+/// OLM descriptors of `spec` or `status`, from the CRD's schema: every top-level field,
+/// and the nested fields of [`X_DESCRIPTORS`] the schema has, each with its widget.
 fn descriptors(schema: &Value, section: &str) -> Vec<Value> {
-    let props = schema
+    let top = schema
         .pointer(&format!("/properties/{section}/properties"))
         .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    props
+        .into_iter()
+        .flatten()
+        .map(|(field, prop)| (field.clone(), display_name(field), prop));
+    let nested = X_DESCRIPTORS
         .iter()
-        .map(|(field, prop)| {
+        .filter(|(s, path, _, _)| *s == section && path.contains('.'))
+        .filter_map(|(_, path, name, _)| {
+            schema_at(schema, section, path).map(|prop| (path.to_string(), name.to_string(), prop))
+        });
+    let mut fields: Vec<(String, String, &Value)> = top.chain(nested).collect();
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    fields
+        .into_iter()
+        .map(|(path, name, prop)| {
             let mut d = json!({
-                "path": field,
-                "displayName": display_name(field),
+                "path": path,
+                "displayName": name,
                 "description": first_sentence(
                     prop.get("description").and_then(Value::as_str).unwrap_or_default()
                 ),
             });
-            let x = match (section, field.as_str()) {
-                ("spec", "size") => Some("urn:alm:descriptor:com.tectonic.ui:podCount"),
-                ("spec", "image") => Some("urn:alm:descriptor:com.tectonic.ui:text"),
-                ("spec", "resources") => {
-                    Some("urn:alm:descriptor:com.tectonic.ui:resourceRequirements")
-                }
-                ("spec", "tolerations") => Some("urn:alm:descriptor:io.kubernetes:Tolerations"),
-                ("spec", "affinity") => Some("urn:alm:descriptor:com.tectonic.ui:nodeAffinity"),
-                ("status", "conditions") => Some("urn:alm:descriptor:io.kubernetes.conditions"),
-                _ => None,
-            };
-            if let Some(x) = x {
+            if let Some((_, _, _, x)) = X_DESCRIPTORS
+                .iter()
+                .find(|(s, p, _, _)| *s == section && *p == path)
+            {
                 d["x-descriptors"] = json!([x]);
             }
             d
         })
         .collect()
+}
+
+/// Drops kustomize's `app.kubernetes.io/managed-by` label (OLM manages these objects).
+fn without_kustomize_label(object: &mut Value) {
+    if let Some(labels) = object["metadata"]["labels"].as_object_mut() {
+        labels.remove("app.kubernetes.io/managed-by");
+    }
 }
 
 fn to_value<S: serde::Serialize>(what: &str, obj: &S) -> Result<Value, Error> {
@@ -142,23 +258,43 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
             source,
         })?;
 
-    // The manager Deployment as config/default deploys it, with the released image; OLM
-    // mounts its own webhook certificate at the same directory, and tells the operator
-    // which namespaces to watch in an annotation (empty: all).
-    let mut deployment = to_value("Deployment", &manifests::manager_deployment()?)?;
-    let container = &mut deployment["spec"]["template"]["spec"]["containers"][0];
-    container["image"] = json!(image());
-    if let Some(env) = container["env"].as_array_mut() {
-        for e in env.iter_mut() {
-            if e["name"] == "TLS_AGENT_IMAGE" {
-                e["value"] = json!(image());
+    // The manager Deployment as config/default deploys it, with the released image and the
+    // ServiceAccount OLM creates for the permissions below; OLM mounts its own webhook
+    // certificate at the same directory, and tells the operator which namespaces to watch
+    // in an annotation (empty: all).
+    let deployment_name = format!("{}controller-manager", manifests::NAME_PREFIX);
+    let service_account = format!("{}{}", manifests::NAME_PREFIX, rbac::SERVICE_ACCOUNT);
+    let mut deployment = manifests::manager_deployment()?;
+    let pod = deployment
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut());
+    if let Some(pod) = pod {
+        pod.service_account_name = Some(service_account.clone());
+        for container in &mut pod.containers {
+            container.image = Some(image());
+            let env = container.env.get_or_insert_with(Vec::new);
+            for e in env.iter_mut() {
+                if e.name == "TLS_AGENT_IMAGE" {
+                    e.value = Some(image());
+                }
             }
+            env.push(EnvVar {
+                name: "WATCH_NAMESPACE".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.annotations['olm.targetNamespaces']".into(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            });
         }
-        env.push(json!({
-            "name": "WATCH_NAMESPACE",
-            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['olm.targetNamespaces']"}},
-        }));
     }
+    let mut deployment = to_value("Deployment", &deployment)?;
+    without_kustomize_label(&mut deployment);
+    let container = &mut deployment["spec"]["template"]["spec"]["containers"][0];
     let patch = manifests::manager_webhook_patch();
     if let (Some(ports), Some(webhook_ports)) = (
         container["ports"].as_array_mut(),
@@ -168,11 +304,14 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
     ) {
         ports.splice(0..0, webhook_ports.iter().cloned());
     }
-    let deployment_name = format!("{}controller-manager", manifests::NAME_PREFIX);
-    let service_account = format!("{}{}", manifests::NAME_PREFIX, rbac::SERVICE_ACCOUNT);
 
-    let mut cluster_rules = rbac::policy_rules(rbac::MANAGER_RULES);
-    cluster_rules.extend(rbac::policy_rules(rbac::METRICS_AUTH_RULES));
+    // What the operator does in the namespaces it watches is namespaced: OLM grants it in
+    // each target namespace (and lifts it to a ClusterRole in AllNamespaces mode), so a
+    // SingleNamespace install reaches no other namespace. Only the metrics endpoint's
+    // TokenReview and SubjectAccessReview are cluster-wide.
+    let mut namespaced_rules = rbac::policy_rules(rbac::MANAGER_RULES);
+    namespaced_rules.extend(rbac::policy_rules(rbac::LEADER_ELECTION_RULES));
+    let cluster_rules = rbac::policy_rules(rbac::METRICS_AUTH_RULES);
 
     let (mutating, validating) = manifests::webhook_configurations();
     let definition = |kind: &str, hook: Value, path_default: &str| {
@@ -222,6 +361,8 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
                 "containerImage": image(),
                 "description": "Runs pools of memcached: sizing, disruption budgets, TLS renewed in place, paced rollouts, metrics.",
                 "operators.operatorframework.io/builder": format!("memcached-operator-{}", manifests::VERSION),
+                // Every earlier version upgrades straight to this one.
+                "olm.skipRange": format!("<{}", manifests::VERSION),
                 "support": "memcached-operator maintainers",
             },
         },
@@ -260,7 +401,7 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
                     }],
                     "permissions": [{
                         "serviceAccountName": service_account,
-                        "rules": to_value("rules", &rbac::policy_rules(rbac::LEADER_ELECTION_RULES))?,
+                        "rules": to_value("rules", &namespaced_rules)?,
                     }],
                     "deployments": [{
                         "name": deployment_name,
@@ -330,8 +471,10 @@ pub fn render(repository: &str) -> Result<Vec<File>, Error> {
     if let Some(meta) = metrics_service["metadata"].as_object_mut() {
         meta.remove("namespace");
     }
+    without_kustomize_label(&mut metrics_service);
     let mut reader = to_value("ClusterRole", &rbac::metrics_reader_role())?;
     reader["metadata"]["name"] = json!(format!("{}metrics-reader", manifests::NAME_PREFIX));
+    without_kustomize_label(&mut reader);
     let annotations: serde_json::Map<String, Value> = bundle_annotations()
         .into_iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
@@ -390,5 +533,52 @@ mod tests {
     fn display_names_split_camel_case() {
         assert_eq!(display_name("maxItemSize"), "Max Item Size");
         assert_eq!(display_name("size"), "Size");
+        assert_eq!(display_name("tls"), "TLS");
+        assert_eq!(display_name("sasl"), "SASL");
+    }
+
+    #[test]
+    fn first_sentences_skip_abbreviations() {
+        assert_eq!(
+            first_sentence("Pod rules (e.g. co-locate this pod). More."),
+            "Pod rules (e.g. co-locate this pod)."
+        );
+        assert_eq!(first_sentence("One line"), "One line");
+    }
+
+    /// Every field given a console widget is in the CRD (a renamed field fails here
+    /// instead of losing its widget), and the widgets land on those paths in the CSV.
+    #[test]
+    fn every_x_descriptor_names_a_field_of_the_crd() {
+        let crd = serde_json::to_value(Memcached::crd()).expect("CRD");
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        for (section, path, _, _) in X_DESCRIPTORS {
+            assert!(
+                schema_at(schema, section, path).is_some(),
+                "{section}.{path} is not in the CRD"
+            );
+        }
+        let csv = cluster_service_version("example.com/op").expect("CSV");
+        let owned = &csv["spec"]["customresourcedefinitions"]["owned"][0];
+        let widget = |list: &str, path: &str| {
+            owned[list]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|d| d["path"] == path)
+                .map(|d| d["x-descriptors"][0].clone())
+        };
+        assert_eq!(
+            widget("specDescriptors", "tls.secretName"),
+            Some(json!("urn:alm:descriptor:io.kubernetes:Secret"))
+        );
+        assert_eq!(
+            widget("specDescriptors", "affinity.podAntiAffinity"),
+            Some(json!("urn:alm:descriptor:com.tectonic.ui:podAntiAffinity"))
+        );
+        assert_eq!(
+            widget("statusDescriptors", "conditions"),
+            Some(json!("urn:alm:descriptor:io.kubernetes.conditions"))
+        );
     }
 }
