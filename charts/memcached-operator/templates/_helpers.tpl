@@ -37,7 +37,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "memcached-operator.prefixed" (list . "controller-manager")) .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- required "serviceAccount.name: the ServiceAccount to run as when serviceAccount.create is false (the chart does not bind the operator's roles to the namespace's default account)" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
 

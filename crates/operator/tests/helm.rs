@@ -19,35 +19,15 @@ use memcached_api::Memcached;
 use memcached_operator::{helm, manifests};
 use serde_json::{Value, json};
 
+mod common;
+use common::process::TempDir;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn chart_dir() -> PathBuf {
     repo().join("charts/memcached-operator")
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "memcached-operator-{tag}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The pinned helm, with its own config, cache and data directories.
@@ -101,8 +81,6 @@ fn template(home: &Path, sets: &[&str]) -> Vec<Value> {
 
 #[test]
 fn committed_chart_is_what_helm_chart_writes() {
-    let tmp = TempDir::new("chart");
-    helm::write(&tmp.0).expect("writes");
     let mut problems = vec![];
     for file in helm::render().expect("renders") {
         let committed = std::fs::read_to_string(chart_dir().join(&file.path)).ok();
@@ -136,7 +114,7 @@ fn chart_and_image_carry_the_crates_version() {
     assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
     let tmp = TempDir::new("helm-version");
-    let objects = template(&tmp.0, &[]);
+    let objects = template(tmp.path(), &[]);
     let deployment = find(
         &objects,
         "Deployment",
@@ -164,10 +142,11 @@ fn helm_lint_passes_for_every_feature_combination() {
             "watchNamespaces={team-a,team-b}",
             "replicaCount=2",
             "serviceAccount.create=false",
+            "serviceAccount.name=ops-operator",
             "crds.install=false",
         ],
     ] {
-        let mut cmd = helm(&tmp.0);
+        let mut cmd = helm(tmp.path());
         cmd.args(["lint", "--strict"]).arg(chart_dir());
         for s in &sets {
             cmd.args(["--set", s]);
@@ -189,8 +168,16 @@ fn bad_values_are_refused_naming_the_value() {
         ("metrics.port=70000", "port"),
         ("webhook.certManger.enabled=true", "certManger"),
         ("tolerations[0].effect=1", "effect"),
+        ("watchNamespaces={Team_A}", "watchNamespaces"),
+        ("watchNamespaces={team-a,team-a}", "watchNamespaces"),
+        ("watchNamespaces={\"\"}", "watchNamespaces"),
+        ("serviceAccount.create=false", "serviceAccount.name"),
+        (
+            "metrics.enabled=false,metrics.serviceMonitor.enabled=true",
+            "metrics.serviceMonitor.enabled needs metrics.enabled",
+        ),
     ] {
-        let mut cmd = helm(&tmp.0);
+        let mut cmd = helm(tmp.path());
         cmd.args(["template", "x"])
             .arg(chart_dir())
             .args(["--set", set]);
@@ -199,7 +186,7 @@ fn bad_values_are_refused_naming_the_value() {
         assert!(!out.status.success(), "{set} was accepted");
         assert!(stderr.contains(expected), "{set}: {stderr}");
     }
-    let mut cmd = helm(&tmp.0);
+    let mut cmd = helm(tmp.path());
     cmd.args(["template", "x"]).arg(chart_dir()).args([
         "--set",
         "replicaCount=2",
@@ -213,6 +200,40 @@ fn bad_values_are_refused_naming_the_value() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Kubernetes names of at most 63 characters (a Service's is a DNS label) for any release
+/// name: the chart cuts its prefix, never the part that tells objects apart.
+#[test]
+fn long_release_names_give_valid_distinct_names() {
+    let tmp = TempDir::new("helm-long");
+    let long = "a".repeat(70);
+    for sets in [
+        vec![format!("fullnameOverride={long}")],
+        vec![format!("nameOverride={long}")],
+    ] {
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let mut all = sets.clone();
+        all.extend([
+            "networkPolicy.enabled=true",
+            "metrics.serviceMonitor.enabled=true",
+        ]);
+        let objects = template(tmp.path(), &all);
+        let mut names = std::collections::BTreeSet::new();
+        for o in &objects {
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            assert!(
+                !name.is_empty() && name.len() <= 63 && !name.ends_with('-'),
+                "{sets:?}: {} {name:?}",
+                o["kind"]
+            );
+            assert!(
+                names.insert((o["kind"].to_string(), name.to_string())),
+                "{sets:?}: two {} named {name}",
+                o["kind"]
+            );
+        }
+    }
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
@@ -286,11 +307,11 @@ fn kustomize(dir: &Path) -> Vec<Value> {
 #[test]
 fn rendered_objects_equal_kustomizes() {
     let tmp = TempDir::new("helm-vs-kustomize");
-    let overlay = tmp.0.join("overlay");
+    let overlay = tmp.path().join("overlay");
     std::fs::create_dir_all(&overlay).expect("mkdir");
     // kustomize takes relative paths only: the overlay next to a config/ tree (what
     // `manifests` writes, which is the committed tree: tests/manifests.rs).
-    let config = tmp.0.join("config");
+    let config = tmp.path().join("config");
     manifests::write(&config).expect("writes config/");
     std::fs::write(
         overlay.join("kustomization.yaml"),
@@ -308,7 +329,7 @@ fn rendered_objects_equal_kustomizes() {
     let expected = by_kind_and_name(expected);
 
     let actual = by_kind_and_name(template(
-        &tmp.0,
+        tmp.path(),
         &[
             "webhook.certManager.enabled=true",
             "networkPolicy.enabled=true",
@@ -396,7 +417,7 @@ async fn lifecycle(kube: envtest::Kube) {
     let watched = cp.namespace("helm-watched").await.expect("namespace");
     let release = "memcached-operator";
     let helm_in = |args: &[&str]| {
-        let mut cmd = helm(&tmp.0);
+        let mut cmd = helm(tmp.path());
         cmd.env("KUBECONFIG", cp.kubeconfig())
             .args(args)
             .args(["--namespace", ns.as_str()]);
@@ -527,6 +548,68 @@ async fn lifecycle(kube: envtest::Kube) {
     };
     assert_eq!(can_i(&watched), "yes");
     assert_eq!(can_i(&ns), "no");
+    // The webhooks now see the watched namespace only: outside it the API server admits a
+    // Memcached without calling them (still unreachable), inside it the call fails.
+    let outside: Memcached = serde_json::from_value(json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "outside-watch"}, "spec": {"size": 1},
+    }))
+    .expect("Memcached");
+    memcacheds
+        .create(&PostParams::default(), &outside)
+        .await
+        .expect("a Memcached outside the watched namespaces skips the webhooks");
+    let refused = Api::<Memcached>::namespaced(client.clone(), &watched)
+        .create(&PostParams::default(), &outside)
+        .await;
+    assert!(
+        format!("{refused:?}").contains("webhook"),
+        "expected the unreachable webhook to refuse in {watched}: {refused:?}"
+    );
+
+    // A new fullnameOverride renames the webhook Service: the kept certificate would not
+    // name it, so the chart issues one that does.
+    ok(&mut helm_in(&[
+        "upgrade",
+        release,
+        &chart,
+        "--reuse-values",
+        "--set",
+        "fullnameOverride=mco",
+    ]));
+    let renamed = secrets
+        .get("webhook-server-cert")
+        .await
+        .expect("cert Secret");
+    let hook = hooks
+        .get("mco-validating-webhook-configuration")
+        .await
+        .expect("the renamed validating webhook");
+    let bundle = hook
+        .webhooks
+        .as_ref()
+        .and_then(|w| w[0].client_config.ca_bundle.clone())
+        .map(|b| b.0)
+        .unwrap_or_default();
+    assert_eq!(Some(bundle.clone()), ca(&renamed));
+    verify_serving_cert(
+        &bundle,
+        &renamed
+            .data
+            .as_ref()
+            .and_then(|d| d.get("tls.crt"))
+            .map(|b| b.0.clone())
+            .expect("tls.crt"),
+        &format!("mco-webhook-service.{ns}.svc"),
+    );
+    assert!(
+        deployments
+            .get_opt("memcached-operator-controller-manager")
+            .await
+            .expect("get")
+            .is_none(),
+        "the old Deployment is gone"
+    );
 
     // Without webhooks the seed's sample is accepted (by the CRD's schema alone).
     ok(&mut helm_in(&[
@@ -539,7 +622,7 @@ async fn lifecycle(kube: envtest::Kube) {
     ]));
     assert!(
         hooks
-            .get_opt("memcached-operator-validating-webhook-configuration")
+            .get_opt("mco-validating-webhook-configuration")
             .await
             .expect("get")
             .is_none()
@@ -550,18 +633,26 @@ async fn lifecycle(kube: envtest::Kube) {
         .expect("the sample is accepted");
 
     // Uninstall: the release's objects go; the CRD and the Memcacheds stay.
+    deployments
+        .get("mco-controller-manager")
+        .await
+        .expect("the renamed Deployment");
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    roles
+        .get("mco-manager-role")
+        .await
+        .expect("the renamed ClusterRole");
     ok(&mut helm_in(&["uninstall", release, "--wait"]));
     assert!(
         deployments
-            .get_opt("memcached-operator-controller-manager")
+            .get_opt("mco-controller-manager")
             .await
             .expect("get")
             .is_none()
     );
-    let roles: Api<ClusterRole> = Api::all(client.clone());
     assert!(
         roles
-            .get_opt("memcached-operator-manager-role")
+            .get_opt("mco-manager-role")
             .await
             .expect("get")
             .is_none()

@@ -30,6 +30,8 @@ pub const CHART: &str = "memcached-operator";
 pub const KUBE_VERSION: &str = ">=1.33.0-0";
 
 const NAMESPACE: &str = "{{ $.Release.Namespace }}";
+/// The self-signed webhook certificate's Secret: the Service host it was issued for.
+const WEBHOOK_HOST_ANNOTATION: &str = "memcached-operator.cache.example.com/webhook-host";
 const IMAGE: &str = "{{ include \"memcached-operator.image\" $ }}";
 const LABELS: &str = "{{- include \"memcached-operator.labels\" $ | nindent {indent} }}";
 
@@ -393,7 +395,9 @@ fn metrics_template() -> Result<Template, Error> {
     Ok(Template {
         path: "templates/metrics.yaml",
         comment: "The metrics Service, and the Prometheus Operator's ServiceMonitor (config/prometheus).",
-        preamble: "",
+        preamble: "{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}\n\
+                   {{- fail \"metrics.serviceMonitor.enabled needs metrics.enabled: there is no metrics endpoint to scrape\" }}\n\
+                   {{- end }}\n",
         docs: vec![
             when(svc, "$.Values.metrics.enabled"),
             when(
@@ -409,13 +413,16 @@ fn metrics_template() -> Result<Template, Error> {
 const SELF_SIGNED: &str = r#"{{- $webhookCert := dict }}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
 {{- $service := include "memcached-operator.prefixed" (list . "webhook-service") }}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace "webhook-server-cert" }}
-{{- if and $existing (hasKey ($existing.data | default dict) "ca.crt") }}
-{{- $webhookCert = $existing.data }}
+{{- $host := printf "%s.%s.svc" $service .Release.Namespace }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace "webhook-server-cert" | default dict }}
+{{- $data := get $existing "data" | default dict }}
+{{- $issuedFor := dig "metadata" "annotations" "memcached-operator.cache.example.com/webhook-host" "" $existing }}
+{{- if and (hasKey $data "ca.crt") (hasKey $data "tls.crt") (hasKey $data "tls.key") (eq $issuedFor $host) }}
+{{- $webhookCert = $data }}
 {{- else }}
 {{- $ca := genCA (printf "%s-webhook-ca" (include "memcached-operator.fullname" .)) 3650 }}
-{{- $names := list (printf "%s.%s.svc" $service .Release.Namespace) (printf "%s.%s.svc.cluster.local" $service .Release.Namespace) }}
-{{- $cert := genSignedCert (printf "%s.%s.svc" $service .Release.Namespace) nil $names 3650 $ca }}
+{{- $names := list $host (printf "%s.cluster.local" $host) }}
+{{- $cert := genSignedCert $host nil $names 3650 $ca }}
 {{- $webhookCert = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
 {{- end }}
 {{- end }}
@@ -473,9 +480,20 @@ fn webhook_template() -> Result<Template, Error> {
         "metadata": {"name": manifests::WEBHOOK_CERT_SECRET, "labels": manifests::labels()},
     }));
     release_meta(&mut secret, true);
-    secret
-        .at(&["metadata"])
-        .set("name", T::V(json!(manifests::WEBHOOK_CERT_SECRET)));
+    let meta = secret.at(&["metadata"]);
+    meta.set("name", T::V(json!(manifests::WEBHOOK_CERT_SECRET)));
+    // Which Service the certificate names: an upgrade that renames the Service (a new
+    // fullnameOverride) makes a new certificate instead of keeping one the API server
+    // would refuse.
+    meta.set("annotations", T::Map(vec![]))
+        .at(&["annotations"])
+        .set(
+            WEBHOOK_HOST_ANNOTATION,
+            tpl(format!(
+                "{}.{NAMESPACE}.svc",
+                prefixed(manifests::WEBHOOK_SERVICE)
+            )),
+        );
     let data: Vec<tpl::Entry> = ["ca.crt", "tls.crt", "tls.key"]
         .into_iter()
         .map(|key| tpl::Entry {
@@ -591,7 +609,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "memcached-operator.prefixed" (list . "controller-manager")) .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- required "serviceAccount.name: the ServiceAccount to run as when serviceAccount.create is false (the chart does not bind the operator's roles to the namespace's default account)" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
 
@@ -747,11 +765,18 @@ helm uninstall memcached-operator --namespace memcached-operator-system
 
 `helm uninstall` keeps the Memcached CRD (and so every Memcached and its cache) unless
 `crds.keep=false`; delete it with
-`kubectl delete crd memcacheds.memcached.cache.example.com`.
+`kubectl delete crd memcacheds.memcached.cache.example.com`. The kept CRD still names the
+release that installed it, so install again under the same release name and namespace
+(Helm refuses to adopt it from another release).
 
 The webhook certificate is self-signed by the chart unless `webhook.certManager.enabled`
-(needs cert-manager). `helm template` renders a new certificate each time; `helm install`
-and `helm upgrade` keep the one in the cluster.
+(needs cert-manager). `helm install` and `helm upgrade` keep the one in the cluster while
+it names the webhook Service (a new `fullnameOverride` makes a new one); `helm template`
+cannot look it up and renders a new certificate each time, so tools that apply `helm
+template`'s output (GitOps) should use cert-manager.
+
+One release per namespace: the webhook certificate's Secret and the leader-election Lease
+have fixed names, as in the kustomize tree.
 
 ## Values
 

@@ -29,6 +29,10 @@ pub struct Values {
     /// Namespaces whose Memcacheds the operator manages; empty: every namespace. With
     /// namespaces, the manager's ClusterRole is bound in each of them only (RoleBindings),
     /// and the webhooks see only their Memcacheds. Each namespace must exist.
+    #[schemars(
+        inner(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")),
+        extend("uniqueItems" = true)
+    )]
     pub watch_namespaces: Vec<String>,
     pub crds: Crds,
     pub webhook: Webhook,
@@ -148,7 +152,8 @@ pub struct NetworkPolicy {
 pub struct ServiceAccount {
     /// Create the operator's ServiceAccount.
     pub create: bool,
-    /// Its name; empty: `<fullname>-controller-manager` (or `default` when not created).
+    /// Its name; empty: `<fullname>-controller-manager`. Required when `create` is false
+    /// (the chart refuses to bind the operator's roles to a namespace's `default` account).
     pub name: String,
     /// Annotations of the ServiceAccount (workload identity, for instance).
     pub annotations: BTreeMap<String, String>,
