@@ -495,10 +495,9 @@ async fn lifecycle(kube: envtest::Kube) {
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let sample: Memcached =
         serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("the seed sample");
-    let refused = memcacheds.create(&PostParams::default(), &sample).await;
-    assert!(
-        format!("{refused:?}").contains("webhook"),
-        "expected the unreachable webhook to refuse: {refused:?}"
+    refused_by_the_webhook(
+        memcacheds.create(&PostParams::default(), &sample).await,
+        &ns,
     );
 
     // Upgrade: values change the objects; the certificate is kept.
@@ -559,12 +558,11 @@ async fn lifecycle(kube: envtest::Kube) {
         .create(&PostParams::default(), &outside)
         .await
         .expect("a Memcached outside the watched namespaces skips the webhooks");
-    let refused = Api::<Memcached>::namespaced(client.clone(), &watched)
-        .create(&PostParams::default(), &outside)
-        .await;
-    assert!(
-        format!("{refused:?}").contains("webhook"),
-        "expected the unreachable webhook to refuse in {watched}: {refused:?}"
+    refused_by_the_webhook(
+        Api::<Memcached>::namespaced(client.clone(), &watched)
+            .create(&PostParams::default(), &outside)
+            .await,
+        &watched,
     );
 
     // A new fullnameOverride renames the webhook Service: the kept certificate would not
@@ -674,4 +672,13 @@ async fn install_upgrade_uninstall_on_the_oldest_kubernetes() {
 #[tokio::test]
 async fn install_upgrade_uninstall_on_the_newest_kubernetes() {
     lifecycle(envtest::Kube::Newest).await;
+}
+
+/// The API server refused a Memcached in `ns` because it could not call the webhook (no
+/// operator pod serves it in these tests).
+fn refused_by_the_webhook(result: kube::Result<Memcached>, ns: &str) {
+    assert!(
+        format!("{result:?}").contains("webhook"),
+        "expected the unreachable webhook to refuse in {ns}: {result:?}"
+    );
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use envtest::Kube;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -23,7 +22,7 @@ use memcached_operator::olm;
 use serde_json::{Value, json};
 
 mod common;
-use common::cluster::apply_crd;
+use common::cluster::{apply_crd, service_account_token};
 use common::process::{Operator, TempDir};
 use common::wait_for_within;
 
@@ -340,26 +339,6 @@ async fn delete_cluster_roles(client: &Client, names: &[String]) {
     }
 }
 
-async fn token(client: &Client, ns: &str, sa: &str) -> String {
-    Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create_token_request(
-            sa,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..TokenRequestSpec::default()
-                },
-                ..TokenRequest::default()
-            },
-        )
-        .await
-        .expect("TokenRequest")
-        .status
-        .map(|s| s.token)
-        .expect("a token")
-}
-
 /// The CSV container's flags, with the metrics and probe listeners off (the operator runs
 /// on this machine, next to other tests).
 fn csv_args(csv: &Value) -> Vec<String> {
@@ -502,7 +481,7 @@ async fn runs_as_olm_installs_it(kube: Kube) {
     let kubeconfig = cp
         .kubeconfig_for_token(
             &format!("{operator_ns}-sa"),
-            &token(&client, &operator_ns, &sa).await,
+            &service_account_token(&client, &operator_ns, &sa).await,
         )
         .expect("token kubeconfig");
     let args = csv_args(&csv);

@@ -18,7 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
@@ -35,7 +35,7 @@ mod common;
 use common::bad_inputs::{
     children_refused, memcached, schema_passes_operator_refuses, schema_rejects,
 };
-use common::cluster::apply_crd;
+use common::cluster::{apply_crd, service_account_token};
 use common::process::{Operator, TempDir, free_port};
 use common::{foreign_crds, wait_for_within};
 
@@ -477,24 +477,7 @@ async fn the_generated_rbac_is_all_the_operator_needs(kube: Kube) {
         .and_then(|o| o["metadata"]["name"].as_str())
         .expect("config/rbac has the operator's ServiceAccount")
         .to_string();
-    let sas: Api<ServiceAccount> = Api::namespaced(real.client.clone(), &ns);
-    let token = sas
-        .create_token_request(
-            &sa_name,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    expiration_seconds: Some(3600),
-                    ..TokenRequestSpec::default()
-                },
-                ..TokenRequest::default()
-            },
-        )
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("token")
-        .token;
+    let token = service_account_token(&real.client, &ns, &sa_name).await;
     let kubeconfig = real
         .cp
         .kubeconfig_for_token(&format!("{ns}-operator"), &token)

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use apisim::ApiServer;
 use envtest::{ControlPlane, Kube};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use memcached_api::Memcached;
 
@@ -98,6 +100,28 @@ impl Cluster {
     {
         Api::namespaced(self.client.clone(), &self.ns)
     }
+}
+
+/// A one-hour token of the ServiceAccount `sa` in `ns`, from the TokenRequest API (what a
+/// pod running as that account mounts).
+pub async fn service_account_token(client: &Client, ns: &str, sa: &str) -> String {
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(
+            sa,
+            &PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    expiration_seconds: Some(3600),
+                    ..TokenRequestSpec::default()
+                },
+                ..TokenRequest::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {ns}/{sa}: {e}"))
+        .status
+        .map(|s| s.token)
+        .unwrap_or_else(|| panic!("TokenRequest for {ns}/{sa}: no status"))
 }
 
 /// Installs (or updates) a CRD by server-side apply, as `make install` does, and waits
