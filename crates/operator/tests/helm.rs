@@ -385,6 +385,45 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // The real control plane
 
+/// The validating webhook `hook` is registered with the CA of the Secret the operator
+/// mounts, and that Secret's serving certificate chains to it and names `host`. Returns
+/// the CA.
+async fn registered_with_the_secrets_ca(
+    client: &kube::Client,
+    ns: &str,
+    hook: &str,
+    host: &str,
+) -> Vec<u8> {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get("webhook-server-cert")
+        .await
+        .expect("the webhook certificate's Secret");
+    let key = |k: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| b.0.clone())
+            .unwrap_or_else(|| panic!("the webhook Secret has no {k}"))
+    };
+    let ca = key("ca.crt");
+    let bundle = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(hook)
+        .await
+        .unwrap_or_else(|e| panic!("{hook}: {e}"))
+        .webhooks
+        .and_then(|w| w.into_iter().next())
+        .and_then(|w| w.client_config.ca_bundle)
+        .map(|b| b.0);
+    assert_eq!(
+        bundle.as_ref(),
+        Some(&ca),
+        "{hook} is registered with another CA than the Secret's"
+    );
+    verify_serving_cert(&ca, &key("tls.crt"), host);
+    ca
+}
+
 /// Panics unless `cert_pem` chains to `ca_pem` and is valid for `dns_name` (webpki, as a
 /// TLS client checks it).
 fn verify_serving_cert(ca_pem: &[u8], cert_pem: &[u8], dns_name: &str) {
@@ -453,42 +492,16 @@ async fn lifecycle(kube: envtest::Kube) {
         .await
         .expect("the CRD");
 
-    // The webhook is registered with the chart's own CA, that of the Secret it mounts.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let ca = |s: &Secret| {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get("ca.crt"))
-            .map(|b| b.0.clone())
-    };
-    let secret = secrets
-        .get("webhook-server-cert")
-        .await
-        .expect("cert Secret");
-    let hooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let hook = hooks
-        .get("memcached-operator-validating-webhook-configuration")
-        .await
-        .expect("validating webhook");
-    let bundle = hook
-        .webhooks
-        .as_ref()
-        .and_then(|w| w[0].client_config.ca_bundle.clone());
-    assert!(ca(&secret).is_some());
-    assert_eq!(bundle.clone().map(|b| b.0), ca(&secret));
-    // What the API server checks when it calls the webhook: the certificate the operator
-    // serves (the Secret's tls.crt) chains to the caBundle and names the Service.
-    let tls_crt = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("tls.crt"))
-        .map(|b| b.0.clone())
-        .expect("tls.crt");
-    verify_serving_cert(
-        &bundle.map(|b| b.0).unwrap_or_default(),
-        &tls_crt,
+    // The webhook is registered with the chart's own CA, that of the Secret it mounts, and
+    // the certificate the operator serves verifies as the API server checks it.
+    let first_ca = registered_with_the_secrets_ca(
+        &client,
+        &ns,
+        "memcached-operator-validating-webhook-configuration",
         &format!("memcached-operator-webhook-service.{ns}.svc"),
-    );
+    )
+    .await;
+    let hooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
 
     // With the webhook registered and no operator pod serving it, the API server refuses
     // Memcacheds: the registration is live.
@@ -521,15 +534,14 @@ async fn lifecycle(kube: envtest::Kube) {
         .map(|p| p.containers[0].args.clone().unwrap_or_default())
         .unwrap_or_default();
     assert!(args.contains(&format!("--namespace={watched}")), "{args:?}");
-    let kept = secrets
-        .get("webhook-server-cert")
-        .await
-        .expect("cert Secret");
-    assert_eq!(
-        ca(&kept),
-        ca(&secret),
-        "the upgrade replaced the webhook CA"
-    );
+    let kept = registered_with_the_secrets_ca(
+        &client,
+        &ns,
+        "memcached-operator-validating-webhook-configuration",
+        &format!("memcached-operator-webhook-service.{ns}.svc"),
+    )
+    .await;
+    assert_eq!(kept, first_ca, "the upgrade replaced the webhook CA");
     // The real server's RBAC decides: the operator may list Memcacheds in the watched
     // namespace only.
     let can_i = |namespace: &str| {
@@ -575,31 +587,13 @@ async fn lifecycle(kube: envtest::Kube) {
         "--set",
         "fullnameOverride=mco",
     ]));
-    let renamed = secrets
-        .get("webhook-server-cert")
-        .await
-        .expect("cert Secret");
-    let hook = hooks
-        .get("mco-validating-webhook-configuration")
-        .await
-        .expect("the renamed validating webhook");
-    let bundle = hook
-        .webhooks
-        .as_ref()
-        .and_then(|w| w[0].client_config.ca_bundle.clone())
-        .map(|b| b.0)
-        .unwrap_or_default();
-    assert_eq!(Some(bundle.clone()), ca(&renamed));
-    verify_serving_cert(
-        &bundle,
-        &renamed
-            .data
-            .as_ref()
-            .and_then(|d| d.get("tls.crt"))
-            .map(|b| b.0.clone())
-            .expect("tls.crt"),
+    registered_with_the_secrets_ca(
+        &client,
+        &ns,
+        "mco-validating-webhook-configuration",
         &format!("mco-webhook-service.{ns}.svc"),
-    );
+    )
+    .await;
     assert!(
         deployments
             .get_opt("memcached-operator-controller-manager")
