@@ -463,6 +463,12 @@ async fn lifecycle(kube: envtest::Kube) {
         cmd
     };
     let chart = chart_dir().display().to_string();
+    // `helm upgrade` of the release with `flags` (`--set`, `--reuse-values`).
+    let upgrade = |flags: &[&str]| {
+        ok(&mut helm_in(
+            &[&["upgrade", release, chart.as_str()], flags].concat(),
+        ));
+    };
 
     // Install: every object accepted and owned by the release.
     ok(&mut helm_in(&["install", release, &chart]));
@@ -514,15 +520,12 @@ async fn lifecycle(kube: envtest::Kube) {
     );
 
     // Upgrade: values change the objects; the certificate is kept.
-    ok(&mut helm_in(&[
-        "upgrade",
-        release,
-        &chart,
+    upgrade(&[
         "--set",
         "replicaCount=2",
         "--set",
         &format!("watchNamespaces={{{watched}}}"),
-    ]));
+    ]);
     let deployment = deployments
         .get("memcached-operator-controller-manager")
         .await
@@ -579,14 +582,7 @@ async fn lifecycle(kube: envtest::Kube) {
 
     // A new fullnameOverride renames the webhook Service: the kept certificate would not
     // name it, so the chart issues one that does.
-    ok(&mut helm_in(&[
-        "upgrade",
-        release,
-        &chart,
-        "--reuse-values",
-        "--set",
-        "fullnameOverride=mco",
-    ]));
+    upgrade(&["--reuse-values", "--set", "fullnameOverride=mco"]);
     registered_with_the_secrets_ca(
         &client,
         &ns,
@@ -604,14 +600,7 @@ async fn lifecycle(kube: envtest::Kube) {
     );
 
     // Without webhooks the seed's sample is accepted (by the CRD's schema alone).
-    ok(&mut helm_in(&[
-        "upgrade",
-        release,
-        &chart,
-        "--reuse-values",
-        "--set",
-        "webhook.enabled=false",
-    ]));
+    upgrade(&["--reuse-values", "--set", "webhook.enabled=false"]);
     assert!(
         hooks
             .get_opt("mco-validating-webhook-configuration")

@@ -188,7 +188,7 @@ async fn the_real_server_accepts_the_csv() {
 /// What OLM makes of the CSV's `install.spec` in the operator's namespace: the
 /// ServiceAccounts its permissions name, a Role and RoleBinding for each `permissions`
 /// entry, a ClusterRole and ClusterRoleBinding for each `clusterPermissions` entry (named
-/// after `tag`, the test's own), and the Deployment with the OperatorGroup's
+/// after the operator's namespace, so the tests sharing a server do not collide), and the Deployment with the OperatorGroup's
 /// `olm.targetNamespaces` annotation on its pod template. Returns the ServiceAccount.
 async fn install_like_olm(client: &Client, csv: &Value, operator_ns: &str, target: &str) -> String {
     let install = &csv["spec"]["install"]["spec"];
@@ -199,7 +199,8 @@ async fn install_like_olm(client: &Client, csv: &Value, operator_ns: &str, targe
             .expect("serviceAccountName");
         accounts.push(sa.to_string());
         ensure_service_account(client, operator_ns, sa).await;
-        create_role(client, operator_ns, &format!("csv-permissions-{i}"), p).await;
+        let name = format!("csv-permissions-{i}");
+        create_role_in(client, operator_ns, operator_ns, &name, p).await;
     }
     for (i, p) in permission_sets(csv, "clusterPermissions")
         .iter()
@@ -291,10 +292,6 @@ async fn create_role_in(client: &Client, ns: &str, operator_ns: &str, name: &str
         .create(&PostParams::default(), &binding)
         .await
         .expect("RoleBinding");
-}
-
-async fn create_role(client: &Client, operator_ns: &str, name: &str, p: &Value) {
-    create_role_in(client, operator_ns, operator_ns, name, p).await;
 }
 
 /// A ClusterRole with the permission's rules and `extra` rules, bound cluster-wide.
