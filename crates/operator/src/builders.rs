@@ -780,31 +780,60 @@ pub fn desired_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, BuildE
     }))
 }
 
-/// The Prometheus Operator's ServiceMonitor resource (`monitoring.coreos.com/v1`).
-pub fn service_monitor_resource() -> kube::api::ApiResource {
-    kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
-        "servicemonitors",
-    )
+/// A Prometheus Operator ServiceMonitor (`monitoring.coreos.com/v1`), typed as far as the
+/// operator needs it: its metadata, and its spec as JSON (the operator writes two fields of
+/// it and reads none).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ServiceMonitor {
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+impl Resource for ServiceMonitor {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "ServiceMonitor".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "monitoring.coreos.com".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "servicemonitors".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 /// The Prometheus Operator ServiceMonitor scraping the exporter through the client Service,
 /// when the exporter runs.
-pub fn desired_service_monitor(mc: &Memcached) -> Result<Option<serde_json::Value>, BuildError> {
+pub fn desired_service_monitor(mc: &Memcached) -> Result<Option<ServiceMonitor>, BuildError> {
     let name = name_of(mc)?;
     if !mc.spec.exporter_enabled() {
         return Ok(None);
     }
-    let metadata = child_metadata(mc, name)?;
-    Ok(Some(serde_json::json!({
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": metadata,
-        "spec": {
+    Ok(Some(ServiceMonitor {
+        api_version: ServiceMonitor::api_version(&()).into_owned(),
+        kind: ServiceMonitor::kind(&()).into_owned(),
+        metadata: child_metadata(mc, name)?,
+        spec: serde_json::json!({
             "selector": {"matchLabels": labels(name)},
             "endpoints": [{"port": METRICS_PORT_NAME, "interval": "30s"}],
-        },
-    })))
+        }),
+    }))
 }
 
 #[cfg(test)]
@@ -1355,6 +1384,22 @@ mod tests {
         let monitor = desired_service_monitor(&on)
             .expect("builds")
             .expect("monitor");
+        // Its JSON, and so its applied-hash annotation, is what earlier releases applied
+        // as an untyped object: upgrading the operator rewrites no ServiceMonitor.
+        let before = serde_json::json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": child_metadata(&on, "memcached-sample").expect("metadata"),
+            "spec": {
+                "selector": {"matchLabels": labels("memcached-sample")},
+                "endpoints": [{"port": METRICS_PORT_NAME, "interval": "30s"}],
+            },
+        });
+        assert_eq!(
+            crate::drift::desired_hash(&monitor),
+            crate::drift::desired_hash(&before)
+        );
+        let monitor = serde_json::to_value(&monitor).expect("json");
         assert_eq!(monitor["kind"], "ServiceMonitor");
         assert_eq!(monitor["spec"]["endpoints"][0]["port"], METRICS_PORT_NAME);
         assert_eq!(monitor["metadata"]["ownerReferences"][0]["uid"], "uid-1");

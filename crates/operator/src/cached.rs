@@ -381,6 +381,11 @@ pub trait CacheForm:
 
     /// The desired state this version of the child was last found converged with.
     fn verified(&self) -> &Verified;
+
+    /// `spec.replicas`, for a kind that has it.
+    fn replicas(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// The hash of the desired state a cached child was last found converged with (0: none
@@ -684,6 +689,10 @@ impl CacheForm for CachedDeployment {
 
     fn verified(&self) -> &Verified {
         &self.verified
+    }
+
+    fn replicas(&self) -> Option<i32> {
+        self.replicas
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod builders;
 pub mod cached;
+pub mod children;
 pub mod children_check;
 pub mod cmd;
 pub mod controller;

@@ -309,7 +309,7 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
     // each target namespace (and lifts it to a ClusterRole in AllNamespaces mode), so a
     // SingleNamespace install reaches no other namespace. Only the metrics endpoint's
     // TokenReview and SubjectAccessReview are cluster-wide.
-    let mut namespaced_rules = rbac::policy_rules(rbac::MANAGER_RULES);
+    let mut namespaced_rules = rbac::policy_rules(&rbac::manager_rules());
     namespaced_rules.extend(rbac::policy_rules(rbac::LEADER_ELECTION_RULES));
     let cluster_rules = rbac::policy_rules(rbac::METRICS_AUTH_RULES);
 

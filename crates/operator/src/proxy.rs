@@ -530,6 +530,15 @@ pub fn desired_proxy_config_map(
     )))
 }
 
+/// The version of the routes [`desired_proxy_config_map`] writes for `backends`, without
+/// the proxy: none.
+pub fn routes_version(mc: &Memcached, backends: &[ProxyBackend]) -> Option<String> {
+    desired_proxy_config_map(mc, backends)
+        .ok()
+        .flatten()
+        .map(|(_, version)| version)
+}
+
 /// The backends recorded in a ConfigMap's data (its JSON text as cached), or none.
 pub fn recorded_backends(data_json: &str) -> Vec<ProxyBackend> {
     serde_json::from_str::<BTreeMap<String, String>>(data_json)

@@ -1,6 +1,7 @@
 //! The operator's RBAC, declared once, next to the code that needs it.
 //!
-//! `config/rbac` is generated from these tables (`memcached-operator manifests`), and
+//! `config/rbac` is generated from these tables and from the kinds of the controller's
+//! children (`crate::children`) by `memcached-operator manifests`, and
 //! `tests/rbac.rs` runs the controller against the in-memory API server, records every
 //! request it makes and checks each against the generated roles — so a rule that is
 //! missing fails a test, and the roles carry no wildcard. Every rule says which code path
@@ -10,6 +11,8 @@ use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::children::{self, Child, Kind};
 
 /// One RBAC rule: these verbs on these resources of these API groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,10 +29,11 @@ pub struct NonResourceRule {
     pub verbs: &'static [&'static str],
 }
 
-/// What the controller (`controller::run`, `crd::check_installed`) does, cluster-wide
-/// (it watches all namespaces unless `--namespace` narrows it): the `manager-role`
-/// ClusterRole.
-pub const MANAGER_RULES: &[Rule] = &[
+/// What the controller (`controller::run`, `crd::check_installed`) does besides managing
+/// its children, cluster-wide (it watches all namespaces unless `--namespace` narrows it).
+/// The children's own rules come from their kinds in the list of children
+/// ([`crate::children::Kind::rule`]); [`manager_rules`] puts both together.
+pub const CONTROLLER_RULES: &[Rule] = &[
     // controller::run: the Memcached watcher/reflector (list + watch);
     // crd::check_installed: `list(limit=1)` before the controller starts.
     Rule {
@@ -37,83 +41,63 @@ pub const MANAGER_RULES: &[Rule] = &[
         resources: &["memcacheds"],
         verbs: &["list", "watch"],
     },
-    // controller::write_status_if_changed: merge patch of the status subresource.
+    // controller::reconcile: merge patch of the status subresource.
     Rule {
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds/status"],
         verbs: &["patch"],
     },
-    // builders: the Deployment and Service carry an ownerReference to the Memcached with
-    // blockOwnerDeletion=true; with the OwnerReferencesPermissionEnforcement admission
-    // plugin (OpenShift and hardened clusters) that needs `update` on the owner's
-    // finalizers subresource. No request goes there, the admission plugin checks it.
+    // The children carry an ownerReference to the Memcached with blockOwnerDeletion=true;
+    // with the OwnerReferencesPermissionEnforcement admission plugin (OpenShift and
+    // hardened clusters) that needs `update` on the owner's finalizers subresource. No
+    // request goes there, the admission plugin checks it.
     Rule {
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds/finalizers"],
         verbs: &["update"],
     },
-    // controller::run: Deployment watcher (list + watch, label managed-by);
-    // controller::apply_if_changed: server-side apply (patch), which creates the object
-    // when it is missing — the API server then also checks `create`; delete_if_cached
-    // removes the proxy's Deployment when spec.proxy is switched off.
-    Rule {
-        api_groups: &["apps"],
-        resources: &["deployments"],
-        verbs: &["create", "delete", "list", "patch", "watch"],
-    },
-    // controller::run: Service watcher; controller::apply_if_changed: server-side apply
-    // (patch, and create when missing), as for Deployments; delete_if_cached for the
-    // proxy's Service.
-    Rule {
-        api_groups: &[""],
-        resources: &["services"],
-        verbs: &["create", "delete", "list", "patch", "watch"],
-    },
-    // controller::run: ConfigMap watcher (the proxy's routes, label managed-by);
-    // apply_if_changed; delete_if_cached when spec.proxy is switched off.
-    Rule {
-        api_groups: &[""],
-        resources: &["configmaps"],
-        verbs: &["create", "delete", "list", "patch", "watch"],
-    },
-    // controller::run: PodDisruptionBudget watcher; apply_if_changed (patch, create when
-    // missing) at size >= 2; delete_if_cached when the size drops below 2.
-    Rule {
-        api_groups: &["policy"],
-        resources: &["poddisruptionbudgets"],
-        verbs: &["create", "delete", "list", "patch", "watch"],
-    },
-    // controller::referenced_secrets: reads the SASL and TLS Secrets a Memcached names
-    // (get only: Secrets are never listed or watched, so the operator holds none in memory).
+    // controller::secrets: reads the SASL and TLS Secrets a Memcached names (get only:
+    // Secrets are never listed or watched, so the operator holds none in memory).
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
         verbs: &["get"],
     },
-    // controller::reconcile_service_monitor: the exporter's ServiceMonitor (get to compare,
-    // server-side apply, delete when the exporter is switched off), only when the
-    // Prometheus Operator's CRD is served.
-    Rule {
-        api_groups: &["monitoring.coreos.com"],
-        resources: &["servicemonitors"],
-        verbs: &["create", "delete", "get", "patch"],
-    },
     // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness;
-    // controller::restart_failed_reload deletes a pod whose TLS reload agent reported a
-    // refused certificate (its Deployment replaces it).
+    // controller::restart_gate deletes a pod whose TLS reload agent reported a refused
+    // certificate (its Deployment replaces it).
     Rule {
         api_groups: &[""],
         resources: &["pods"],
         verbs: &["delete", "list", "watch"],
     },
-    // controller::Context::publish (kube-runtime Recorder): creates events.k8s.io/v1
-    // Events in the Memcached's namespace, and patches them to count repeats.
+    // controller::events (kube-runtime Recorder): creates events.k8s.io/v1 Events in the
+    // Memcached's namespace, and patches them to count repeats.
     Rule {
         api_groups: &["events.k8s.io"],
         resources: &["events"],
         verbs: &["create", "patch"],
     },
 ];
+
+/// The `manager-role` ClusterRole's rules for a controller managing `children`:
+/// [`CONTROLLER_RULES`] and the rule of each kind of child, sorted by group and resource as
+/// controller-gen writes them.
+pub fn manager_rules_for(children: &[Child]) -> Vec<Rule> {
+    let mut rules: Vec<Rule> = CONTROLLER_RULES
+        .iter()
+        .copied()
+        .chain(children::kinds(children).into_iter().map(Kind::rule))
+        .collect();
+    rules.sort_by_key(|r| (r.api_groups, r.resources));
+    rules
+}
+
+/// The `manager-role` ClusterRole's rules for the operator's children
+/// ([`children::CHILDREN`]).
+pub fn manager_rules() -> Vec<Rule> {
+    manager_rules_for(children::CHILDREN)
+}
 
 /// Leader election (`memcached_manager::leader`), in the manager's own namespace only:
 /// the `leader-election-role` Role (as Kubebuilder scaffolds it).
@@ -242,7 +226,7 @@ pub fn cluster_role(name: &str, rules: &[Rule]) -> ClusterRole {
 
 /// The controller's ClusterRole (`manager-role`).
 pub fn manager_role() -> ClusterRole {
-    cluster_role("manager-role", MANAGER_RULES)
+    cluster_role("manager-role", &manager_rules())
 }
 
 /// The leader-election Role (`leader-election-role`) in the manager's namespace.
@@ -332,7 +316,7 @@ mod tests {
 
     #[test]
     fn allows_matches_group_resource_and_verb_exactly() {
-        let rules = policy_rules(MANAGER_RULES);
+        let rules = policy_rules(&manager_rules());
         assert!(allows(&rules, "patch", "apps", "deployments"));
         assert!(!allows(&rules, "update", "apps", "deployments"));
         assert!(!allows(&rules, "patch", "", "deployments"));

@@ -1,0 +1,397 @@
+//! The one list of what a Memcached owns: [`CHILDREN`].
+//!
+//! Each kind of child is described once: its name, its pure builder (which also says
+//! whether this Memcached has it), and its [`Kind`] (and so its cache, its API and the verbs
+//! the operator needs on it). Everything that must know a pool's children walks this list:
+//! the reconciler applies, deletes and checks drift and ownership through one apply path
+//! (`controller::apply`), the validating webhook dry-runs the same children
+//! (`webhook::dry_run`), RBAC is generated from their kinds ([`crate::rbac::manager_rules`]),
+//! and where a Memcached's fields land in each child is found by building it
+//! ([`origins`]). Adding a child is one entry here and one builder.
+
+pub mod origins;
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::ApiResource;
+use memcached_api::{Memcached, ProxyBackend};
+use serde_json::Value;
+
+use crate::builders::{self, BuildError, BuildSettings, SecretVersions, ServiceMonitor};
+use crate::proxy;
+use crate::rbac::Rule;
+
+/// The kinds of object a Memcached may own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Deployment,
+    Service,
+    PodDisruptionBudget,
+    ConfigMap,
+    ServiceMonitor,
+}
+
+/// How the controller reads the children of a kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// Watched into a label-selected cache, so a read costs no request.
+    Watched,
+    /// Read from the API server when a reconcile needs it: the kind is served only on some
+    /// clusters (a ServiceMonitor needs the Prometheus Operator), so it cannot be watched
+    /// from the start.
+    Fetched,
+}
+
+impl Kind {
+    /// The kind's name, as Kubernetes and the reconcile's events name it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::Deployment => "Deployment",
+            Kind::Service => "Service",
+            Kind::PodDisruptionBudget => "PodDisruptionBudget",
+            Kind::ConfigMap => "ConfigMap",
+            Kind::ServiceMonitor => "ServiceMonitor",
+        }
+    }
+
+    /// Its API (group, version, plural).
+    pub fn api_resource(self) -> ApiResource {
+        match self {
+            Kind::Deployment => ApiResource::erase::<Deployment>(&()),
+            Kind::Service => ApiResource::erase::<Service>(&()),
+            Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
+            Kind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
+            Kind::ServiceMonitor => ApiResource::erase::<ServiceMonitor>(&()),
+        }
+    }
+
+    /// How the controller reads it.
+    pub const fn read(self) -> Read {
+        match self {
+            Kind::ServiceMonitor => Read::Fetched,
+            _ => Read::Watched,
+        }
+    }
+
+    /// Whether every cluster serves it; the children of a kind that is not served are
+    /// neither applied nor deleted (and their dry run is skipped).
+    pub const fn always_served(self) -> bool {
+        !matches!(self, Kind::ServiceMonitor)
+    }
+
+    /// The RBAC rule the controller needs for it: server-side apply (`patch`, and `create`,
+    /// which the API server checks when the apply creates the object), `delete` for a child
+    /// that goes when the spec no longer wants it, and the reads of [`Kind::read`] (the
+    /// informer's `list` and `watch`, or a `get`).
+    pub const fn rule(self) -> Rule {
+        const WATCHED: &[&str] = &["create", "delete", "list", "patch", "watch"];
+        const FETCHED: &[&str] = &["create", "delete", "get", "patch"];
+        let verbs = match self.read() {
+            Read::Watched => WATCHED,
+            Read::Fetched => FETCHED,
+        };
+        let (api_groups, resources): (&[&str], &[&str]) = match self {
+            Kind::Deployment => (&["apps"], &["deployments"]),
+            Kind::Service => (&[""], &["services"]),
+            Kind::PodDisruptionBudget => (&["policy"], &["poddisruptionbudgets"]),
+            Kind::ConfigMap => (&[""], &["configmaps"]),
+            Kind::ServiceMonitor => (&["monitoring.coreos.com"], &["servicemonitors"]),
+        };
+        Rule {
+            api_groups,
+            resources,
+            verbs,
+        }
+    }
+}
+
+/// A child's desired state, of its kind.
+#[derive(Clone, Debug, PartialEq)]
+// A few per reconcile, each moved once into its apply: the sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Desired {
+    Deployment(Deployment),
+    Service(Service),
+    PodDisruptionBudget(PodDisruptionBudget),
+    ConfigMap(ConfigMap),
+    ServiceMonitor(ServiceMonitor),
+}
+
+impl Desired {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Desired::Deployment(_) => Kind::Deployment,
+            Desired::Service(_) => Kind::Service,
+            Desired::PodDisruptionBudget(_) => Kind::PodDisruptionBudget,
+            Desired::ConfigMap(_) => Kind::ConfigMap,
+            Desired::ServiceMonitor(_) => Kind::ServiceMonitor,
+        }
+    }
+
+    /// The object as it is applied.
+    pub fn to_json(&self) -> serde_json::Result<Value> {
+        match self {
+            Desired::Deployment(o) => serde_json::to_value(o),
+            Desired::Service(o) => serde_json::to_value(o),
+            Desired::PodDisruptionBudget(o) => serde_json::to_value(o),
+            Desired::ConfigMap(o) => serde_json::to_value(o),
+            Desired::ServiceMonitor(o) => serde_json::to_value(o),
+        }
+    }
+}
+
+/// What the builders need besides the Memcached itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// The operator's settings (default images).
+    pub settings: &'a BuildSettings,
+    /// Digests of the Secrets the pods mount (none in the webhook's dry run).
+    pub secrets: &'a SecretVersions,
+    /// The proxy's backends, from the pool's pods (none in the webhook's dry run).
+    pub backends: &'a [ProxyBackend],
+}
+
+/// How a change to a child is told in the reconcile's event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// "Created Service NAME", "Updated Service NAME to the desired spec".
+    Plain,
+    /// The pool's size: "Created Deployment NAME with 3 replicas", "Scaled Deployment NAME
+    /// from 3 to 5 replicas".
+    Replicas,
+}
+
+/// One entry of the list: a kind of child a Memcached may own.
+#[derive(Clone, Copy, Debug)]
+pub struct Child {
+    /// How errors and refusals name it ("Service", "proxy Deployment"): its kind, and what it
+    /// is for where two children of one kind must be told apart.
+    pub role: &'static str,
+    pub kind: Kind,
+    /// Its name, from the Memcached's.
+    pub name: fn(&str) -> String,
+    /// Its desired state for a Memcached, or `None` when that Memcached has no such child
+    /// (then an existing one of ours is deleted). Pure.
+    pub build: fn(&Memcached, &Inputs<'_>) -> Result<Option<Desired>, BuildError>,
+    pub report: Report,
+}
+
+/// The role of the proxy's Deployment, in errors and in the webhook's refusals.
+pub const PROXY_DEPLOYMENT: &str = "proxy Deployment";
+
+/// Every child a Memcached may own, in the order the reconcile's event names them.
+pub static CHILDREN: &[Child] = &[
+    // The pool: memcached pods, `spec.size` of them.
+    Child {
+        role: "Deployment",
+        kind: Kind::Deployment,
+        name: |name| name.to_string(),
+        build: |mc, inputs| {
+            builders::desired_deployment_with(mc, inputs.settings, inputs.secrets)
+                .map(|d| Some(Desired::Deployment(d)))
+        },
+        report: Report::Replicas,
+    },
+    // The client Service: one address for the pool's pods.
+    Child {
+        role: "Service",
+        kind: Kind::Service,
+        name: |name| name.to_string(),
+        build: |mc, _| builders::desired_service(mc).map(|s| Some(Desired::Service(s))),
+        report: Report::Plain,
+    },
+    // The headless Service: DNS names every ready pod, for clients that hash keys.
+    Child {
+        role: "Service",
+        kind: Kind::Service,
+        name: builders::headless_name,
+        build: |mc, _| builders::desired_headless_service(mc).map(|s| Some(Desired::Service(s))),
+        report: Report::Plain,
+    },
+    // One voluntary disruption at a time, from two pods.
+    Child {
+        role: "PodDisruptionBudget",
+        kind: Kind::PodDisruptionBudget,
+        name: |name| name.to_string(),
+        build: |mc, _| builders::desired_pdb(mc).map(|p| p.map(Desired::PodDisruptionBudget)),
+        report: Report::Plain,
+    },
+    // The exporter's scrape, where the Prometheus Operator is installed.
+    Child {
+        role: "ServiceMonitor",
+        kind: Kind::ServiceMonitor,
+        name: |name| name.to_string(),
+        build: |mc, _| {
+            builders::desired_service_monitor(mc).map(|m| m.map(Desired::ServiceMonitor))
+        },
+        report: Report::Plain,
+    },
+    // memcached's proxy in front of the pool (`spec.proxy`).
+    Child {
+        role: PROXY_DEPLOYMENT,
+        kind: Kind::Deployment,
+        name: proxy::proxy_name,
+        build: |mc, inputs| {
+            proxy::desired_proxy_deployment(mc, inputs.settings).map(|d| d.map(Desired::Deployment))
+        },
+        report: Report::Plain,
+    },
+    Child {
+        role: "Service",
+        kind: Kind::Service,
+        name: proxy::proxy_name,
+        build: |mc, _| proxy::desired_proxy_service(mc).map(|s| s.map(Desired::Service)),
+        report: Report::Plain,
+    },
+    Child {
+        role: "PodDisruptionBudget",
+        kind: Kind::PodDisruptionBudget,
+        name: proxy::proxy_name,
+        build: |mc, _| proxy::desired_proxy_pdb(mc).map(|p| p.map(Desired::PodDisruptionBudget)),
+        report: Report::Plain,
+    },
+    // The proxy's routes: the pool's pods as backends.
+    Child {
+        role: "ConfigMap",
+        kind: Kind::ConfigMap,
+        name: proxy::proxy_name,
+        build: |mc, inputs| {
+            proxy::desired_proxy_config_map(mc, inputs.backends)
+                .map(|c| c.map(|(config_map, _)| Desired::ConfigMap(config_map)))
+        },
+        report: Report::Plain,
+    },
+];
+
+/// One child of one Memcached: its entry, its name, and its desired state (`None`: this
+/// Memcached has no such child).
+#[derive(Clone, Debug)]
+pub struct Planned<'c> {
+    pub child: &'c Child,
+    pub name: String,
+    pub desired: Option<Desired>,
+}
+
+/// A child that cannot be built (only for objects that never came from the API server).
+#[derive(Debug, thiserror::Error)]
+#[error("building the desired {role}: {source}")]
+pub struct PlanError {
+    pub role: &'static str,
+    pub source: BuildError,
+}
+
+/// Every child of `children` for `mc`, in the list's order.
+pub fn plan<'c>(
+    children: &'c [Child],
+    mc: &Memcached,
+    inputs: &Inputs<'_>,
+) -> Result<Vec<Planned<'c>>, PlanError> {
+    let name = builders::name_of(mc).map_err(|source| PlanError {
+        role: "Memcached",
+        source,
+    })?;
+    children
+        .iter()
+        .map(|child| {
+            let desired = (child.build)(mc, inputs).map_err(|source| PlanError {
+                role: child.role,
+                source,
+            })?;
+            Ok(Planned {
+                child,
+                name: (child.name)(name),
+                desired,
+            })
+        })
+        .collect()
+}
+
+/// The kinds of `children`, each once.
+pub fn kinds(children: &[Child]) -> BTreeSet<Kind> {
+    children.iter().map(|c| c.kind).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memcached_api::MemcachedSpec;
+
+    fn memcached(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
+        let mut mc = Memcached::new("cache", MemcachedSpec::with_size(3));
+        mc.metadata.namespace = Some("default".into());
+        mc.metadata.uid = Some("uid-1".into());
+        edit(&mut mc.spec);
+        mc
+    }
+
+    fn planned(mc: &Memcached) -> Vec<(String, String, bool)> {
+        let inputs = Inputs {
+            settings: &BuildSettings::default(),
+            secrets: &SecretVersions::default(),
+            backends: &[],
+        };
+        plan(CHILDREN, mc, &inputs)
+            .expect("builds")
+            .into_iter()
+            .map(|p| {
+                // Each child is named as its entry says, and of its entry's kind.
+                if let Some(desired) = &p.desired {
+                    assert_eq!(desired.kind(), p.child.kind, "{}", p.child.role);
+                    let json = desired.to_json().expect("json");
+                    assert_eq!(json["metadata"]["name"], p.name.as_str());
+                    assert_eq!(json["kind"], p.child.kind.name());
+                }
+                (p.child.role.to_string(), p.name, p.desired.is_some())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_seed_sample_has_its_deployment_services_and_budget() {
+        let wanted: Vec<_> = planned(&memcached(|_| {}))
+            .into_iter()
+            .filter(|(_, _, wanted)| *wanted)
+            .map(|(role, name, _)| format!("{role} {name}"))
+            .collect();
+        assert_eq!(
+            wanted,
+            [
+                "Deployment cache",
+                "Service cache",
+                "Service cache-headless",
+                "PodDisruptionBudget cache"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_child_exists_when_every_feature_is_on() {
+        let all = planned(&memcached(|s| {
+            s.exporter = Some(memcached_api::ExporterSpec {
+                enabled: true,
+                image: None,
+            });
+            s.proxy = Some(memcached_api::ProxySpec {
+                enabled: true,
+                ..memcached_api::ProxySpec::default()
+            });
+        }));
+        assert!(all.iter().all(|(_, _, wanted)| *wanted), "{all:?}");
+        // No two children share a kind and a name.
+        let mut seen = BTreeSet::new();
+        for (p, entry) in all.iter().zip(CHILDREN) {
+            assert!(seen.insert((entry.kind, p.1.clone())), "{p:?} twice");
+        }
+    }
+
+    #[test]
+    fn rules_cover_the_reads_of_each_kind() {
+        assert!(Kind::Deployment.rule().verbs.contains(&"watch"));
+        assert!(!Kind::Deployment.rule().verbs.contains(&"get"));
+        assert!(Kind::ServiceMonitor.rule().verbs.contains(&"get"));
+        assert!(!Kind::ServiceMonitor.rule().verbs.contains(&"watch"));
+    }
+}

@@ -1,0 +1,563 @@
+//! The one apply path: every child of the list ([`crate::children`]) is applied, checked
+//! for drift and ownership, and deleted when no longer wanted here, whatever its kind.
+//!
+//! A child is written only when it differs from what the server would store for its
+//! desired state ([`crate::drift`]): the cached child is compared with the desired one once
+//! per version of either, and the server's normal form of a desired state is learned from
+//! its answer to the apply (or, after a restart, from a dry run). A child of the right name
+//! that another controller owns is never taken over.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+use memcached_api::Memcached;
+use serde::Serialize;
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::context::{Context, Error, object_key};
+use super::events::Changes;
+use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, ServiceMonitor};
+use crate::cached::{CacheForm, CachedDeployment, SpecOnly};
+use crate::children::{Child, Desired, Inputs, Kind, Planned, Report, origins};
+use crate::drift::{self, NormalForm};
+
+/// The Memcached a child belongs to, as the normal forms are filed under.
+pub(super) struct Owner {
+    pub object: ObjectRef<Memcached>,
+    pub key: u64,
+    uid: Option<String>,
+}
+
+impl Owner {
+    pub fn of(mc: &Memcached) -> Self {
+        let object = ObjectRef::from_obj(mc);
+        let key = owner_key(&object);
+        Owner {
+            object,
+            key,
+            uid: mc.metadata.uid.clone(),
+        }
+    }
+
+    /// The child's controller, when it is not this Memcached: `Kind name (uid …)`.
+    pub fn other_controller<K: CacheForm>(&self, child: &K) -> Option<String> {
+        let controller = child
+            .meta_text()
+            .owner_references()
+            .into_iter()
+            .find(|o| o.controller == Some(true))?;
+        (Some(&controller.uid) != self.uid.as_ref()).then(|| {
+            format!(
+                "{} {} (uid {})",
+                controller.kind, controller.name, controller.uid
+            )
+        })
+    }
+
+    /// Whether this Memcached is the child's controller.
+    fn controls<K: CacheForm>(&self, child: &K) -> bool {
+        child
+            .meta_text()
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(&o.uid) == self.uid.as_ref())
+    }
+}
+
+/// The key the normal forms of a Memcached's children are filed under.
+pub(super) fn owner_key(mc: &ObjectRef<Memcached>) -> u64 {
+    drift::key((mc.namespace.as_deref(), &mc.name))
+}
+
+fn child_key(kind: &str, name: &str) -> u64 {
+    drift::key((kind, name))
+}
+
+/// A ServiceMonitor as read from the API server (it is not cached: see [`Kind::read`]).
+type FetchedServiceMonitor = SpecOnly<ServiceMonitor>;
+
+/// Where the live version of a child is read from.
+enum Source<'a, C: CacheForm> {
+    /// The informer's cache: no request.
+    Cache(&'a Store<C>),
+    /// A GET (kinds the controller does not watch).
+    Fetch,
+}
+
+impl<C: CacheForm> Source<'_, C> {
+    async fn live(&self, api: &Api<C>, key: &ObjectRef<C>) -> Result<Option<Arc<C>>, kube::Error> {
+        match self {
+            Source::Cache(store) => Ok(store.get(key)),
+            Source::Fetch => Ok(api.get_opt(&key.name).await?.map(Arc::new)),
+        }
+    }
+}
+
+/// What an apply did.
+enum Applied<T> {
+    Unchanged(Arc<T>),
+    Created(T),
+    Updated { before: Arc<T>, after: T },
+}
+
+/// The children of one Memcached after [`apply_children`]: the live Deployments (the
+/// Memcached's status is computed from them), by name.
+#[derive(Default)]
+pub(super) struct AppliedChildren {
+    deployments: Vec<(String, Arc<CachedDeployment>)>,
+}
+
+impl AppliedChildren {
+    /// The Deployment `name` as the apply left it.
+    pub fn deployment(&self, name: &str) -> Option<&Arc<CachedDeployment>> {
+        self.deployments
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d)
+    }
+}
+
+/// What one child's apply leaves for the reconcile: its live Deployment, if it is one.
+type ChildOutcome = Option<(String, Arc<CachedDeployment>)>;
+
+/// Applies every wanted child of `plans` at once (they do not depend on each other, so a new
+/// Memcached waits for one round trip, not one per child) and then deletes ours that are no
+/// longer wanted. Children of a kind the server does not serve are skipped. What changed is
+/// added to `changes` in the list's order, even when another child failed; the first
+/// failure is returned.
+pub(super) async fn apply_children(
+    ctx: &Context,
+    mc: &Memcached,
+    owner: &Owner,
+    plans: Vec<Planned<'_>>,
+    inputs: &Inputs<'_>,
+    changes: &mut Changes,
+) -> Result<AppliedChildren, Error> {
+    let mut wanted = Vec::new();
+    let mut unwanted = Vec::new();
+    for plan in plans {
+        if !ctx.served(plan.child.kind).await {
+            continue;
+        }
+        match plan.desired {
+            Some(desired) => wanted.push((plan.child, desired)),
+            None => unwanted.push((plan.child, plan.name)),
+        }
+    }
+    let outcomes = futures::future::join_all(
+        wanted
+            .into_iter()
+            .map(|(child, desired)| apply_child(ctx, mc, owner, child, desired, inputs)),
+    )
+    .await;
+    let mut applied = AppliedChildren::default();
+    let mut first_error = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok((change, deployment)) => {
+                if let Some((reason, action, note)) = change {
+                    changes.push(reason, action, note);
+                }
+                applied.deployments.extend(deployment);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    for (child, name) in unwanted {
+        delete_child(ctx, changes, mc, owner, child, &name).await?;
+    }
+    Ok(applied)
+}
+
+/// A change to report in the reconcile's event: reason, action, note.
+type Change = (&'static str, String, String);
+
+/// Applies one child through the cache (or the fetch) of its kind.
+async fn apply_child(
+    ctx: &Context,
+    mc: &Memcached,
+    owner: &Owner,
+    child: &Child,
+    desired: Desired,
+    inputs: &Inputs<'_>,
+) -> Result<(Option<Change>, ChildOutcome), Error> {
+    let apply = Apply {
+        ctx,
+        mc,
+        owner,
+        child,
+        inputs,
+    };
+    match desired {
+        Desired::Deployment(d) => {
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let applied = apply.run(Source::Cache(&ctx.deployments), d).await?;
+            let change = apply.report(&applied, Some(want));
+            let live = match applied {
+                Applied::Unchanged(live) => live,
+                Applied::Created(after) | Applied::Updated { after, .. } => Arc::new(after),
+            };
+            Ok((change, Some((live.name_any(), live))))
+        }
+        Desired::Service(s) => {
+            let applied = apply.run(Source::Cache(&ctx.services), s).await?;
+            Ok((apply.report(&applied, None), None))
+        }
+        Desired::PodDisruptionBudget(p) => {
+            let applied = apply.run(Source::Cache(&ctx.pdbs), p).await?;
+            Ok((apply.report(&applied, None), None))
+        }
+        Desired::ConfigMap(c) => {
+            let applied = apply.run(Source::Cache(&ctx.config_maps), c).await?;
+            Ok((apply.report(&applied, None), None))
+        }
+        Desired::ServiceMonitor(m) => {
+            let source = Source::<FetchedServiceMonitor>::Fetch;
+            let applied = apply.run(source, m).await?;
+            Ok((apply.report(&applied, None), None))
+        }
+    }
+}
+
+/// One child's apply.
+struct Apply<'a> {
+    ctx: &'a Context,
+    mc: &'a Memcached,
+    owner: &'a Owner,
+    child: &'a Child,
+    inputs: &'a Inputs<'a>,
+}
+
+impl Apply<'_> {
+    /// Applies `desired` unless the live child (read from `source`) already holds it.
+    async fn run<C: CacheForm>(
+        &self,
+        source: Source<'_, C>,
+        desired: C::Full,
+    ) -> Result<Applied<C>, Error> {
+        let ctx = self.ctx;
+        let (desired, hash) = with_hash(desired);
+        let name = desired.name_any();
+        let namespace = desired.namespace().ok_or(Error::NoNamespace)?;
+        let key = ObjectRef::new(&name).within(&namespace);
+        let child = child_key(self.child.kind.name(), &name);
+        // The answers are read straight into the cached form (only what the cache keeps).
+        let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
+        let live = source
+            .live(&api, &key)
+            .await
+            .map_err(|e| self.error(&namespace, &name, e))?;
+        // Never take over a child another controller owns (a field manager's apply would
+        // move the ownerReference and the selector from one pool to the other on every
+        // reconcile).
+        if let Some(controller) = live
+            .as_ref()
+            .and_then(|l| self.owner.other_controller(l.as_ref()))
+        {
+            return Err(Error::Conflict {
+                kind: self.child.role,
+                object: format!("{namespace}/{name}"),
+                controller,
+            });
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let want = serde_json::to_value(&desired).ok();
+        if let Some(live) = live.as_ref() {
+            // This version of the child was compared with this desired state before: a
+            // resync of a converged child costs one hash, not a JSON comparison.
+            if live.verified().holds(hash) {
+                return Ok(Applied::Unchanged(live.clone()));
+            }
+            ctx.config
+                .counters
+                .drift_checks
+                .fetch_add(1, Ordering::Relaxed);
+            if let (Some(want), Some(have)) = (want.as_ref(), live.live_json()) {
+                let dry_run = || async {
+                    let stored = api
+                        .patch(&name, &params.clone().dry_run(), &Patch::Apply(&desired))
+                        .await?;
+                    Ok(stored.live_json())
+                };
+                if converged(ctx, self.owner, child, hash, want, &have, dry_run).await {
+                    live.verified().record(hash);
+                    return Ok(Applied::Unchanged(live.clone()));
+                }
+            }
+        }
+        let after = api
+            .patch(&name, &params, &Patch::Apply(&desired))
+            .await
+            .map_err(|source| self.error(&namespace, &name, source))?;
+        learn_from_answer(
+            ctx,
+            self.owner,
+            child,
+            hash,
+            want.as_ref(),
+            after.live_json(),
+        );
+        Ok(match live {
+            None => Applied::Created(after),
+            Some(before) => Applied::Updated { before, after },
+        })
+    }
+
+    /// A failed read or write of the child `namespace/name`: [`Error::Refused`] on the
+    /// Memcached's fields when the API server says the object is wrong, else
+    /// [`Error::Apply`].
+    fn error(&self, namespace: &str, name: &str, source: kube::Error) -> Error {
+        let kind = self.child.role;
+        if let kube::Error::Api(status) = &source
+            && let Some(errors) = origins::refusal(self.child, self.mc, self.inputs, name, status)
+        {
+            return Error::Refused {
+                kind,
+                object: format!("{namespace}/{name}"),
+                errors,
+            };
+        }
+        Error::Apply {
+            kind,
+            object: format!("{namespace}/{name}"),
+            source,
+        }
+    }
+
+    /// Logs a created or updated child and says how the reconcile's event tells it;
+    /// `want` is a Deployment's desired replicas.
+    fn report<C: CacheForm>(&self, applied: &Applied<C>, want: Option<i32>) -> Option<Change> {
+        let object = object_key(self.mc);
+        let kind = self.child.kind.name();
+        let (verb, child) = match applied {
+            Applied::Unchanged(_) => return None,
+            Applied::Created(after) => ("Created", after.name_any()),
+            Applied::Updated { after, .. } => ("Updated", after.name_any()),
+        };
+        // Actions are imperative, as in `CreateDeployment`.
+        let action = verb.trim_end_matches('d');
+        if let (Report::Replicas, Some(want)) = (self.child.report, want) {
+            return Some(match applied {
+                Applied::Updated { before, .. } if before.replicas().unwrap_or(1) != want => {
+                    let had = before.replicas().unwrap_or(1);
+                    info!(object, from = had, to = want, "scaled {kind}");
+                    (
+                        "Scaled",
+                        format!("Scale{kind}"),
+                        format!("Scaled {kind} {child} from {had} to {want} replicas"),
+                    )
+                }
+                Applied::Updated { .. } => {
+                    info!(object, "updated {kind}");
+                    (
+                        "Updated",
+                        format!("Update{kind}"),
+                        format!("Updated {kind} {child} to the desired spec"),
+                    )
+                }
+                _ => {
+                    info!(object, replicas = want, "created {kind}");
+                    (
+                        "Created",
+                        format!("Create{kind}"),
+                        format!("Created {kind} {child} with {want} replicas"),
+                    )
+                }
+            });
+        }
+        info!(object, kind, child, "{} {kind}", verb.to_lowercase());
+        let note = match applied {
+            Applied::Updated { .. } => format!("{verb} {kind} {child} to the desired spec"),
+            _ => format!("{verb} {kind} {child}"),
+        };
+        Some((verb, format!("{action}{kind}"), note))
+    }
+}
+
+/// `desired` with its hash annotation, and the hash.
+fn with_hash<T: Resource + Serialize>(mut desired: T) -> (T, u64) {
+    // The hash is computed without the annotation, then added, so it is stable.
+    let hash = drift::desired_hash_value(&desired);
+    desired
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            APPLIED_HASH_ANNOTATION.to_string(),
+            drift::annotation_value(hash),
+        );
+    (desired, hash)
+}
+
+/// Whether `have` (the live child) holds what applying `want` (its desired state, hashed as
+/// `hash`) would store, so that applying it would change nothing. The server decides what it
+/// stores: the desired state's normal form is the one learned from the server's answer to
+/// the last apply; when none was (after a restart), a desired state found verbatim in the
+/// child needs none, and otherwise it is learned from `dry_run`, the server's answer to an
+/// apply of `want` that stores nothing, but only when the child was last applied from this
+/// same desired state (if not, it must be written anyway).
+async fn converged<Fut>(
+    ctx: &Context,
+    owner: &Owner,
+    child: u64,
+    hash: u64,
+    want: &Value,
+    have: &Value,
+    dry_run: impl FnOnce() -> Fut,
+) -> bool
+where
+    Fut: Future<Output = Result<Option<Value>, kube::Error>>,
+{
+    if drift::is_converged(want, Some(have)) {
+        return true;
+    }
+    if let Some(form) = ctx.normal_forms.get(owner.key, child, hash) {
+        return form
+            .of(want)
+            .is_some_and(|normal| drift::is_converged(&normal, Some(have)));
+    }
+    if !drift::same_applied_hash(want, have) {
+        return false;
+    }
+    match dry_run().await {
+        Ok(Some(stored)) => {
+            let form = NormalForm::learn(want, &stored);
+            let normal = form.of(want);
+            remember(ctx, owner, child, hash, form);
+            normal.is_some_and(|normal| drift::is_converged(&normal, Some(have)))
+        }
+        Ok(None) => false,
+        // A webhook with side effects refuses dry runs, for one: then the apply itself
+        // tells (and is what a failure to reach the server is reported by).
+        Err(e) => {
+            debug!(error = %e, "dry-run apply failed; applying");
+            false
+        }
+    }
+}
+
+/// Remembers the normal form of `child`'s desired state, unless its owner is gone or going
+/// (its deletion may have been seen while this reconcile ran, and its forms forgotten).
+fn remember(ctx: &Context, owner: &Owner, child: u64, hash: u64, form: NormalForm) {
+    ctx.normal_forms.record(owner.key, child, hash, form);
+    let gone = ctx
+        .memcacheds
+        .get(&owner.object)
+        .is_none_or(|mc| mc.metadata.deletion_timestamp.is_some());
+    if gone {
+        ctx.normal_forms.forget_owner(owner.key);
+    }
+}
+
+/// Learns the normal form of `want` from `stored`, the server's answer to applying it.
+fn learn_from_answer(
+    ctx: &Context,
+    owner: &Owner,
+    child: u64,
+    hash: u64,
+    want: Option<&Value>,
+    stored: Option<Value>,
+) {
+    if let (Some(want), Some(stored)) = (want, stored) {
+        remember(ctx, owner, child, hash, NormalForm::learn(want, &stored));
+    }
+}
+
+/// Deletes the child `name` of `child`'s kind if it is there and this Memcached controls
+/// it, through the cache (or the fetch) of its kind.
+async fn delete_child(
+    ctx: &Context,
+    changes: &mut Changes,
+    mc: &Memcached,
+    owner: &Owner,
+    child: &Child,
+    name: &str,
+) -> Result<(), Error> {
+    let delete = Delete {
+        ctx,
+        mc,
+        owner,
+        name,
+    };
+    let deleted = match child.kind {
+        Kind::Deployment => delete.run(Source::Cache(&ctx.deployments)).await,
+        Kind::Service => delete.run(Source::Cache(&ctx.services)).await,
+        Kind::PodDisruptionBudget => delete.run(Source::Cache(&ctx.pdbs)).await,
+        Kind::ConfigMap => delete.run(Source::Cache(&ctx.config_maps)).await,
+        Kind::ServiceMonitor => delete.run(Source::<FetchedServiceMonitor>::Fetch).await,
+    }?;
+    if deleted {
+        let kind = child.kind.name();
+        changes.push(
+            "Deleted",
+            format!("Delete{kind}"),
+            format!("Deleted {kind} {name}: no longer needed"),
+        );
+    }
+    Ok(())
+}
+
+/// One child's deletion.
+struct Delete<'a> {
+    ctx: &'a Context,
+    mc: &'a Memcached,
+    owner: &'a Owner,
+    name: &'a str,
+}
+
+impl Delete<'_> {
+    /// Deletes the child if `source` has it and it is ours; whether it did.
+    async fn run<C: CacheForm>(&self, source: Source<'_, C>) -> Result<bool, Error> {
+        let (ctx, name) = (self.ctx, self.name);
+        let namespace = self.mc.namespace().ok_or(Error::NoNamespace)?;
+        let kind = C::kind(&()).into_owned();
+        let error = |source| Error::Delete {
+            kind: kind.clone(),
+            object: format!("{namespace}/{name}"),
+            source,
+        };
+        let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
+        let Some(live) = source
+            .live(&api, &ObjectRef::new(name).within(&namespace))
+            .await
+            .map_err(error)?
+        else {
+            return Ok(false);
+        };
+        // Only ours, and only the version we saw: not another pool's object of the same
+        // name, nor one recreated meanwhile.
+        if !self.owner.controls(live.as_ref()) {
+            return Ok(false);
+        }
+        ctx.normal_forms
+            .forget_child(self.owner.key, child_key(&kind, name));
+        let params = DeleteParams {
+            preconditions: live.meta().uid.clone().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let api: Api<C::Full> = Api::namespaced(ctx.client.clone(), &namespace);
+        match api.delete(name, &params).await {
+            Ok(_) => {
+                info!(object = %object_key(self.mc), kind, name, "deleted");
+                Ok(true)
+            }
+            // Gone already, or replaced by another object of that name since we saw it (the
+            // uid precondition failed): the next reconcile sees what is there now.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+            Err(source) => Err(error(source)),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! What every reconcile shares: the client for writes, the caches for reads, the event
+//! publisher, what was learned of the server's normal forms ([`Context`]); and why a
+//! reconcile fails ([`Error`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use memcached_api::{Memcached, validation};
+use tracing::debug;
+
+use super::ControllerConfig;
+use super::events::Events;
+use crate::builders::BuildError;
+use crate::cached::{CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService};
+use crate::children::Kind;
+use crate::drift::NormalForms;
+use crate::informer::Index;
+use crate::triggers::Busy;
+
+/// Why a reconcile failed; each names the object and the step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("building the desired {kind} for {object}: {source}")]
+    Build {
+        kind: &'static str,
+        object: String,
+        source: BuildError,
+    },
+    #[error("applying {kind} {object}: {source}")]
+    Apply {
+        kind: &'static str,
+        object: String,
+        source: kube::Error,
+    },
+    /// The API server refuses the child built from the spec (the validating webhook
+    /// refuses such a Memcached; this one was admitted without it).
+    #[error("Kubernetes refuses the {kind} {object} built from the spec: {errors}")]
+    Refused {
+        kind: &'static str,
+        object: String,
+        errors: validation::ValidationErrors,
+    },
+    #[error("deleting {kind} {object}: {source}")]
+    Delete {
+        kind: String,
+        object: String,
+        source: kube::Error,
+    },
+    #[error("writing the status of Memcached {object}: {source}")]
+    Status { object: String, source: kube::Error },
+    #[error("Memcached has no namespace (it is a namespaced kind)")]
+    NoNamespace,
+    #[error(
+        "{kind} {object} is controlled by another owner ({controller}); not taking it over: delete it or rename this Memcached"
+    )]
+    Conflict {
+        kind: &'static str,
+        object: String,
+        controller: String,
+    },
+}
+
+/// Shared state of the reconciler: the client for writes and the caches for reads.
+pub struct Context {
+    pub client: Client,
+    pub config: ControllerConfig,
+    pub memcacheds: Store<Memcached>,
+    pub deployments: Store<CachedDeployment>,
+    pub services: Store<CachedService>,
+    pub pdbs: Store<CachedPdb>,
+    pub config_maps: Store<CachedConfigMap>,
+    /// The pod cache by `namespace/instance` (the pods of one Memcached).
+    pub pod_index: Index<CachedPod>,
+    pub(super) events: Events,
+    /// Reconciles running (status refreshes and events wait while every slot is taken).
+    pub(super) busy: Busy,
+    /// What the server stores for each child's desired state (see [`NormalForms`]).
+    pub(super) normal_forms: Arc<NormalForms>,
+    /// Whether each kind that not every cluster serves is served here, and since when that
+    /// is known.
+    served: tokio::sync::Mutex<HashMap<Kind, (Instant, bool)>>,
+    failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
+}
+
+/// How long the answer to "is this kind served?" (is the Prometheus Operator installed?) is
+/// trusted.
+const DISCOVERY_TTL: Duration = Duration::from_secs(60);
+
+impl Context {
+    pub(super) fn new(
+        client: Client,
+        config: ControllerConfig,
+        caches: &super::Caches,
+        events: Events,
+        busy: Busy,
+        normal_forms: Arc<NormalForms>,
+    ) -> Self {
+        Context {
+            client,
+            config,
+            memcacheds: caches.memcacheds.store(),
+            deployments: caches.deployments.store(),
+            services: caches.services.store(),
+            pdbs: caches.pdbs.store(),
+            config_maps: caches.config_maps.store(),
+            pod_index: caches.pod_index.clone(),
+            events,
+            busy,
+            normal_forms,
+            served: tokio::sync::Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts a failure of `key`'s reconcile; returns how many in a row.
+    pub(super) fn record_failure(&self, key: ObjectRef<Memcached>) -> u32 {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let count = failures.entry(key).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    }
+
+    pub(super) fn reset_failures(&self, key: &ObjectRef<Memcached>) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.remove(key);
+    }
+
+    /// Whether the API server serves `kind` (a ServiceMonitor: whether the Prometheus
+    /// Operator is installed), asked at most once per [`DISCOVERY_TTL`].
+    pub(super) async fn served(&self, kind: Kind) -> bool {
+        if kind.always_served() {
+            return true;
+        }
+        let mut cached = self.served.lock().await;
+        if let Some((at, served)) = cached.get(&kind)
+            && at.elapsed() < DISCOVERY_TTL
+        {
+            return *served;
+        }
+        let resource = kind.api_resource();
+        let served = match self
+            .client
+            .list_api_group_resources(&resource.api_version)
+            .await
+        {
+            Ok(list) => list.resources.iter().any(|r| r.name == resource.plural),
+            Err(kube::Error::Api(e)) if e.code == 404 => false,
+            Err(e) => {
+                debug!(error = %e, kind = kind.name(), "could not ask whether the kind is served");
+                false
+            }
+        };
+        cached.insert(kind, (Instant::now(), served));
+        served
+    }
+}
+
+/// `namespace/name` of a Memcached, for logs and messages.
+pub(super) fn object_key(mc: &Memcached) -> String {
+    format!("{}/{}", mc.namespace().unwrap_or_default(), mc.name_any())
+}

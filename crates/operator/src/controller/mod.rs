@@ -1,0 +1,221 @@
+//! The Memcached controller, in the seed's terms: informers ([`watches`]: kube-runtime
+//! watchers and reflector stores) feed the work queue (kube-runtime's `Controller`, which
+//! deduplicates keys, never runs two reconciles of one object at once and backs off
+//! failures); [`reconcile`] plans a Memcached's children from the one list
+//! ([`crate::children`]), applies them only where they differ ([`apply`]) and writes the
+//! status only when it changed.
+//!
+//! Rooms: [`reconcile`] (the orchestration), [`apply`] (the apply, drift and ownership
+//! engine), [`events`], [`secrets`], [`restart_gate`] (in-place TLS reloads that failed),
+//! [`watches`] (informers and what wakes a reconcile), [`telemetry`], [`context`].
+
+pub mod apply;
+pub mod context;
+pub mod events;
+pub mod reconcile;
+pub mod restart_gate;
+pub mod secrets;
+pub mod telemetry;
+pub mod watches;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, predicates};
+use memcached_api::Memcached;
+use tracing::debug;
+
+pub use context::{Context, Error};
+pub use reconcile::{error_policy, reconcile};
+pub use telemetry::{ReconcileCounters, Telemetry};
+pub use watches::Caches;
+
+use crate::builders::{BuildSettings, MANAGED_BY};
+use crate::children::{self, Child};
+use crate::drift::NormalForms;
+use crate::triggers::{self, Busy};
+
+/// Name under which the controller reports events and metrics.
+pub const CONTROLLER_NAME: &str = "memcached";
+
+/// Per-object retry delays after a failed reconcile: `base * 2^(failures-1)`, capped.
+/// 250 ms keeps a transient API error (a 409, a 500 during an upgrade) from being
+/// noticeable; the 5 minute cap bounds the load a persistently failing object puts on the
+/// API server while still retrying often enough to recover unattended. Reset on success.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    pub base: Duration,
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// Delay before the retry that follows the `failures`-th consecutive failure (1-based).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(31);
+        self.base.saturating_mul(1u32 << exp).min(self.cap)
+    }
+}
+
+/// Settings of one controller instance.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Namespace to watch; `None` watches all namespaces.
+    pub namespace: Option<String>,
+    pub build: BuildSettings,
+    /// Reconciles running at once (never two for one object).
+    pub concurrency: u16,
+    /// How often a converged object is looked at again, as a safety net for missed events.
+    pub resync: Duration,
+    /// Window over which status-only changes of a Memcached's children are batched into
+    /// one reconcile (see [`crate::triggers`]); zero reconciles on each.
+    pub status_batch: Duration,
+    pub backoff: Backoff,
+    /// Reported as the events' `reportingInstance` (the pod name in a cluster).
+    pub instance: Option<String>,
+    /// Counts of reconciles, shared with whoever wants to read them (tests, metrics).
+    pub counters: Arc<ReconcileCounters>,
+    /// Prometheus metrics, when the manager serves them.
+    pub telemetry: Option<Telemetry>,
+    /// How soon a Memcached waiting for a missing Secret is looked at again (Secrets are
+    /// not watched).
+    pub secret_recheck: Duration,
+    /// The children each Memcached owns ([`children::CHILDREN`]; another list only in
+    /// tests that add a child).
+    pub children: &'static [Child],
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            build: BuildSettings::default(),
+            concurrency: 16,
+            resync: Duration::from_secs(300),
+            status_batch: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            instance: None,
+            counters: Arc::default(),
+            telemetry: None,
+            secret_recheck: Duration::from_secs(15),
+            children: children::CHILDREN,
+        }
+    }
+}
+
+/// Runs the controller on already started `caches` until `shutdown` resolves, then lets
+/// in-flight reconciles finish.
+pub async fn run_controller(
+    client: Client,
+    caches: &Caches,
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let telemetry = config.telemetry.clone();
+    if let Some(t) = &telemetry {
+        t.controller
+            .set_max_concurrent(i64::from(config.concurrency));
+    }
+    let queued = move |key: Option<ObjectRef<Memcached>>| {
+        if let (Some(t), Some(key)) = (&telemetry, key.clone()) {
+            t.queued(key);
+        }
+        key
+    };
+    let q1 = queued.clone();
+    let normal_forms = Arc::new(NormalForms::default());
+    let forms = normal_forms.clone();
+    let memcacheds = caches
+        .memcacheds
+        .subscribe()
+        // A deleted Memcached's children go, and what was learned about them with it.
+        .inspect(move |mc| {
+            if let Ok(mc) = mc
+                && mc.metadata.deletion_timestamp.is_some()
+            {
+                forms.forget_owner(apply::owner_key(&ObjectRef::from_obj(mc)));
+            }
+        })
+        // Status writes (ours included) and metadata-only edits do not change the outcome.
+        .predicate_filter(predicates::generation, Default::default())
+        .inspect(move |mc| {
+            if let Ok(mc) = mc {
+                q1(Some(ObjectRef::from_obj(mc)));
+            }
+        });
+
+    let reporter = Reporter {
+        controller: MANAGED_BY.to_string(),
+        instance: config.instance.clone(),
+    };
+    let busy = Busy::new(usize::from(config.concurrency));
+    let events = events::Events::start(client.clone(), reporter, busy.clone());
+    let ctx = Arc::new(Context::new(
+        client,
+        config.clone(),
+        caches,
+        events,
+        busy.clone(),
+        normal_forms,
+    ));
+
+    let children = triggers::batch(
+        watches::child_triggers(caches),
+        config.status_batch,
+        Some(busy),
+    )
+    .filter_map(move |key| futures::future::ready(queued(Some(key))));
+    Controller::for_stream(memcacheds, caches.memcacheds.store())
+        .reconcile_on(children)
+        .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(object = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}
+
+/// Starts the caches for `config.namespace`, waits for them, and runs the controller until
+/// `shutdown` resolves. For callers without leader election (tests, the demo).
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let caches = Caches::start(&client, config.namespace.as_deref());
+    caches.wait_synced().await;
+    run_controller(client, &caches, config, shutdown).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_base_to_cap() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(1), Duration::from_millis(250));
+        assert_eq!(b.delay(2), Duration::from_millis(500));
+        assert_eq!(b.delay(5), Duration::from_secs(4));
+        assert_eq!(b.delay(20), Duration::from_secs(300));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(300));
+    }
+}

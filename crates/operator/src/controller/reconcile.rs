@@ -1,0 +1,318 @@
+//! One reconcile of one Memcached, top to bottom: check the spec, read the Secrets its pods
+//! mount, plan its children from the list (pure), apply them through the one apply path,
+//! compute the status (pure) and write it if it changed, then restart a pod whose
+//! certificate reload failed. Idempotent and level-triggered: everything is read from the
+//! caches; the API server is only written to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, ResourceExt};
+use manager::ReconcileResult;
+use memcached_api::{Memcached, MemcachedStatus, ProxyBackend, validation};
+use tracing::{Instrument, debug, warn};
+
+use super::apply::{self, Owner};
+use super::context::{Context, Error, object_key};
+use super::events::Changes;
+use super::{restart_gate, secrets};
+use crate::cached::CachedPod;
+use crate::children::{self, Inputs};
+use crate::informer::Index;
+use crate::proxy;
+use crate::status::{self, Observed, ObservedPod, ObservedProxy, Problem};
+
+/// Reconciles one Memcached and reports how it went: one event for what changed, the
+/// metrics, and on failure the `Degraded` condition and a Warning event.
+pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _running = ctx.busy.enter();
+    let key = ObjectRef::from_obj(mc.as_ref());
+    let telemetry = ctx.config.telemetry.as_ref();
+    let timer = telemetry.map(|t| {
+        t.started(&key);
+        // Counting the cache copies it, so the gauge is refreshed at most once a second.
+        if t.instances_due() {
+            let scope = ctx.config.namespace.as_deref().unwrap_or("");
+            t.set_instances(scope, ctx.memcacheds.state().len());
+        }
+        t.controller.reconcile_started()
+    });
+    let counters = &ctx.config.counters;
+    counters.start(&key);
+    let span = tracing::info_span!("reconcile", object = %object_key(&mc));
+    let mut changes = Changes::default();
+    let result = reconcile_inner(&mc, &ctx, &mut changes)
+        .instrument(span)
+        .await;
+    // What was changed is reported even when a later step failed.
+    if let Some(event) = changes.into_event() {
+        ctx.events.publish_event(&mc, event);
+    }
+    drop(timer);
+    counters.finish(&key, result.is_err());
+    if let Some(t) = telemetry {
+        t.controller.record_result(match &result {
+            Err(_) => ReconcileResult::Error,
+            Ok(action) if *action == Action::await_change() => ReconcileResult::Success,
+            Ok(_) => ReconcileResult::RequeueAfter,
+        });
+    }
+    match &result {
+        Ok(_) => ctx.reset_failures(&key),
+        Err(err) => {
+            // A child Kubernetes refuses is the spec's problem, reported as the webhook's
+            // rules are.
+            let reason = match err {
+                Error::Refused { .. } => "InvalidSpec",
+                _ => "ReconcileFailed",
+            };
+            // Best effort: surface the failure on the object itself, unless writing the
+            // status is what failed.
+            if !matches!(err, Error::Status { .. }) {
+                let problem = Problem {
+                    reason: reason.into(),
+                    message: err.to_string(),
+                };
+                if let Err(e) = record_problem(&ctx, &mc, problem).await {
+                    debug!(error = %e, "could not record the failure in status");
+                }
+            }
+            ctx.events.publish(
+                &mc,
+                EventType::Warning,
+                reason,
+                "Reconcile",
+                err.to_string(),
+            );
+        }
+    }
+    result
+}
+
+async fn reconcile_inner(
+    mc: &Memcached,
+    ctx: &Context,
+    changes: &mut Changes,
+) -> Result<Action, Error> {
+    let owner = Owner::of(mc);
+    if mc.metadata.deletion_timestamp.is_some() {
+        // Owned objects go with the CR through ownerReference garbage collection.
+        ctx.normal_forms.forget_owner(owner.key);
+        return Ok(Action::await_change());
+    }
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    let name = mc.name_any();
+    let object = format!("{namespace}/{name}");
+
+    // 1. The spec: nothing is created for an invalid one.
+    if let Err(errors) = validation::validate(mc) {
+        let message = errors.to_string();
+        warn!(object, %message, "invalid Memcached: not creating children");
+        let problem = Problem {
+            reason: "InvalidSpec".into(),
+            message: message.clone(),
+        };
+        if record_problem(ctx, mc, problem).await? {
+            ctx.events
+                .publish(mc, EventType::Warning, "InvalidSpec", "Validate", message);
+        }
+        // Retrying cannot help: wait for the user to change the object.
+        return Ok(Action::await_change());
+    }
+
+    // 2. The Secrets the pods mount must exist before the pods are rolled to use them; a
+    // missing one is reported, and the running pods are left as they are.
+    let secrets = match secrets::referenced_secrets(ctx, mc, &namespace).await? {
+        Ok(versions) => versions,
+        Err(problem) => {
+            warn!(object, message = %problem.message, "referenced Secret unusable");
+            if record_problem(ctx, mc, problem.clone()).await? {
+                ctx.events.publish(
+                    mc,
+                    EventType::Warning,
+                    &problem.reason,
+                    "ReadSecret",
+                    problem.message,
+                );
+            }
+            // Secrets are not watched (that would cache every Secret of the namespace), so
+            // look again soon.
+            return Ok(Action::requeue(ctx.config.secret_recheck));
+        }
+    };
+
+    // 3. The children, from the list: planned (pure), then applied, unwanted ones deleted.
+    let pods = observed_pods(&ctx.pod_index, &namespace, &name);
+    let backends = proxy_backends(ctx, mc, &owner, &pods);
+    let inputs = Inputs {
+        settings: &ctx.config.build,
+        secrets: &secrets,
+        backends: &backends,
+    };
+    let plans = children::plan(ctx.config.children, mc, &inputs).map_err(|e| Error::Build {
+        kind: e.role,
+        object: object.clone(),
+        source: e.source,
+    })?;
+    let applied = apply::apply_children(ctx, mc, &owner, plans, &inputs, changes).await?;
+
+    // 4. The status, from what the children and pods show.
+    let failures = restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name);
+    let deployment = applied.deployment(&name).map(|d| d.without_spec());
+    let proxy_deployment = applied
+        .deployment(&proxy::proxy_name(&name))
+        .map(|d| d.without_spec());
+    let proxy = mc.spec.proxy_enabled().map(|_| ObservedProxy {
+        deployment: proxy_deployment.as_ref(),
+        version: proxy::routes_version(mc, &backends).unwrap_or_default(),
+        backends,
+    });
+    let observed = Observed {
+        deployment: deployment.as_ref(),
+        pods,
+        problem: None,
+        proxy,
+        reload_failures: failures.clone(),
+    };
+    let now = jiff::Timestamp::now();
+    let status = status::desired_status(mc, &observed, now);
+    let recheck = proxy_recheck(&status, now);
+    if write_status_if_changed(&ctx.client, mc, status).await? {
+        debug!(object, "status updated");
+        // Files the agent refused itself: reported when the status first says so; the pod
+        // keeps serving the certificate it has.
+        for failure in failures.iter().filter(|f| !f.restart) {
+            restart_gate::publish_reload_failure(
+                ctx,
+                mc,
+                &namespace,
+                failure,
+                "CertificateInvalid",
+                "Report",
+                format!(
+                    "Pod {} did not load the renewed TLS certificate ({}); memcached keeps serving the certificate it has",
+                    failure.pod, failure.reason
+                ),
+            );
+        }
+    }
+
+    // 5. Reported in the status first (above), then restarted.
+    restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
+    Ok(Action::requeue(
+        recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
+    ))
+}
+
+/// The live pods of `mc` in the pod cache: neither being deleted nor ended (a Failed or
+/// evicted pod stays until garbage-collected, but serves nothing).
+fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
+    pods.get(&format!("{namespace}/{name}"))
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && !p.ended)
+        .map(|p| ObservedPod {
+            name: p.name_any(),
+            ip: p.ip.clone(),
+            ready: p.ready,
+        })
+        .collect()
+}
+
+/// The proxy's backends: the Ready pods of `pods`, each staying in the copy the
+/// configuration in place (our ConfigMap) gives it. None without the proxy.
+fn proxy_backends(
+    ctx: &Context,
+    mc: &Memcached,
+    owner: &Owner,
+    pods: &[ObservedPod],
+) -> Vec<ProxyBackend> {
+    let Some(spec) = mc.spec.proxy_enabled() else {
+        return Vec::new();
+    };
+    let namespace = mc.namespace().unwrap_or_default();
+    let previous = ctx
+        .config_maps
+        .get(&ObjectRef::new(&proxy::proxy_name(&mc.name_any())).within(&namespace))
+        .filter(|cm| owner.other_controller(cm.as_ref()).is_none())
+        .map(|cm| proxy::recorded_backends(cm.spec_json()))
+        .unwrap_or_default();
+    let ready: Vec<proxy::ReadyPod> = pods
+        .iter()
+        .filter(|p| p.ready)
+        .filter_map(|p| {
+            Some(proxy::ReadyPod {
+                name: p.name.clone(),
+                ip: p.ip.clone()?,
+            })
+        })
+        .collect();
+    proxy::assign(&previous, &ready, spec.copies, mc.spec.container_port)
+}
+
+/// When to look again so that `ProxyReady` leaves `Propagating` on time.
+fn proxy_recheck(status: &MemcachedStatus, now: jiff::Timestamp) -> Option<Duration> {
+    let since = status.proxy.as_ref()?.config_changed_at.as_ref()?.0;
+    let elapsed = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    proxy::PROPAGATION_WINDOW
+        .checked_sub(elapsed)
+        .map(|left| left + Duration::from_secs(1))
+}
+
+async fn write_status_if_changed(
+    client: &Client,
+    mc: &Memcached,
+    status: MemcachedStatus,
+) -> Result<bool, Error> {
+    if mc.status.as_ref() == Some(&status) {
+        return Ok(false);
+    }
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<Memcached> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(
+        &mc.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        object: object_key(mc),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// Writes `mc`'s status with `problem` as its `Degraded` condition, the rest computed from
+/// the cache as usual. Returns whether the status changed (the caller then emits an event).
+async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Result<bool, Error> {
+    let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
+    let name = mc.name_any();
+    let deployment = ctx
+        .deployments
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .map(|d| d.without_spec());
+    let observed = Observed {
+        deployment: deployment.as_ref(),
+        pods: observed_pods(&ctx.pod_index, &namespace, &name),
+        problem: Some(problem),
+        proxy: None,
+        reload_failures: restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name),
+    };
+    let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+    write_status_if_changed(&ctx.client, mc, status).await
+}
+
+/// Retries a failed object with per-object exponential backoff.
+pub fn error_policy(mc: Arc<Memcached>, err: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.record_failure(ObjectRef::from_obj(mc.as_ref()));
+    if let Some(t) = &ctx.config.telemetry {
+        t.controller.queue_retry();
+    }
+    let delay = ctx.config.backoff.delay(failures);
+    warn!(object = %object_key(&mc), error = %err, failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

@@ -1,0 +1,236 @@
+//! What the controller watches, and what a change to it wakes: one informer per kind the
+//! reconciler reads ([`Caches`], label-selected so that they hold only ours), and for each,
+//! which changes matter to which Memcached and how soon ([`child_triggers`]).
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use memcached_api::Memcached;
+
+use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
+use crate::cached::{
+    CacheForm, CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService, SpecOnly,
+};
+use crate::informer::{Index, Informer};
+use crate::triggers::{Classifier, Urgency};
+
+/// Index key of a pod: the Memcached it belongs to, as `namespace/instance`.
+pub(super) fn pod_index_key(pod: &CachedPod) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref()?,
+        pod.instance.as_deref()?
+    ))
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Maps one of our pods to the Memcached that owns it (by its instance label).
+fn pod_owner(pod: &CachedPod) -> Option<ObjectRef<Memcached>> {
+    let instance = pod.instance.as_deref()?;
+    Some(ObjectRef::new(instance).within(pod.metadata.namespace.as_deref()?))
+}
+
+/// Maps an owned child to the Memcached named in its controller ownerReference.
+fn controller_owner<K: CacheForm>(child: &K) -> Option<ObjectRef<Memcached>> {
+    let owner = child
+        .meta_text()
+        .owner_references()
+        .into_iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Memcached")?;
+    if owner.api_version != Memcached::api_version(&()) {
+        return None;
+    }
+    Some(ObjectRef::new(&owner.name).within(child.namespace().as_deref()?))
+}
+
+/// Drops what the reconciler never reads, to keep the caches small.
+fn slim<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+}
+
+/// Hash of what the reconciler reads of an owned object's metadata: labels and
+/// annotations (the drift check) and ownership. Deletion is seen by the classifier itself.
+fn metadata_outcome<K: CacheForm>(obj: &K, hasher: &mut DefaultHasher) {
+    obj.meta_text().hash(hasher);
+}
+
+/// A Deployment's or budget's metadata and spec (through its generation): a change is
+/// drift.
+fn spec_by_generation<K: CacheForm>(obj: &K) -> u64 {
+    let mut h = DefaultHasher::new();
+    metadata_outcome(obj, &mut h);
+    obj.meta().generation.hash(&mut h);
+    h.finish()
+}
+
+/// The Deployment status fields the Memcached's status is computed from.
+fn deployment_status(d: &CachedDeployment) -> u64 {
+    let mut h = DefaultHasher::new();
+    if let Some(s) = &d.status {
+        (
+            s.observed_generation,
+            s.replicas,
+            s.updated_replicas,
+            s.ready_replicas,
+            s.available_replicas,
+        )
+            .hash(&mut h);
+    }
+    h.finish()
+}
+
+/// A Service's metadata and spec, or a ConfigMap's metadata and data (neither kind has a
+/// generation).
+fn service_spec<K>(s: &SpecOnly<K>) -> u64
+where
+    SpecOnly<K>: CacheForm,
+{
+    let mut h = DefaultHasher::new();
+    metadata_outcome(s, &mut h);
+    s.spec_json().hash(&mut h);
+    h.finish()
+}
+
+/// Status the reconciler never reads (a Service's load balancer, a budget's disruption
+/// counts): no change to it triggers anything.
+fn unread_status<K>(_: &K) -> u64 {
+    0
+}
+
+/// A pod's instance label decides which Memcached it counts for.
+fn pod_spec(p: &CachedPod) -> u64 {
+    let mut h = DefaultHasher::new();
+    p.instance.hash(&mut h);
+    h.finish()
+}
+
+/// What `status.nodes` and `status.endpoints` are made of besides the name: the pod's IP
+/// and readiness (not restarts, container states or other conditions), and a reload the TLS
+/// agent reported as refused.
+fn pod_status(p: &CachedPod) -> u64 {
+    let mut h = DefaultHasher::new();
+    (&p.ip, p.ready, &p.tls_reload_failure).hash(&mut h);
+    h.finish()
+}
+
+/// The owners to wake for changes in `children`, with how soon (see [`crate::triggers`]).
+fn owner_triggers<K>(
+    children: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    mut classifier: Classifier<K>,
+    owner: fn(&K) -> Option<ObjectRef<Memcached>>,
+) -> BoxStream<'static, (ObjectRef<Memcached>, Urgency)>
+where
+    K: Resource<DynamicType = ()> + Send + 'static,
+{
+    children
+        .filter_map(move |child| {
+            let trigger = child.ok().and_then(|child| {
+                let urgency = classifier.classify(&child)?;
+                Some((owner(&child)?, urgency))
+            });
+            futures::future::ready(trigger)
+        })
+        .boxed()
+}
+
+/// The informers the controller reads from, for one scope (a namespace or the cluster).
+/// They run whether or not this process leads, so a standby takes over with a warm cache.
+pub struct Caches {
+    pub memcacheds: Informer<Memcached>,
+    pub deployments: Informer<CachedDeployment>,
+    pub services: Informer<CachedService>,
+    pub pdbs: Informer<CachedPdb>,
+    pub config_maps: Informer<CachedConfigMap>,
+    pub pods: Informer<CachedPod>,
+    /// The pod cache by `namespace/instance` (the pods of one Memcached).
+    pub pod_index: Index<CachedPod>,
+}
+
+impl Caches {
+    /// Starts watching `namespace` (`None`: all namespaces). Owned kinds are label-selected
+    /// (`app.kubernetes.io/managed-by=memcached-operator`), so the cache holds only ours.
+    pub fn start(client: &Client, namespace: Option<&str>) -> Self {
+        let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+        let (pods, pod_index) = Informer::start_indexed(
+            scoped(client, namespace),
+            owned.clone(),
+            slim,
+            pod_index_key,
+        );
+        Self {
+            memcacheds: Informer::start(
+                scoped(client, namespace),
+                watcher::Config::default(),
+                slim,
+            ),
+            deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            services: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            config_maps: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            pods,
+            pod_index,
+        }
+    }
+
+    /// Waits until every informer has cached its first full list.
+    pub async fn wait_synced(&self) {
+        futures::join!(
+            self.memcacheds.wait_synced(),
+            self.deployments.wait_synced(),
+            self.services.wait_synced(),
+            self.pdbs.wait_synced(),
+            self.config_maps.wait_synced(),
+            self.pods.wait_synced()
+        );
+    }
+}
+
+/// The Memcacheds to wake for changes of their children and pods in `caches`, with how
+/// soon. Only what the reconciler reads counts (status churn it never reads, such as a
+/// Service's load balancer status or a budget's disruption counts, is filtered); edits
+/// and deletions are urgent, status moves can be batched.
+pub(super) fn child_triggers(
+    caches: &Caches,
+) -> BoxStream<'static, (ObjectRef<Memcached>, Urgency)> {
+    futures::stream::select_all([
+        owner_triggers(
+            caches.deployments.subscribe(),
+            Classifier::new(spec_by_generation, deployment_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.services.subscribe(),
+            Classifier::new(service_spec, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.pdbs.subscribe(),
+            Classifier::new(spec_by_generation, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.config_maps.subscribe(),
+            Classifier::new(service_spec, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.pods.subscribe(),
+            Classifier::new(pod_spec, pod_status),
+            pod_owner,
+        ),
+    ])
+    .boxed()
+}
