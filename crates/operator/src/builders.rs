@@ -53,7 +53,7 @@ pub use memcached_api::validation::HEADLESS_SUFFIX;
 pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
 const SASL_DIR: &str = "/etc/memcached/sasl";
 /// Where the TLS Secret is mounted in the memcached container and the reload agent.
-pub const TLS_DIR: &str = "/etc/memcached/tls";
+pub use memcached_tls_agent::CERT_DIR as TLS_DIR;
 /// Where the extstore volume is mounted, and the file memcached writes in it.
 pub const EXTSTORE_DIR: &str = "/var/lib/memcached/extstore";
 pub const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
@@ -61,16 +61,13 @@ pub const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
 pub const EXTSTORE_VOLUME: &str = "extstore";
 /// Name of the TLS reload agent's container (a native sidecar).
 pub const TLS_AGENT_NAME: &str = "tls-reload-agent";
-/// Exit code of the reload agent when memcached refused to load the renewed certificate
-/// (its TLS may be broken); the reconciler reads it from the container's last termination,
-/// reports the pod, then restarts it.
-pub const TLS_AGENT_RELOAD_FAILED: i32 = 3;
-/// Exit code of the reload agent when it refused the files itself (not a certificate, a key
-/// of another certificate) and never sent them: memcached keeps serving the certificate it
-/// has, so the pod is reported and left running (a restart would not start with them).
-pub const TLS_AGENT_CERTIFICATE_INVALID: i32 = 4;
-/// The reload agent's state directory (an `emptyDir` that outlives its restarts).
-pub const TLS_AGENT_STATE_DIR: &str = "/var/run/tls-reload-agent";
+// The reload agent's contract (crates/tls-agent): its exit codes, which the reconciler
+// reads from the container's last termination, and its state directory. The old names
+// stay, as the rest of the operator knows them.
+pub use memcached_tls_agent::{
+    EXIT_CERTIFICATE_INVALID as TLS_AGENT_CERTIFICATE_INVALID,
+    EXIT_RELOAD_FAILED as TLS_AGENT_RELOAD_FAILED, STATE_DIR as TLS_AGENT_STATE_DIR,
+};
 const TLS_AGENT_STATE_VOLUME: &str = "tls-reload-agent";
 /// The reload agent's subcommand of the operator binary.
 pub const TLS_AGENT_COMMAND: &str = "tls-reload-agent";
@@ -428,22 +425,9 @@ pub fn config_hash(args: &[String], secrets: &SecretVersions) -> String {
         .collect()
 }
 
-/// A digest of the keys of a Secret that memcached reads (in the order given), as
-/// [`SecretVersions`] carries it: the same contents give the same digest, whatever else
-/// changed in the Secret (labels, annotations, its `resourceVersion`).
-pub fn secret_digest<'a>(data: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for (key, value) in data {
-        for bytes in [key.as_bytes(), value] {
-            ctx.update(&(bytes.len() as u64).to_le_bytes());
-            ctx.update(bytes);
-        }
-    }
-    ctx.finish().as_ref()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+// The digest of a Secret's keys, as `SecretVersions` carries it: the reload agent's,
+// which must digest the mounted files as the reconciler digests the Secret.
+pub use memcached_tls_agent::secret_digest;
 
 /// The Deployment that runs `mc.spec.size` memcached pods, with no Secrets read.
 pub fn desired_deployment(

@@ -53,6 +53,9 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         step_timeout: u64,
     },
+    // Pods built by this and earlier releases run the agent as this subcommand of the
+    // operator's image (builders::TLS_AGENT_BINARY, TLS_AGENT_COMMAND): it stays while
+    // such pods may run. The agent itself is the memcached-tls-agent crate.
     /// The TLS reload agent (a sidecar in memcached pods): has memcached load a renewed
     /// certificate in place when the mounted files change.
     TlsReloadAgent(tls_agent::AgentArgs),
