@@ -1,0 +1,521 @@
+//! The pool's Deployment: memcached's command line and memory, the pod template with its
+//! containers (memcached, the exporter, the TLS reload agent), volumes, probes, security
+//! and spreading, and the configuration hash that rolls the pods when the configuration
+//! (or a mounted Secret) changes.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use memcached_api::validation::EXTSTORE_WRITE_BUFFERS;
+use memcached_api::{
+    EXPORTER_PORT, ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, TLS_ADMIN_PORT,
+    TopologySpread,
+};
+
+use super::*;
+
+/// The memcached command line for `config` on `port`. The seed ran
+/// `memcached -m=64 -o modern -v`, which memcached 1.6 reads as `-m` "=64" (0 MiB) and
+/// refuses to start; `-m 64` is what it meant.
+pub fn memcached_args(config: &MemcachedConfig, port: i32, sasl: bool, tls: bool) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "memcached".into(),
+        "-m".into(),
+        config.memory_mib.to_string(),
+        "-c".into(),
+        config.max_connections.to_string(),
+        "-t".into(),
+        config.threads.to_string(),
+        "-I".into(),
+        config.max_item_size.clone(),
+        "-p".into(),
+        port.to_string(),
+        "-o".into(),
+        "modern".into(),
+    ];
+    if config.verbosity > 0 {
+        let level = usize::try_from(config.verbosity.min(3)).unwrap_or(1);
+        args.push(format!("-{}", "v".repeat(level)));
+    }
+    if sasl {
+        args.push("-S".into());
+    }
+    if tls {
+        args.push("-Z".into());
+        args.push("-o".into());
+        args.push(format!(
+            "ssl_chain_cert={TLS_DIR}/tls.crt,ssl_key={TLS_DIR}/tls.key"
+        ));
+    }
+    args.extend(config.extra_args.iter().cloned());
+    args
+}
+
+/// Memory for a cache of `memory_mib`: the cache plus 25% and 32 MiB for connection
+/// buffers, the hash table and the process itself. Used as both request and limit, so the
+/// pod is neither evicted for using what it asked for nor OOM-killed for filling its cache.
+pub fn container_memory_mib(memory_mib: i32) -> i64 {
+    let m = i64::from(memory_mib.max(0));
+    m + (m + 3) / 4 + 32
+}
+
+/// Memory of the memcached container of `spec`: [`container_memory_mib`] of the cache, plus
+/// extstore's write buffers when it is on (memcached allocates them at start).
+pub fn pool_memory_mib(spec: &MemcachedSpec) -> i64 {
+    let cache = container_memory_mib(spec.config().memory_mib);
+    match spec.extstore_enabled() {
+        Some(ext) => cache + EXTSTORE_WRITE_BUFFERS * i64::from(ext.write_buffer_mib.max(0)),
+        None => cache,
+    }
+}
+
+fn default_resources(spec: &MemcachedSpec) -> ResourceRequirements {
+    let memory = Quantity(format!("{}Mi", pool_memory_mib(spec)));
+    let mut requests = BTreeMap::from([
+        ("cpu".to_string(), Quantity("100m".to_string())),
+        ("memory".to_string(), memory.clone()),
+    ]);
+    // An extstore file on node disk counts against the node's ephemeral storage: ask the
+    // scheduler for it, so the pod is not placed where it would be evicted for filling it.
+    if let Some(ext) = spec.extstore_enabled()
+        && ext.storage_class_name.is_none()
+    {
+        requests.insert("ephemeral-storage".to_string(), Quantity(ext.size.clone()));
+    }
+    ResourceRequirements {
+        requests: Some(requests),
+        limits: Some(BTreeMap::from([("memory".to_string(), memory)])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// memcached's command line for `spec`: [`memcached_args`], then the listeners when the
+/// TLS certificate is reloaded in place (TLS on every address, plus a non-TLS listener on
+/// loopback only for the reload agent), then extstore's flags.
+pub fn pool_args(spec: &MemcachedSpec) -> Vec<String> {
+    let port = spec.container_port;
+    let mut args = memcached_args(
+        &spec.config(),
+        port,
+        spec.sasl.is_some(),
+        spec.tls.is_some(),
+    );
+    if spec.tls_reloads_in_place() {
+        args.push("-l".into());
+        args.push(format!("*:{port},notls:127.0.0.1:{TLS_ADMIN_PORT}"));
+    }
+    if let Some(ext) = spec.extstore_enabled() {
+        args.push("-o".into());
+        args.push(extstore_options(ext));
+    }
+    args
+}
+
+/// memcached's `-o` value for extstore; `ext_page_size` must come before `ext_path`.
+fn extstore_options(ext: &ExtstoreSpec) -> String {
+    let mib = memcached_api::validation::parse_quantity_bytes(&ext.size).unwrap_or(0) >> 20;
+    let mut options = vec![
+        format!("ext_page_size={}", ext.page_size_mib),
+        format!("ext_wbuf_size={}", ext.write_buffer_mib),
+        format!("ext_threads={}", ext.threads),
+        format!("ext_item_size={}", ext.item_size_bytes),
+    ];
+    if let Some(age) = ext.item_age_seconds {
+        options.push(format!("ext_item_age={age}"));
+    }
+    options.push(format!("ext_path={EXTSTORE_FILE}:{mib}m"));
+    options.join(",")
+}
+
+pub(crate) fn tcp_probe(port: &str, initial_delay: i32, period: i32) -> Probe {
+    Probe {
+        tcp_socket: Some(TCPSocketAction {
+            port: IntOrString::String(port.to_string()),
+            host: None,
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(period),
+        ..Probe::default()
+    }
+}
+
+pub(crate) fn restricted(uid: i64) -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// Topology spread of the pods selected by `selector` under `policy`.
+pub(crate) fn spread_constraints(
+    selector: &BTreeMap<String, String>,
+    policy: TopologySpread,
+) -> Option<Vec<TopologySpreadConstraint>> {
+    // (across nodes, across zones)
+    let (nodes, zones) = match policy {
+        TopologySpread::Disabled => return None,
+        TopologySpread::Preferred => ("ScheduleAnyway", "ScheduleAnyway"),
+        // The scheduler never places a pod under a `DoNotSchedule` rule on a node that lacks
+        // the rule's key: a strict zone rule would leave every pod Pending on a cluster
+        // whose nodes carry no zone label.
+        TopologySpread::Required => ("DoNotSchedule", "ScheduleAnyway"),
+    };
+    let constraint = |key: &str, when: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.to_string(),
+        when_unsatisfiable: when.to_string(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(selector.clone()),
+            match_expressions: None,
+        }),
+        // Count only the pods of the current ReplicaSet, so a rollout is not skewed by the
+        // old pods it is replacing.
+        match_label_keys: Some(vec!["pod-template-hash".to_string()]),
+        ..TopologySpreadConstraint::default()
+    };
+    Some(vec![
+        constraint("kubernetes.io/hostname", nodes),
+        constraint("topology.kubernetes.io/zone", zones),
+    ])
+}
+
+fn exporter_container(mc: &Memcached, settings: &BuildSettings) -> Container {
+    let image = mc
+        .spec
+        .exporter
+        .as_ref()
+        .and_then(|e| e.image.clone())
+        .unwrap_or_else(|| settings.default_exporter_image.clone());
+    Container {
+        name: EXPORTER_NAME.to_string(),
+        image: Some(image),
+        args: Some(vec![
+            format!("--memcached.address=localhost:{}", mc.spec.container_port),
+            format!("--web.listen-address=:{EXPORTER_PORT}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.to_string()),
+            container_port: EXPORTER_PORT,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(tcp_probe(METRICS_PORT_NAME, 1, 10)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".to_string())),
+                ("memory".to_string(), Quantity("32Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("64Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted(EXPORTER_UID)),
+        ..Container::default()
+    }
+}
+
+/// A hash of everything that configures the memcached process, the Secrets' contents
+/// included: SHA-256 over a fixed encoding, so the same configuration gives the same
+/// pod-template annotation under every build of the operator (a change would roll every
+/// pool).
+pub fn config_hash(args: &[String], secrets: &SecretVersions) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut field = |bytes: &[u8]| {
+        ctx.update(&(bytes.len() as u64).to_le_bytes());
+        ctx.update(bytes);
+    };
+    for arg in args {
+        field(arg.as_bytes());
+    }
+    for secret in [&secrets.sasl, &secrets.tls] {
+        field(secret.as_deref().unwrap_or("-").as_bytes());
+    }
+    let digest = ctx.finish();
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+// The digest of a Secret's keys, as `SecretVersions` carries it: the reload agent's,
+// which must digest the mounted files as the reconciler digests the Secret.
+pub use memcached_tls_agent::secret_digest;
+
+/// The Deployment that runs `mc.spec.size` memcached pods, with no Secrets read.
+pub fn desired_deployment(
+    mc: &Memcached,
+    settings: &BuildSettings,
+) -> Result<Deployment, BuildError> {
+    desired_deployment_with(mc, settings, &SecretVersions::default())
+}
+
+/// The Deployment that runs `mc.spec.size` memcached pods; `secrets` are the versions of
+/// the SASL and TLS Secrets it mounts.
+pub fn desired_deployment_with(
+    mc: &Memcached,
+    settings: &BuildSettings,
+    secrets: &SecretVersions,
+) -> Result<Deployment, BuildError> {
+    let name = name_of(mc)?;
+    let spec = &mc.spec;
+    let port = spec.container_port;
+    let args = pool_args(spec);
+
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    let mut env = Vec::new();
+    if let Some(sasl) = &spec.sasl {
+        volumes.push(secret_volume("sasl", &sasl.secret_name));
+        mounts.push(mount("sasl", SASL_DIR));
+        env.push(EnvVar {
+            name: "MEMCACHED_SASL_PWDB".to_string(),
+            value: Some(format!("{SASL_DIR}/{SASL_PWDB_KEY}")),
+            value_from: None,
+        });
+    }
+    if let Some(tls) = &spec.tls {
+        volumes.push(secret_volume("tls", &tls.secret_name));
+        mounts.push(mount("tls", TLS_DIR));
+    }
+    if let Some(ext) = spec.extstore_enabled() {
+        volumes.push(extstore_volume(ext));
+        mounts.push(VolumeMount {
+            name: EXTSTORE_VOLUME.to_string(),
+            mount_path: EXTSTORE_DIR.to_string(),
+            ..VolumeMount::default()
+        });
+    }
+    // The reload agent loads a renewed certificate in place, so the certificate's contents
+    // leave the pod template's hash: a rotation changes no Deployment and restarts no pod.
+    let in_place = spec.tls_reloads_in_place();
+    let hashed = SecretVersions {
+        sasl: secrets.sasl.clone(),
+        tls: secrets.tls.clone().filter(|_| !in_place),
+    };
+    let init_containers = in_place.then(|| vec![tls_agent_container(settings)]);
+    if in_place {
+        volumes.push(Volume {
+            name: TLS_AGENT_STATE_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(Quantity("1Mi".to_string())),
+            }),
+            ..Volume::default()
+        });
+    }
+
+    let memcached = Container {
+        name: CONTAINER_NAME.to_string(),
+        image: Some(mc.image_or(&settings.default_image).to_string()),
+        command: Some(args.clone()),
+        env: (!env.is_empty()).then_some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some(CONTAINER_NAME.to_string()),
+            container_port: port,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(tcp_probe(CONTAINER_NAME, 1, 5)),
+        liveness_probe: Some(tcp_probe(CONTAINER_NAME, 10, 10)),
+        resources: Some(
+            spec.resources
+                .clone()
+                .unwrap_or_else(|| default_resources(spec)),
+        ),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Container::default()
+    };
+    let mut containers = vec![memcached];
+    if spec.exporter_enabled() {
+        containers.push(exporter_container(mc, settings));
+    }
+
+    let mut pod_labels = spec.pod_labels.clone().unwrap_or_default();
+    pod_labels.extend(labels(name));
+    let mut annotations = spec.pod_annotations.clone().unwrap_or_default();
+    annotations.insert(
+        CONFIG_HASH_ANNOTATION.to_string(),
+        config_hash(&args, &hashed),
+    );
+
+    Ok(Deployment {
+        metadata: child_metadata(mc, name)?,
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.size),
+            // A new pod counts as available only after this long Ready, so the next old pod
+            // (and its cache) goes only once the new one has had time to fill and to prove
+            // it stays up.
+            min_ready_seconds: Some(spec.min_ready_seconds()),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(name)),
+                match_expressions: None,
+            },
+            // Replace one pod at a time and never drop below `size` ready pods: a restarted
+            // memcached starts with an empty cache, so a rollout must be gentle.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(annotations),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers,
+                    init_containers,
+                    enable_service_links: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(MEMCACHED_UID),
+                        run_as_group: Some(MEMCACHED_UID),
+                        // The kubelet makes mounted Secret files root-owned with this group:
+                        // with mode 0440 the memcached user reads its TLS key and SASL
+                        // database, and no one else in the pod does.
+                        fs_group: Some(MEMCACHED_UID),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".to_string(),
+                            localhost_profile: None,
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    node_selector: spec.node_selector.clone(),
+                    tolerations: spec.tolerations.clone(),
+                    affinity: spec.affinity.clone(),
+                    priority_class_name: spec.priority_class_name.clone(),
+                    topology_spread_constraints: spread_constraints(
+                        &selector_labels(name),
+                        spec.topology_spread.unwrap_or_default(),
+                    ),
+                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The TLS reload agent: a native sidecar (an init container that keeps running, started
+/// before memcached and stopped after it) from the operator's own image. It watches the
+/// mounted certificate and sends `refresh_certs` to memcached's loopback listener.
+fn tls_agent_container(settings: &BuildSettings) -> Container {
+    Container {
+        name: TLS_AGENT_NAME.to_string(),
+        image: Some(settings.tls_agent_image.clone()),
+        command: Some(vec![
+            TLS_AGENT_BINARY.to_string(),
+            TLS_AGENT_COMMAND.to_string(),
+            format!("--cert-dir={TLS_DIR}"),
+            format!("--admin-address=127.0.0.1:{TLS_ADMIN_PORT}"),
+            format!("--state-dir={TLS_AGENT_STATE_DIR}"),
+        ]),
+        restart_policy: Some("Always".to_string()),
+        // The kubelet shows this file's contents as the reason of a failed reload.
+        termination_message_path: Some("/dev/termination-log".to_string()),
+        termination_message_policy: Some("File".to_string()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("5m".to_string())),
+                ("memory".to_string(), Quantity("16Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("32Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted(MEMCACHED_UID)),
+        volume_mounts: Some(vec![
+            mount("tls", TLS_DIR),
+            VolumeMount {
+                name: TLS_AGENT_STATE_VOLUME.to_string(),
+                mount_path: TLS_AGENT_STATE_DIR.to_string(),
+                ..VolumeMount::default()
+            },
+        ]),
+        ..Container::default()
+    }
+}
+
+/// extstore's volume: an `emptyDir` limited to the file's size, or, with a StorageClass, a
+/// generic ephemeral volume of that class (created and deleted with the pod).
+fn extstore_volume(ext: &ExtstoreSpec) -> Volume {
+    let size = Quantity(ext.size.clone());
+    match &ext.storage_class_name {
+        None => Volume {
+            name: EXTSTORE_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(size),
+            }),
+            ..Volume::default()
+        },
+        Some(class) => Volume {
+            name: EXTSTORE_VOLUME.to_string(),
+            ephemeral: Some(EphemeralVolumeSource {
+                volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                    metadata: None,
+                    spec: PersistentVolumeClaimSpec {
+                        access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+                        storage_class_name: Some(class.clone()),
+                        resources: Some(VolumeResourceRequirements {
+                            requests: Some(BTreeMap::from([("storage".to_string(), size)])),
+                            limits: None,
+                        }),
+                        ..PersistentVolumeClaimSpec::default()
+                    },
+                }),
+            }),
+            ..Volume::default()
+        },
+    }
+}
+
+fn secret_volume(name: &str, secret: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_string()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+pub(crate) fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}

@@ -1,0 +1,885 @@
+//! Unit tests of the builders: a table per spec field.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use memcached_api::{MemcachedConfig, MemcachedSpec, TopologySpread};
+
+use super::*;
+
+fn sample(size: i32) -> Memcached {
+    let mut mc = Memcached::new("memcached-sample", MemcachedSpec::with_size(size));
+    mc.metadata.namespace = Some("default".into());
+    mc.metadata.uid = Some("uid-1".into());
+    mc
+}
+
+fn container(d: &Deployment) -> &Container {
+    &d.spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .spec
+        .as_ref()
+        .expect("pod spec")
+        .containers[0]
+}
+
+#[test]
+fn seed_sample_makes_the_seed_deployment() {
+    let d = desired_deployment(&sample(3), &BuildSettings::default()).expect("builds");
+    assert_eq!(d.metadata.name.as_deref(), Some("memcached-sample"));
+    assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
+    let spec = d.spec.as_ref().expect("spec");
+    assert_eq!(spec.replicas, Some(3));
+    let c = container(&d);
+    assert_eq!(c.name, "memcached");
+    assert_eq!(c.image.as_deref(), Some(memcached_api::DEFAULT_IMAGE));
+    assert_eq!(
+        c.command.as_deref(),
+        Some(
+            &[
+                "memcached",
+                "-m",
+                "64",
+                "-c",
+                "1024",
+                "-t",
+                "4",
+                "-I",
+                "1m",
+                "-p",
+                "11211",
+                "-o",
+                "modern",
+                "-v"
+            ]
+            .map(String::from)[..]
+        )
+    );
+    let port = &c.ports.as_ref().expect("ports")[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("memcached"), 11211)
+    );
+}
+
+#[test]
+fn owner_reference_is_a_blocking_controller_reference() {
+    let d = desired_deployment(&sample(1), &BuildSettings::default()).expect("builds");
+    let owners = d.metadata.owner_references.expect("owner refs");
+    assert_eq!(owners.len(), 1);
+    let o = &owners[0];
+    assert_eq!(o.api_version, "memcached.cache.example.com/v1");
+    assert_eq!(o.kind, "Memcached");
+    assert_eq!(o.uid, "uid-1");
+    assert_eq!(
+        (o.controller, o.block_owner_deletion),
+        (Some(true), Some(true))
+    );
+}
+
+#[test]
+fn pods_run_restricted() {
+    let d = desired_deployment(&sample(1), &BuildSettings::default()).expect("builds");
+    let pod = d
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .spec
+        .as_ref()
+        .expect("pod");
+    let psc = pod.security_context.as_ref().expect("pod security context");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    let sc = container(&d)
+        .security_context
+        .as_ref()
+        .expect("container security context");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert!(sc.run_as_user.is_some_and(|uid| uid != 0));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+    let c = container(&d);
+    assert!(c.readiness_probe.is_some() && c.liveness_probe.is_some());
+    assert!(
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .is_some()
+    );
+}
+
+#[test]
+fn selector_is_stable_and_a_subset_of_pod_labels() {
+    let d = desired_deployment(&sample(1), &BuildSettings::default()).expect("builds");
+    let spec = d.spec.as_ref().expect("spec");
+    let selector = spec.selector.match_labels.clone().expect("match labels");
+    assert_eq!(
+        selector,
+        BTreeMap::from([
+            (
+                "app.kubernetes.io/instance".to_string(),
+                "memcached-sample".to_string()
+            ),
+            (
+                "app.kubernetes.io/name".to_string(),
+                "memcached".to_string()
+            ),
+        ])
+    );
+    let pod_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .expect("labels");
+    assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    assert_eq!(
+        pod_labels.get(LABEL_MANAGED_BY).map(String::as_str),
+        Some(MANAGED_BY)
+    );
+    assert_eq!(
+        selector_string("memcached-sample"),
+        "app.kubernetes.io/instance=memcached-sample,app.kubernetes.io/name=memcached"
+    );
+}
+
+#[test]
+fn image_and_port_follow_the_spec_and_settings() {
+    let settings = BuildSettings {
+        default_image: "registry.local/memcached:1.6".into(),
+        ..BuildSettings::default()
+    };
+    let mut mc = sample(2);
+    let d = desired_deployment(&mc, &settings).expect("builds");
+    assert_eq!(
+        container(&d).image.as_deref(),
+        Some("registry.local/memcached:1.6")
+    );
+    mc.spec.image = Some("memcached:1.6.38".into());
+    mc.spec.container_port = 11311;
+    let d = desired_deployment(&mc, &settings).expect("builds");
+    assert_eq!(container(&d).image.as_deref(), Some("memcached:1.6.38"));
+    assert!(
+        container(&d)
+            .command
+            .as_ref()
+            .expect("command")
+            .windows(2)
+            .any(|w| w == ["-p", "11311"])
+    );
+    let s = desired_service(&mc).expect("builds");
+    let port = &s
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .expect("ports")[0];
+    assert_eq!(port.port, 11311);
+    assert_eq!(
+        port.target_port,
+        Some(IntOrString::String("memcached".into()))
+    );
+}
+
+#[test]
+fn service_selects_the_pods_on_port_11211() {
+    let s = desired_service(&sample(3)).expect("builds");
+    let spec = s.spec.expect("spec");
+    assert_eq!(spec.selector, Some(selector_labels("memcached-sample")));
+    assert_eq!(spec.ports.expect("ports")[0].port, 11211);
+    assert_eq!(s.metadata.owner_references.map(|o| o.len()), Some(1));
+}
+
+#[test]
+fn an_object_without_uid_is_an_error_not_a_panic() {
+    let mut mc = sample(1);
+    mc.metadata.uid = None;
+    assert_eq!(
+        desired_service(&mc).err(),
+        Some(BuildError::MissingMetadata("uid"))
+    );
+}
+
+fn with_spec(edit: impl FnOnce(&mut memcached_api::MemcachedSpec)) -> Memcached {
+    let mut mc = sample(3);
+    edit(&mut mc.spec);
+    mc
+}
+
+fn pod_spec(d: &Deployment) -> &PodSpec {
+    d.spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .spec
+        .as_ref()
+        .expect("pod spec")
+}
+
+fn deployment(mc: &Memcached) -> Deployment {
+    desired_deployment(mc, &BuildSettings::default()).expect("builds")
+}
+
+fn config(edit: impl FnOnce(&mut MemcachedConfig)) -> Option<MemcachedConfig> {
+    let mut c = MemcachedConfig::default();
+    edit(&mut c);
+    Some(c)
+}
+
+fn has_pair(args: &[String], flag: &str, value: &str) -> bool {
+    args.windows(2).any(|w| w[0] == flag && w[1] == value)
+}
+
+#[test]
+fn every_tuning_field_becomes_its_flag() {
+    // (what changed, the config, the flag, its value)
+    let cases: Vec<(&str, Option<MemcachedConfig>, &str, &str)> = vec![
+        ("defaults", None, "-m", "64"),
+        ("defaults", None, "-c", "1024"),
+        ("defaults", None, "-t", "4"),
+        ("defaults", None, "-I", "1m"),
+        ("memory", config(|c| c.memory_mib = 2048), "-m", "2048"),
+        (
+            "connections",
+            config(|c| c.max_connections = 4096),
+            "-c",
+            "4096",
+        ),
+        ("threads", config(|c| c.threads = 8), "-t", "8"),
+        (
+            "item size",
+            config(|c| c.max_item_size = "4m".into()),
+            "-I",
+            "4m",
+        ),
+    ];
+    for (what, cfg, flag, value) in cases {
+        let mc = with_spec(|s| s.config = cfg);
+        let args = container(&deployment(&mc))
+            .command
+            .clone()
+            .expect("command");
+        assert!(
+            has_pair(&args, flag, value),
+            "{what}: {flag} {value} in {args:?}"
+        );
+        assert_eq!(args[0], "memcached");
+    }
+}
+
+#[test]
+fn verbosity_and_extra_args() {
+    for (level, flag) in [
+        (0, None),
+        (1, Some("-v")),
+        (2, Some("-vv")),
+        (3, Some("-vvv")),
+    ] {
+        let args = memcached_args(
+            &config(|c| c.verbosity = level).expect("config"),
+            11211,
+            false,
+            false,
+        );
+        let verbose: Vec<&String> = args.iter().filter(|a| a.starts_with("-v")).collect();
+        assert_eq!(
+            verbose.first().map(|s| s.as_str()),
+            flag,
+            "verbosity {level}"
+        );
+        assert!(verbose.len() <= 1);
+    }
+    let args = memcached_args(
+        &config(|c| c.extra_args = vec!["-o".into(), "lru_crawler".into()]).expect("config"),
+        11211,
+        false,
+        false,
+    );
+    assert_eq!(
+        &args[args.len() - 2..],
+        ["-o", "lru_crawler"],
+        "extra args come last"
+    );
+}
+
+#[test]
+fn container_memory_follows_the_cache_size_unless_resources_are_given() {
+    for (cache, want) in [(64, "112Mi"), (1024, "1312Mi"), (8, "42Mi")] {
+        let mc = with_spec(|s| s.config = config(|c| c.memory_mib = cache));
+        let r = container(&deployment(&mc))
+            .resources
+            .clone()
+            .expect("resources");
+        let req = r.requests.expect("requests");
+        let lim = r.limits.expect("limits");
+        assert_eq!(
+            req.get("memory").map(|q| q.0.as_str()),
+            Some(want),
+            "cache {cache}"
+        );
+        assert_eq!(lim.get("memory"), req.get("memory"), "request = limit");
+        assert!(
+            !lim.contains_key("cpu"),
+            "no CPU limit (throttling hurts latency)"
+        );
+    }
+    let custom = ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity("1Gi".into()),
+        )])),
+        ..ResourceRequirements::default()
+    };
+    let mc = with_spec(|s| s.resources = Some(custom.clone()));
+    assert_eq!(container(&deployment(&mc)).resources, Some(custom));
+}
+
+#[test]
+fn scheduling_fields_pass_through() {
+    use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, Toleration};
+    let tolerations = vec![Toleration {
+        key: Some("dedicated".into()),
+        operator: Some("Equal".into()),
+        value: Some("cache".into()),
+        effect: Some("NoSchedule".into()),
+        ..Toleration::default()
+    }];
+    let affinity = Affinity {
+        node_affinity: Some(NodeAffinity::default()),
+        ..Affinity::default()
+    };
+    let mc = with_spec(|s| {
+        s.node_selector = Some(BTreeMap::from([("pool".into(), "cache".into())]));
+        s.tolerations = Some(tolerations.clone());
+        s.affinity = Some(affinity.clone());
+        s.priority_class_name = Some("high".into());
+        s.pod_annotations = Some(BTreeMap::from([("team".into(), "infra".into())]));
+        s.pod_labels = Some(BTreeMap::from([
+            ("tier".into(), "gold".into()),
+            (LABEL_INSTANCE.into(), "hijack".into()),
+        ]));
+    });
+    let d = deployment(&mc);
+    let pod = pod_spec(&d);
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|n| n.get("pool"))
+            .map(String::as_str),
+        Some("cache")
+    );
+    assert_eq!(pod.tolerations.as_ref(), Some(&tolerations));
+    assert_eq!(pod.affinity.as_ref(), Some(&affinity));
+    assert_eq!(pod.priority_class_name.as_deref(), Some("high"));
+    let meta = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.clone())
+        .expect("template meta");
+    let labels = meta.labels.expect("labels");
+    assert_eq!(labels.get("tier").map(String::as_str), Some("gold"));
+    assert_eq!(
+        labels.get(LABEL_INSTANCE).map(String::as_str),
+        Some("memcached-sample"),
+        "the operator's selector labels win"
+    );
+    let annotations = meta.annotations.expect("annotations");
+    assert_eq!(annotations.get("team").map(String::as_str), Some("infra"));
+    assert!(annotations.contains_key(CONFIG_HASH_ANNOTATION));
+}
+
+#[test]
+fn topology_spread_by_policy() {
+    // (policy, [hostname rule, zone rule])
+    let cases = [
+        (None, Some(["ScheduleAnyway", "ScheduleAnyway"])),
+        (
+            Some(TopologySpread::Preferred),
+            Some(["ScheduleAnyway", "ScheduleAnyway"]),
+        ),
+        (
+            Some(TopologySpread::Required),
+            Some(["DoNotSchedule", "ScheduleAnyway"]),
+        ),
+        (Some(TopologySpread::Disabled), None),
+    ];
+    for (policy, when) in cases {
+        let mc = with_spec(|s| s.topology_spread = policy);
+        let d = deployment(&mc);
+        let constraints = pod_spec(&d).topology_spread_constraints.clone();
+        match when {
+            None => assert!(constraints.is_none(), "{policy:?}"),
+            Some(when) => {
+                let c = constraints.expect("constraints");
+                let keys: Vec<&str> = c.iter().map(|c| c.topology_key.as_str()).collect();
+                assert_eq!(
+                    keys,
+                    ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+                );
+                let rules: Vec<&str> = c.iter().map(|c| c.when_unsatisfiable.as_str()).collect();
+                assert_eq!(rules, when, "{policy:?}");
+                assert!(c.iter().all(|c| c.max_skew == 1));
+                assert!(c.iter().all(|c| {
+                    c.label_selector
+                        .as_ref()
+                        .and_then(|s| s.match_labels.clone())
+                        == Some(selector_labels("memcached-sample"))
+                }));
+            }
+        }
+    }
+}
+
+#[test]
+fn rolling_updates_never_drop_below_size_ready_pods() {
+    let d = deployment(&sample(3));
+    let strategy = d.spec.and_then(|s| s.strategy).expect("strategy");
+    let rolling = strategy.rolling_update.expect("rolling update");
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+}
+
+#[test]
+fn pdb_only_from_two_pods() {
+    for (size, want) in [(0, false), (1, false), (2, true), (5, true)] {
+        let pdb = desired_pdb(&sample(size)).expect("builds");
+        assert_eq!(pdb.is_some(), want, "size {size}");
+        if let Some(pdb) = pdb {
+            let spec = pdb.spec.expect("spec");
+            assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+            assert_eq!(
+                spec.selector.and_then(|s| s.match_labels),
+                Some(selector_labels("memcached-sample"))
+            );
+        }
+    }
+}
+
+#[test]
+fn headless_service_exposes_pod_addresses() {
+    let s = desired_headless_service(&with_spec(|s| {
+        s.exporter = Some(memcached_api::ExporterSpec {
+            enabled: true,
+            image: None,
+        })
+    }))
+    .expect("builds");
+    assert_eq!(
+        s.metadata.name.as_deref(),
+        Some("memcached-sample-headless")
+    );
+    assert_eq!(
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_INSTANCE))
+            .map(String::as_str),
+        Some("memcached-sample"),
+        "labelled for the Memcached, not for its own name"
+    );
+    let spec = s.spec.expect("spec");
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    let ports: Vec<i32> = spec.ports.expect("ports").iter().map(|p| p.port).collect();
+    assert_eq!(
+        ports,
+        [11211],
+        "memcached only; metrics are scraped via the client Service"
+    );
+}
+
+#[test]
+fn exporter_sidecar_port_and_monitor_only_when_enabled() {
+    let off = sample(2);
+    assert_eq!(pod_spec(&deployment(&off)).containers.len(), 1);
+    assert_eq!(
+        desired_service(&off)
+            .expect("svc")
+            .spec
+            .and_then(|s| s.ports)
+            .map(|p| p.len()),
+        Some(1)
+    );
+    assert!(desired_service_monitor(&off).expect("builds").is_none());
+
+    let on = with_spec(|s| {
+        s.exporter = Some(memcached_api::ExporterSpec {
+            enabled: true,
+            image: Some("registry.local/exporter:v1".into()),
+        })
+    });
+    let d = deployment(&on);
+    let exporter = &pod_spec(&d).containers[1];
+    assert_eq!(exporter.name, EXPORTER_NAME);
+    assert_eq!(
+        exporter.image.as_deref(),
+        Some("registry.local/exporter:v1")
+    );
+    assert_eq!(
+        exporter.ports.as_ref().expect("ports")[0].container_port,
+        EXPORTER_PORT
+    );
+    assert!(
+        exporter
+            .args
+            .as_ref()
+            .expect("args")
+            .contains(&"--memcached.address=localhost:11211".to_string())
+    );
+    assert_eq!(
+        exporter
+            .security_context
+            .as_ref()
+            .and_then(|s| s.read_only_root_filesystem),
+        Some(true)
+    );
+    let ports = desired_service(&on)
+        .expect("svc")
+        .spec
+        .and_then(|s| s.ports)
+        .expect("ports");
+    assert_eq!(ports[1].name.as_deref(), Some(METRICS_PORT_NAME));
+    let monitor = desired_service_monitor(&on)
+        .expect("builds")
+        .expect("monitor");
+    // Its JSON, and so its applied-hash annotation, is what earlier releases applied
+    // as an untyped object: upgrading the operator rewrites no ServiceMonitor.
+    let before = serde_json::json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": child_metadata(&on, "memcached-sample").expect("metadata"),
+        "spec": {
+            "selector": {"matchLabels": labels("memcached-sample")},
+            "endpoints": [{"port": METRICS_PORT_NAME, "interval": "30s"}],
+        },
+    });
+    assert_eq!(
+        crate::drift::desired_hash(&monitor),
+        crate::drift::desired_hash(&before)
+    );
+    let monitor = serde_json::to_value(&monitor).expect("json");
+    assert_eq!(monitor["kind"], "ServiceMonitor");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], METRICS_PORT_NAME);
+    assert_eq!(monitor["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+}
+
+#[test]
+fn sasl_and_tls_mount_their_secrets_and_set_flags() {
+    let mc = with_spec(|s| {
+        s.sasl = Some(memcached_api::SaslSpec {
+            secret_name: "auth".into(),
+        });
+        s.tls = Some(memcached_api::TlsSpec {
+            secret_name: "certs".into(),
+            rotation: None,
+        });
+    });
+    let d = deployment(&mc);
+    let c = container(&d);
+    let args = c.command.clone().expect("command");
+    assert!(args.contains(&"-S".to_string()));
+    assert!(args.contains(&"-Z".to_string()));
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key="))
+    );
+    let env = c.env.clone().expect("env");
+    assert_eq!(env[0].name, "MEMCACHED_SASL_PWDB");
+    assert_eq!(
+        env[0].value.as_deref(),
+        Some("/etc/memcached/sasl/sasl-pwdb")
+    );
+    let volumes = pod_spec(&d).volumes.clone().expect("volumes");
+    let secrets: Vec<Option<String>> = volumes
+        .iter()
+        .map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+        .collect();
+    assert_eq!(
+        secrets,
+        [Some("auth".to_string()), Some("certs".to_string())]
+    );
+    let mounts = c.volume_mounts.clone().expect("mounts");
+    assert!(mounts.iter().all(|m| m.read_only == Some(true)));
+
+    // Who can read the mounted files, by the kubelet's rules: Secret files are owned by
+    // root, with the pod's fsGroup as their group when it is set, and `defaultMode`.
+    let pod = pod_spec(&d);
+    let sc = pod.security_context.clone().expect("pod security context");
+    let uid = sc.run_as_user.expect("runs as a fixed user");
+    assert_ne!(uid, 0);
+    let process_groups: Vec<i64> = sc.run_as_group.into_iter().chain(sc.fs_group).collect();
+    for v in &volumes {
+        let mode = v
+            .secret
+            .as_ref()
+            .and_then(|s| s.default_mode)
+            .unwrap_or(0o644);
+        let group_reads =
+            sc.fs_group.is_some_and(|g| process_groups.contains(&g)) && mode & 0o040 != 0;
+        let others_read = mode & 0o004 != 0;
+        assert!(
+            group_reads || others_read,
+            "volume {} (mode {mode:o}) is unreadable by UID {uid} in groups {process_groups:?}",
+            v.name
+        );
+        assert!(
+            !others_read,
+            "volume {}: secrets readable by every user",
+            v.name
+        );
+    }
+}
+
+#[test]
+fn the_config_hash_changes_with_the_config_and_rotated_secrets_only() {
+    let hash = |mc: &Memcached, secrets: &SecretVersions| {
+        desired_deployment_with(mc, &BuildSettings::default(), secrets)
+            .expect("builds")
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+            .expect("hash")
+    };
+    let base = sample(3);
+    let none = SecretVersions::default();
+    assert_eq!(
+        hash(&base, &none),
+        hash(&sample(5), &none),
+        "size does not roll pods"
+    );
+    let tuned = with_spec(|s| s.config = config(|c| c.threads = 8));
+    assert_ne!(hash(&base, &none), hash(&tuned, &none));
+    let v1 = SecretVersions {
+        sasl: Some("1".into()),
+        tls: None,
+    };
+    let v2 = SecretVersions {
+        sasl: Some("2".into()),
+        tls: None,
+    };
+    assert_ne!(
+        hash(&base, &v1),
+        hash(&base, &v2),
+        "a rotated Secret rolls the pods"
+    );
+}
+fn template_hash(mc: &Memcached, tls_digest: &str) -> String {
+    let secrets = SecretVersions {
+        sasl: mc.spec.sasl.as_ref().map(|_| "sasl-1".to_string()),
+        tls: Some(tls_digest.to_string()),
+    };
+    let d = desired_deployment_with(mc, &BuildSettings::default(), &secrets).expect("builds");
+    d.spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+        .expect("config hash")
+}
+
+fn tls(rotation: Option<memcached_api::TlsRotation>) -> Option<memcached_api::TlsSpec> {
+    Some(memcached_api::TlsSpec {
+        secret_name: "certs".into(),
+        rotation,
+    })
+}
+
+#[test]
+fn tls_in_place_runs_the_reload_agent_and_a_renewal_changes_no_template() {
+    use memcached_api::TlsRotation;
+    let mc = with_spec(|s| s.tls = tls(None));
+    assert_eq!(template_hash(&mc, "cert-1"), template_hash(&mc, "cert-2"));
+    let d = deployment(&mc);
+    let pod = pod_spec(&d);
+    let agents = pod.init_containers.as_ref().expect("the agent");
+    assert_eq!(agents.len(), 1);
+    let agent = &agents[0];
+    assert_eq!(agent.name, "tls-reload-agent");
+    // A native sidecar: an init container that keeps running beside memcached.
+    assert_eq!(agent.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(agent.image.as_deref(), Some("controller:latest"));
+    let command = agent.command.clone().expect("command");
+    assert_eq!(command[..2], ["/memcached-operator", "tls-reload-agent"]);
+    assert!(command.contains(&"--admin-address=127.0.0.1:11299".to_string()));
+    let mounts = agent.volume_mounts.clone().expect("mounts");
+    assert_eq!(mounts[0].mount_path, "/etc/memcached/tls");
+    // memcached: TLS on every address, plain text on loopback only for the agent.
+    let args = container(&d).command.clone().expect("command");
+    assert!(
+        has_pair(&args, "-l", "*:11211,notls:127.0.0.1:11299"),
+        "{args:?}"
+    );
+
+    // Restart, or SASL (binary protocol only: no refresh_certs), roll on a renewal.
+    for mc in [
+        with_spec(|s| s.tls = tls(Some(TlsRotation::Restart))),
+        with_spec(|s| {
+            s.tls = tls(None);
+            s.sasl = Some(memcached_api::SaslSpec {
+                secret_name: "auth".into(),
+            });
+        }),
+    ] {
+        assert_ne!(template_hash(&mc, "cert-1"), template_hash(&mc, "cert-2"));
+        let d = deployment(&mc);
+        assert_eq!(pod_spec(&d).init_containers, None);
+        let args = container(&d).command.clone().expect("command");
+        assert!(!args.iter().any(|a| a == "-l"), "{args:?}");
+    }
+    // Without TLS there is no agent.
+    assert_eq!(pod_spec(&deployment(&sample(3))).init_containers, None);
+}
+
+#[test]
+fn the_agent_image_follows_the_settings() {
+    let settings = BuildSettings {
+        tls_agent_image: "registry.local/memcached-operator:v1".into(),
+        ..BuildSettings::default()
+    };
+    let mc = with_spec(|s| s.tls = tls(None));
+    let d = desired_deployment(&mc, &settings).expect("builds");
+    let agent = &pod_spec(&d).init_containers.as_ref().expect("agent")[0];
+    assert_eq!(
+        agent.image.as_deref(),
+        Some("registry.local/memcached-operator:v1")
+    );
+}
+
+#[test]
+fn rollouts_wait_30_seconds_per_pod_unless_told_otherwise() {
+    let min_ready = |mc: &Memcached| deployment(mc).spec.and_then(|s| s.min_ready_seconds);
+    assert_eq!(min_ready(&sample(3)), Some(30));
+    let mc = with_spec(|s| {
+        s.rollout = Some(memcached_api::RolloutSpec {
+            min_ready_seconds: 120,
+        })
+    });
+    assert_eq!(min_ready(&mc), Some(120));
+}
+
+#[test]
+fn extstore_adds_its_volume_flags_and_memory() {
+    let mc = with_spec(|s| s.extstore = Some(memcached_api::ExtstoreSpec::default()));
+    let d = deployment(&mc);
+    let args = container(&d).command.clone().expect("command");
+    assert!(
+        has_pair(
+            &args,
+            "-o",
+            "ext_page_size=64,ext_wbuf_size=4,ext_threads=1,ext_item_size=512,ext_path=/var/lib/memcached/extstore/data:1024m"
+        ),
+        "{args:?}"
+    );
+    let volume = pod_spec(&d)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "extstore")
+        .expect("extstore volume");
+    assert_eq!(
+        volume.empty_dir.as_ref().and_then(|e| e.size_limit.clone()),
+        Some(Quantity("1Gi".into()))
+    );
+    let mount = container(&d)
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "extstore")
+        .expect("mounted");
+    assert_eq!(mount.mount_path, "/var/lib/memcached/extstore");
+    assert_ne!(mount.read_only, Some(true));
+    // 64 MiB of cache + 25 % + 32 MiB, and six 4 MiB write buffers: 136 MiB.
+    let resources = container(&d).resources.clone().expect("resources");
+    let requests = resources.requests.expect("requests");
+    assert_eq!(requests.get("memory"), Some(&Quantity("136Mi".into())));
+    assert_eq!(
+        requests.get("ephemeral-storage"),
+        Some(&Quantity("1Gi".into()))
+    );
+    assert_eq!(
+        resources.limits.expect("limits").get("memory"),
+        Some(&Quantity("136Mi".into()))
+    );
+
+    // With a StorageClass: a generic ephemeral volume of that class, off the node's disk.
+    let mc = with_spec(|s| {
+        s.extstore = Some(memcached_api::ExtstoreSpec {
+            size: "20Gi".into(),
+            storage_class_name: Some("fast-ssd".into()),
+            page_size_mib: 32,
+            write_buffer_mib: 8,
+            threads: 4,
+            item_size_bytes: 1024,
+            item_age_seconds: Some(600),
+            enabled: true,
+        })
+    });
+    let d = deployment(&mc);
+    let args = container(&d).command.clone().expect("command");
+    assert!(
+        has_pair(
+            &args,
+            "-o",
+            "ext_page_size=32,ext_wbuf_size=8,ext_threads=4,ext_item_size=1024,ext_item_age=600,ext_path=/var/lib/memcached/extstore/data:20480m"
+        ),
+        "{args:?}"
+    );
+    let volume = pod_spec(&d)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "extstore")
+        .expect("extstore volume");
+    let claim = volume
+        .ephemeral
+        .as_ref()
+        .and_then(|e| e.volume_claim_template.as_ref())
+        .expect("claim template");
+    assert_eq!(claim.spec.storage_class_name.as_deref(), Some("fast-ssd"));
+    assert_eq!(
+        claim
+            .spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage")),
+        Some(&Quantity("20Gi".into()))
+    );
+    let requests = container(&d)
+        .resources
+        .clone()
+        .and_then(|r| r.requests)
+        .expect("requests");
+    assert_eq!(requests.get("ephemeral-storage"), None);
+    assert_eq!(requests.get("memory"), Some(&Quantity("160Mi".into())));
+
+    // Off: nothing of it.
+    let mc = with_spec(|s| {
+        s.extstore = Some(memcached_api::ExtstoreSpec {
+            enabled: false,
+            ..memcached_api::ExtstoreSpec::default()
+        })
+    });
+    let d = deployment(&mc);
+    assert!(
+        !container(&d)
+            .command
+            .iter()
+            .flatten()
+            .any(|a| a.contains("ext_"))
+    );
+    assert!(
+        !pod_spec(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == "extstore")
+    );
+}
