@@ -20,7 +20,6 @@
 //!   get HTTP 400, bodies over [`MAX_BODY_BYTES`] get 413, always with an AdmissionReview
 //!   body whose `response.status.message` says what is wrong. Nothing here panics on input.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -32,10 +31,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -50,6 +45,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::children_check::{ChildrenCheck, FailurePolicy, Verdict};
+
+mod configuration;
+
+pub use configuration::webhook_configurations;
 
 /// Path of the mutating (defaulting) webhook, as Kubebuilder names it.
 pub const MUTATE_PATH: &str = "/mutate-memcached-cache-example-com-v1-memcached";
@@ -1162,83 +1161,6 @@ pub fn apply_schema_defaults(object: &mut Value) {
             }
         }
     }
-}
-
-/// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration that send
-/// Memcached creates and updates to the webhook Service `service_namespace/service_name`
-/// (port 443), with the CA bundle injected by cert-manager from the Certificate
-/// `service_namespace/cert_manager_certificate`.
-pub fn webhook_configurations(
-    service_name: &str,
-    service_namespace: &str,
-    cert_manager_certificate: &str,
-) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
-    let metadata = |name: &str| ObjectMeta {
-        name: Some(name.to_string()),
-        labels: Some(BTreeMap::from([
-            (
-                "app.kubernetes.io/name".to_string(),
-                "memcached-operator".to_string(),
-            ),
-            (
-                "app.kubernetes.io/component".to_string(),
-                "webhook".to_string(),
-            ),
-        ])),
-        annotations: Some(BTreeMap::from([(
-            CA_INJECTION_ANNOTATION.to_string(),
-            format!("{service_namespace}/{cert_manager_certificate}"),
-        )])),
-        ..ObjectMeta::default()
-    };
-    let client_config = |path: &str| WebhookClientConfig {
-        service: Some(ServiceReference {
-            name: service_name.to_string(),
-            namespace: service_namespace.to_string(),
-            path: Some(path.to_string()),
-            port: Some(443),
-        }),
-        ..WebhookClientConfig::default()
-    };
-    let rules = || {
-        Some(vec![RuleWithOperations {
-            api_groups: Some(vec![GROUP.to_string()]),
-            api_versions: Some(vec![VERSION.to_string()]),
-            operations: Some(vec!["CREATE".to_string(), "UPDATE".to_string()]),
-            resources: Some(vec!["memcacheds".to_string()]),
-            scope: Some("Namespaced".to_string()),
-        }])
-    };
-    let mutating = MutatingWebhookConfiguration {
-        metadata: metadata(MUTATING_CONFIGURATION_NAME),
-        webhooks: Some(vec![MutatingWebhook {
-            name: MUTATING_WEBHOOK_NAME.to_string(),
-            admission_review_versions: vec!["v1".to_string()],
-            client_config: client_config(MUTATE_PATH),
-            failure_policy: Some("Fail".to_string()),
-            match_policy: Some("Equivalent".to_string()),
-            side_effects: "None".to_string(),
-            timeout_seconds: Some(TIMEOUT_SECONDS),
-            reinvocation_policy: Some("Never".to_string()),
-            rules: rules(),
-            ..MutatingWebhook::default()
-        }]),
-    };
-    let validating = ValidatingWebhookConfiguration {
-        metadata: metadata(VALIDATING_CONFIGURATION_NAME),
-        webhooks: Some(vec![ValidatingWebhook {
-            name: VALIDATING_WEBHOOK_NAME.to_string(),
-            admission_review_versions: vec!["v1".to_string()],
-            client_config: client_config(VALIDATE_PATH),
-            failure_policy: Some("Fail".to_string()),
-            match_policy: Some("Equivalent".to_string()),
-            side_effects: "None".to_string(),
-            timeout_seconds: Some(TIMEOUT_SECONDS),
-            rules: rules(),
-            ..ValidatingWebhook::default()
-        }]),
-    };
-    (mutating, validating)
 }
 
 #[cfg(test)]
