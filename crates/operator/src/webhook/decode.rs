@@ -150,7 +150,8 @@ pub(super) fn too_large(length: u64) -> BadRequest {
 
 /// Turns a raw object into a Memcached, field by field, collecting every structural
 /// problem (wrong apiVersion or kind, unknown fields, wrong types, missing spec or size)
-/// as a field error. The semantic rules are [`validation::validate`](memcached_api::validation::validate)'s.
+/// as a field error. The semantic rules are
+/// [`validation::validate`](memcached_api::validation::validate)'s.
 pub fn decode_memcached(object: &Value) -> Result<Memcached, ValidationErrors> {
     let mut errors = Vec::new();
     let Some(top) = object.as_object() else {
