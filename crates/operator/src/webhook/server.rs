@@ -1,0 +1,376 @@
+//! The HTTPS server of the webhooks: the listener, TLS with a reloaded certificate, the
+//! axum router, the checks on headers and body (type, size, deadline) and the handler that
+//! turns a request into an AdmissionReview on the wire.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures::StreamExt;
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionReview;
+use manager::ConnectionLimits;
+use manager::webhook_tls::{self, CertWatcher};
+use memcached_api::validation;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::{Endpoint, handle_checked};
+use super::decode::{BadRequest, too_large};
+use super::{
+    DEFAULT_CERT_DIR, DEFAULT_PORT, MAX_BODY_BYTES, MUTATE_PATH, TIMEOUT_SECONDS, VALIDATE_PATH,
+};
+use crate::children_check::ChildrenCheck;
+
+/// A request body must arrive within this time (the API server gives up after
+/// [`TIMEOUT_SECONDS`] anyway), so a slow client cannot hold a handler.
+const BODY_TIMEOUT: Duration = Duration::from_secs(TIMEOUT_SECONDS as u64);
+
+/// Where and how the webhooks are served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Address to listen on (`[::]:9443` by default: every address, IPv4 and IPv6; IPv4
+    /// only on a host without IPv6).
+    pub bind: SocketAddr,
+    /// Directory holding `tls.crt` and `tls.key` (a cert-manager Secret mounted there).
+    pub cert_dir: PathBuf,
+    /// The operator's `--memcached-image`, used for warnings about objects that do not
+    /// name an image (it is not written into objects; see the [module documentation](super)).
+    pub default_image: String,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            bind: manager::serve::any_address(DEFAULT_PORT),
+            cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
+            default_image: memcached_api::DEFAULT_IMAGE.to_string(),
+        }
+    }
+}
+
+/// Why the webhook server cannot start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// No usable certificate in the directory.
+    #[error(
+        "the admission webhooks are enabled but there is no usable serving certificate in {}: {source}. \
+         In a cluster, install cert-manager and deploy with its Certificate (config/certmanager), whose \
+         Secret is mounted at that directory as tls.crt and tls.key; or point --webhook-cert-dir at a \
+         directory that has them. To run outside a cluster (make run), disable the webhooks with \
+         ENABLE_WEBHOOKS=false (or --enable-webhooks=false)",
+        dir.display()
+    )]
+    Certificate {
+        dir: PathBuf,
+        #[source]
+        source: webhook_tls::Error,
+    },
+    /// The TLS server configuration could not be built.
+    #[error("setting up webhook TLS: {0}")]
+    Tls(#[source] webhook_tls::Error),
+    /// The operator's default image is not a valid reference.
+    #[error("the default memcached image {image:?} (--memcached-image) is not valid: {reason}")]
+    DefaultImage { image: String, reason: String },
+    /// Binding the port failed.
+    #[error("binding the webhook server to {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("serving admission webhooks: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Checks that `cert_dir` holds a usable key pair (`tls.crt`, `tls.key`). The operator
+/// calls this at start when webhooks are enabled and refuses to start without one; the
+/// error says why and how to fix it.
+pub fn check_certificate(cert_dir: impl AsRef<Path>) -> Result<(), WebhookError> {
+    load_certificate(cert_dir.as_ref()).map(|_| ())
+}
+
+fn load_certificate(dir: &Path) -> Result<Arc<CertWatcher>, WebhookError> {
+    CertWatcher::new(dir).map_err(|source| WebhookError::Certificate {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Serves both webhooks until `shutdown`: [`WebhookServer::bind`] then
+/// [`WebhookServer::run`].
+pub async fn serve(config: WebhookConfig, shutdown: CancellationToken) -> Result<(), WebhookError> {
+    WebhookServer::bind(config).await?.run(shutdown).await
+}
+
+/// A bound, not yet running webhook server (lets callers learn the port first).
+pub struct WebhookServer {
+    listener: TcpListener,
+    certs: Arc<CertWatcher>,
+    default_image: String,
+    children: Option<ChildrenCheck>,
+    reload_interval: Duration,
+    limits: ConnectionLimits,
+}
+
+impl WebhookServer {
+    /// Loads the certificate (failing as [`check_certificate`] does), checks the default
+    /// image, and binds `config.bind` (port 0 picks a free port).
+    pub async fn bind(config: WebhookConfig) -> Result<Self, WebhookError> {
+        let certs = load_certificate(&config.cert_dir)?;
+        validation::validate_image(&config.default_image).map_err(|reason| {
+            WebhookError::DefaultImage {
+                image: config.default_image.clone(),
+                reason,
+            }
+        })?;
+        let listener = manager::serve::bind(config.bind).map_err(|source| WebhookError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        Ok(Self {
+            listener,
+            certs,
+            default_image: config.default_image,
+            children: None,
+            reload_interval: webhook_tls::DEFAULT_POLL_INTERVAL,
+            limits: ConnectionLimits::default(),
+        })
+    }
+
+    /// How often the certificate files are re-read (default 5 s).
+    pub fn with_reload_interval(mut self, interval: Duration) -> Self {
+        self.reload_interval = interval;
+        self
+    }
+
+    /// Also dry-runs the children of every Memcached the validating webhook would admit
+    /// (see [`crate::children_check`]).
+    pub fn with_children_check(mut self, check: ChildrenCheck) -> Self {
+        self.children = Some(check);
+        self
+    }
+
+    /// Serves within `limits` (connections at once, header and TLS handshake deadlines)
+    /// instead of the defaults.
+    pub fn with_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The bound address (the real port when bound to port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, WebhookError> {
+        self.listener.local_addr().map_err(WebhookError::Serve)
+    }
+
+    /// Serves until `shutdown`, reloading the certificate when its files change.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WebhookError> {
+        let tls = webhook_tls::server_config(self.certs.clone()).map_err(WebhookError::Tls)?;
+        let watch = tokio::spawn(
+            self.certs
+                .clone()
+                .watch(self.reload_interval, shutdown.clone()),
+        );
+        let addr = self.local_addr()?;
+        tracing::info!(%addr, mutate = MUTATE_PATH, validate = VALIDATE_PATH, "serving admission webhooks");
+        let app = router_with(self.default_image, self.children);
+        manager::serve::serve(self.listener, Some(tls), app, self.limits, shutdown).await;
+        watch.abort();
+        Ok(())
+    }
+}
+
+/// The two webhook routes, without TLS (tests call the handlers through it).
+pub fn router(default_image: impl Into<String>) -> Router {
+    router_with(default_image, None)
+}
+
+/// The two webhook routes, the validating one also dry-running children when `children`
+/// is given.
+pub fn router_with(default_image: impl Into<String>, children: Option<ChildrenCheck>) -> Router {
+    let state = Arc::new(HandlerState {
+        default_image: default_image.into(),
+        children,
+    });
+    Router::new()
+        .route(
+            MUTATE_PATH,
+            post(|State(s): State<Arc<HandlerState>>, headers: HeaderMap, body: axum::body::Body| async move {
+                http_handler(Endpoint::Mutate, &s, &headers, body).await
+            }),
+        )
+        .route(
+            VALIDATE_PATH,
+            post(|State(s): State<Arc<HandlerState>>, headers: HeaderMap, body: axum::body::Body| async move {
+                http_handler(Endpoint::Validate, &s, &headers, body).await
+            }),
+        )
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no webhook here: POST an AdmissionReview to {MUTATE_PATH} or {VALIDATE_PATH}\n"),
+            )
+        })
+        .with_state(state)
+}
+
+struct HandlerState {
+    default_image: String,
+    children: Option<ChildrenCheck>,
+}
+
+async fn http_handler(
+    endpoint: Endpoint,
+    state: &HandlerState,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let result = match check_headers(headers) {
+        Err(bad) => Err(bad),
+        Ok(()) => match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
+            Err(_) => Err(BadRequest::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            )),
+            Ok(Err(bad)) => Err(bad),
+            Ok(Ok(bytes)) => {
+                handle_checked(
+                    endpoint,
+                    &bytes,
+                    &state.default_image,
+                    state.children.as_ref(),
+                )
+                .await
+            }
+        },
+    };
+    match result {
+        Ok(review) => json_response(StatusCode::OK, &review),
+        Err(bad) => {
+            tracing::info!(status = %bad.status, message = %bad.message, "rejected a malformed admission request");
+            json_response(bad.status, &bad.to_review())
+        }
+    }
+}
+
+fn json_response(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
+    match review_json(review) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the AdmissionReview response: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// The AdmissionReview as sent on the wire. `response.patch` is a Go `[]byte`, which is
+/// base64 in JSON; kube-core serializes its `Vec<u8>` as an array of numbers
+/// (kube-rs issue 1781), so it is rewritten here.
+pub fn review_json(review: &AdmissionReview<DynamicObject>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut value = serde_json::to_value(review)?;
+    if let Some(patch) = value.pointer_mut("/response/patch")
+        && let Some(bytes) = patch.as_array().map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect::<Vec<u8>>()
+        })
+    {
+        *patch = Value::String(base64(&bytes));
+    }
+    serde_json::to_vec(&value)
+}
+
+/// Standard base64 with padding (RFC 4648), as Go's encoding/json writes `[]byte`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn check_headers(headers: &HeaderMap) -> Result<(), BadRequest> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if !media.eq_ignore_ascii_case("application/json") {
+        return Err(BadRequest::new(
+            StatusCode::BAD_REQUEST,
+            format!("contentType={content_type:?}, expected application/json"),
+        ));
+    }
+    if let Some(length) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        && length > MAX_BODY_BYTES as u64
+    {
+        return Err(too_large(length));
+    }
+    Ok(())
+}
+
+async fn read_body(body: axum::body::Body) -> Result<Vec<u8>, BadRequest> {
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            BadRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {e}"),
+            )
+        })?;
+        if bytes.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large((bytes.len() + chunk.len()) as u64));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        for (input, want) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), want);
+        }
+    }
+}
