@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::builders::BuildSettings;
-use crate::children_check::{ChildrenCheck, FailurePolicy};
 use crate::controller::{self, Caches, ControllerConfig, Telemetry};
 use crate::crd;
+use crate::webhook::dry_run::{ChildrenCheck, FailurePolicy};
 use crate::webhook::{self, WebhookConfig, WebhookServer};
 
 /// Flags of `memcached-operator run`; names and defaults follow controller-runtime's

@@ -5,7 +5,6 @@
 pub mod builders;
 pub mod cached;
 pub mod children;
-pub mod children_check;
 pub mod cmd;
 pub mod controller;
 pub mod crd;

@@ -1,6 +1,6 @@
 //! The validating webhook refuses every Memcached whose children Kubernetes would refuse:
 //! it builds the Deployment, Services, PDB and ServiceMonitor the reconciler would apply
-//! and asks the API server for a server-side dry run of each (`children_check`). The real
+//! and asks the API server for a server-side dry run of each (`webhook::dry_run`). The real
 //! kube-apiserver is the oracle for what is refused; these tests check that each refusal
 //! reaches the user on the Memcached's own field, that nothing is stored, that good objects
 //! still pass, and what the webhook answers when the API server cannot be asked.
@@ -19,8 +19,8 @@ use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use memcached_api::{Memcached, condition};
 use memcached_operator::builders::BuildSettings;
-use memcached_operator::children_check::{ChildrenCheck, FailurePolicy};
 use memcached_operator::controller::{self, Backoff, ControllerConfig};
+use memcached_operator::webhook::dry_run::{ChildrenCheck, FailurePolicy};
 use memcached_operator::webhook::{self, VALIDATE_PATH};
 use serde_json::{Value, json};
 use tower::ServiceExt;

@@ -15,9 +15,9 @@ use kube::{Api, Client, CustomResourceExt};
 use memcached_api::Memcached;
 use memcached_operator::builders::{self, BuildSettings};
 use memcached_operator::children::{CHILDREN, Child, Desired, Kind, Report};
-use memcached_operator::children_check::{ChildrenCheck, Verdict};
 use memcached_operator::controller::{self, ControllerConfig};
 use memcached_operator::rbac;
+use memcached_operator::webhook::dry_run::{ChildrenCheck, Verdict};
 use serde_json::json;
 
 mod common;

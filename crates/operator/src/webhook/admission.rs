@@ -1,6 +1,6 @@
 //! The answers of the two webhooks: defaulting (the CRD schema's defaults as a JSON
 //! patch), validation (denials in kube-apiserver's shape, warnings) and, for the
-//! validating webhook, the dry run of the children through [`crate::children_check`].
+//! validating webhook, the dry run of the children through [`crate::webhook::dry_run`].
 
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
@@ -10,8 +10,8 @@ use memcached_api::{GROUP, VERSION};
 use serde_json::Value;
 
 use super::decode::{BadRequest, DecodedReview, decode_body, decode_memcached};
+use super::dry_run::{ChildrenCheck, FailurePolicy, Verdict};
 use super::schema::apply_schema_defaults;
-use crate::children_check::{ChildrenCheck, FailurePolicy, Verdict};
 
 /// Which webhook a request is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub fn handle(
 }
 
 /// [`handle`], and for an object the validating webhook admits, the dry run of its
-/// children through `children` (see [`crate::children_check`]).
+/// children through `children` (see [`crate::webhook::dry_run`]).
 pub async fn handle_checked(
     endpoint: Endpoint,
     body: &[u8],

@@ -21,13 +21,15 @@
 //!   body whose `response.status.message` says what is wrong. Nothing here panics on input.
 //!
 //! The module is split by concern: `server` the HTTPS server, `decode` the decoding of
-//! requests, `admission` the answers, `schema` what the CRD schema says and
-//! `configuration` the webhook configurations; all that is public is re-exported here, so
-//! callers name everything `webhook::...`.
+//! requests, `admission` the answers, [`dry_run`] the server-side dry run of the children
+//! the reconciler would apply (walking the same list, [`crate::children`]), `schema` what
+//! the CRD schema says and `configuration` the webhook configurations; all that is public
+//! is re-exported here, so callers name everything `webhook::...`.
 
 mod admission;
 mod configuration;
 mod decode;
+pub mod dry_run;
 mod schema;
 mod server;
 

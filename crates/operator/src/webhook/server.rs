@@ -24,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{Endpoint, handle_checked};
 use super::decode::{BadRequest, too_large};
+use super::dry_run::ChildrenCheck;
 use super::{
     DEFAULT_CERT_DIR, DEFAULT_PORT, MAX_BODY_BYTES, MUTATE_PATH, TIMEOUT_SECONDS, VALIDATE_PATH,
 };
-use crate::children_check::ChildrenCheck;
 
 /// A request body must arrive within this time (the API server gives up after
 /// [`TIMEOUT_SECONDS`] anyway), so a slow client cannot hold a handler.
@@ -153,7 +153,7 @@ impl WebhookServer {
     }
 
     /// Also dry-runs the children of every Memcached the validating webhook would admit
-    /// (see [`crate::children_check`]).
+    /// (see [`crate::webhook::dry_run`]).
     pub fn with_children_check(mut self, check: ChildrenCheck) -> Self {
         self.children = Some(check);
         self

@@ -1,8 +1,8 @@
 //! Admission of what a Memcached becomes: the validating webhook builds the children the
-//! reconciler would apply (the builders are pure) and asks the API server for a
-//! server-side dry run of each, so a Memcached whose Deployment, Services, PDB or
-//! ServiceMonitor Kubernetes would refuse is refused at the door, with the Memcached's own
-//! field paths in the message (`spec.tolerations[0].operator: Unsupported value: "Bogus"`)
+//! reconciler would apply (the same list, [`crate::children::CHILDREN`], and the same pure
+//! builders) and asks the API server for a server-side dry run of each, so a Memcached
+//! whose Deployment, Services, PDB, ServiceMonitor or proxy Kubernetes would refuse is
+//! refused at the door, with the Memcached's own field paths in the message (`spec.tolerations[0].operator: Unsupported value: "Bogus"`)
 //! instead of being stored and turning `Degraded` afterwards.
 //!
 //! Why a dry run and not the same rules in Rust: the API server is the only complete and
@@ -19,7 +19,7 @@
 //!   Memcached admitted while the webhook was off is never blocked by its children.
 //! - The identity needs what the dry run needs: `patch` on the children's kinds in the
 //!   Memcached's namespace, which the reconciler needs anyway (`config/rbac`).
-//! - The check gets [`DEFAULT_BUDGET`] (the API server waits [`crate::webhook::TIMEOUT_SECONDS`]
+//! - The check gets [`DEFAULT_BUDGET`] (the API server waits [`super::TIMEOUT_SECONDS`]
 //!   for the whole answer). When it cannot finish (timeout, the API server unreachable or
 //!   overloaded, the dry run forbidden to our identity), the answer follows the
 //!   [`FailurePolicy`]: `Fail` (the default, as the webhook configurations' own
