@@ -1,0 +1,415 @@
+//! Compact forms of the objects the controller caches but reads only a little of.
+//!
+//! A `k8s_openapi` `Pod` is 2,176 bytes before any of its strings, lists or maps, because
+//! every optional field of its spec and status is inline; with a real pod's spec that was
+//! about 5 KiB per cached pod. The controller reads a pod's name, uid, namespace, instance label,
+//! deletion state, IP, readiness and the TLS reload agent's failure, so [`CachedPod`] is deserialized straight from the
+//! watch with only those: the spec is skipped while parsing, never allocated.
+//!
+//! A Deployment's pod template is read only by the drift check, as JSON; deserialized into
+//! `k8s_openapi` types it took about 12 KiB per Deployment, as JSON text about 2 KiB. So
+//! [`CachedDeployment`] keeps its spec as JSON text and its metadata and status typed, and
+//! [`SpecOnly`] does the same for Services and budgets, whose status is never read.
+//!
+//! Their labels, annotations and ownerReferences are kept the same way, as one JSON text
+//! ([`MetaText`]): typed, those are two `BTreeMap`s (each a 540-byte node, however few its
+//! entries) and some twenty small strings; as text, one allocation. A cached Service went
+//! from 2.3 to 1.3 KB (heaptrack, BENCHMARKS.md §16). Specs and metadata are written to text
+//! while they are read ([`JsonText`]), never built as a `serde_json::Value` tree first.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Resource;
+use kube::core::NamespaceResourceScope;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+mod deployment;
+mod pod;
+#[cfg(test)]
+mod tests;
+
+pub use deployment::CachedDeployment;
+pub use pod::CachedPod;
+
+/// `Resource` for a cached form of a built-in kind: the same kind, group, version and plural
+/// (so `Api<$cached>` talks to the real resource), metadata from its `metadata` field.
+macro_rules! resource_as {
+    ($cached:ty, $kind:ty) => {
+        impl Resource for $cached {
+            type DynamicType = ();
+            type Scope = <$kind as Resource>::Scope;
+
+            fn kind(dt: &()) -> Cow<'_, str> {
+                <$kind>::kind(dt)
+            }
+            fn group(dt: &()) -> Cow<'_, str> {
+                <$kind>::group(dt)
+            }
+            fn version(dt: &()) -> Cow<'_, str> {
+                <$kind>::version(dt)
+            }
+            fn plural(dt: &()) -> Cow<'_, str> {
+                <$kind>::plural(dt)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+pub(crate) use resource_as;
+
+/// One JSON value as text, written while it is read (`serde_transcode`): no `Value` tree is
+/// built on the way, whatever the deserializer (a watch line, an API answer, a `Value`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JsonText(Box<str>);
+
+impl JsonText {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut out = Vec::with_capacity(256);
+        serde_transcode::transcode(deserializer, &mut serde_json::Serializer::new(&mut out))
+            .map_err(serde::de::Error::custom)?;
+        String::from_utf8(out)
+            .map(|text| JsonText(text.into_boxed_str()))
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A cached child's labels, annotations and ownerReferences, as the text of one JSON object
+/// (`{"labels":…,"annotations":…,"ownerReferences":…}`, absent ones left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MetaText(Box<str>);
+
+/// The three fields of [`MetaText`], typed.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaFields {
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+}
+
+impl MetaText {
+    fn new(fields: [(&str, Option<JsonText>); 3]) -> Self {
+        let mut text = String::from("{");
+        for (name, value) in fields {
+            if let Some(value) = value {
+                if text.len() > 1 {
+                    text.push(',');
+                }
+                text.push('"');
+                text.push_str(name);
+                text.push_str("\":");
+                text.push_str(value.as_str());
+            }
+        }
+        text.push('}');
+        MetaText(text.into_boxed_str())
+    }
+
+    /// The text itself (hashed by the trigger classifier: any change to these fields is
+    /// drift).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The fields, typed. The text was written from the API's own JSON, so it parses; were
+    /// a value not of its type (a label that is not a string), the fields read as absent,
+    /// which the drift check sees as drift and repairs by applying again.
+    fn fields(&self) -> MetaFields {
+        serde_json::from_str(&self.0).unwrap_or_default()
+    }
+
+    /// `ownerReferences`, parsed.
+    pub fn owner_references(&self) -> Vec<OwnerReference> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Owners {
+            #[serde(default)]
+            owner_references: Vec<OwnerReference>,
+        }
+        serde_json::from_str::<Owners>(&self.0)
+            .map(|o| o.owner_references)
+            .unwrap_or_default()
+    }
+
+    /// `metadata` with these fields filled in.
+    pub fn complete(&self, metadata: &ObjectMeta) -> ObjectMeta {
+        let fields = self.fields();
+        ObjectMeta {
+            labels: fields.labels,
+            annotations: fields.annotations,
+            owner_references: fields.owner_references,
+            ..metadata.clone()
+        }
+    }
+}
+
+/// A child's metadata as read from the API: `managedFields` (a field tree as large as the
+/// spec for every object we apply, and read by no one) skipped unparsed; labels, annotations
+/// and ownerReferences as text.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    annotations: Option<JsonText>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<JsonText>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<JsonText>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+impl WireMeta {
+    /// The metadata without labels, annotations and ownerReferences, and those as text.
+    fn split(self) -> (ObjectMeta, MetaText) {
+        let text = MetaText::new([
+            ("labels", self.labels),
+            ("annotations", self.annotations),
+            ("ownerReferences", self.owner_references),
+        ]);
+        let metadata = ObjectMeta {
+            creation_timestamp: self.creation_timestamp,
+            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
+            deletion_timestamp: self.deletion_timestamp,
+            finalizers: self.finalizers,
+            generate_name: self.generate_name,
+            generation: self.generation,
+            name: self.name,
+            namespace: self.namespace,
+            resource_version: self.resource_version,
+            self_link: self.self_link,
+            uid: self.uid,
+            ..ObjectMeta::default()
+        };
+        (metadata, text)
+    }
+}
+
+/// A child kind as the controller caches it, next to the full kind it writes.
+pub trait CacheForm:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The object as written to (and returned by) the API.
+    type Full: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug;
+
+    /// The object as JSON, for the drift check (at least every field the operator sets).
+    fn live_json(&self) -> Option<Value>;
+
+    /// Labels, annotations and ownerReferences (which `metadata` does not hold).
+    fn meta_text(&self) -> &MetaText;
+
+    /// The desired state this version of the child was last found converged with.
+    fn verified(&self) -> &Verified;
+
+    /// `spec.replicas`, for a kind that has it.
+    fn replicas(&self) -> Option<i32> {
+        None
+    }
+}
+
+/// The hash of the desired state a cached child was last found converged with (0: none
+/// yet), so that the drift check's JSON comparison runs once per version of the child and
+/// desired state instead of on every reconcile. It lives and dies with this version: any
+/// change to the child arrives as a new cached object, checked afresh. Not part of the
+/// object: clones keep it, equality ignores it.
+#[derive(Debug, Default)]
+pub struct Verified(AtomicU64);
+
+impl Verified {
+    /// Whether this version was found converged with the desired state hashed as `hash`.
+    pub fn holds(&self, hash: u64) -> bool {
+        hash != 0 && self.0.load(Ordering::Relaxed) == hash
+    }
+
+    /// Records that this version is converged with the desired state hashed as `hash`.
+    pub fn record(&self, hash: u64) {
+        self.0.store(hash, Ordering::Relaxed);
+    }
+}
+
+impl Clone for Verified {
+    fn clone(&self) -> Self {
+        Verified(AtomicU64::new(self.0.load(Ordering::Relaxed)))
+    }
+}
+
+impl PartialEq for Verified {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// A child whose status is never read, as cached: metadata (without managedFields) typed,
+/// labels, annotations, ownerReferences and the spec as JSON text. A change to its status
+/// does not change this at all.
+#[derive(Debug, Default, PartialEq)]
+pub struct SpecOnly<K> {
+    /// Without labels, annotations and ownerReferences: see [`CacheForm::meta_text`].
+    pub metadata: ObjectMeta,
+    meta_text: MetaText,
+    spec_json: JsonText,
+    verified: Verified,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for SpecOnly<K> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            meta_text: self.meta_text.clone(),
+            spec_json: self.spec_json.clone(),
+            verified: self.verified.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> SpecOnly<K> {
+    /// The spec as the API server returned it, as JSON text.
+    pub fn spec_json(&self) -> &str {
+        self.spec_json.as_str()
+    }
+}
+
+impl<'de, K> Deserialize<'de> for SpecOnly<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: WireMeta,
+            // A ConfigMap's `data` stands where other kinds have their spec.
+            #[serde(default, alias = "data")]
+            spec: JsonText,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        let (metadata, meta_text) = wire.metadata.split();
+        Ok(Self {
+            metadata,
+            meta_text,
+            spec_json: wire.spec,
+            verified: Verified::default(),
+            kind: PhantomData,
+        })
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for SpecOnly<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<K> CacheForm for SpecOnly<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    type Full = K;
+
+    fn live_json(&self) -> Option<Value> {
+        object_json::<K>(&self.metadata, &self.meta_text, self.spec_json.as_str())
+    }
+
+    fn meta_text(&self) -> &MetaText {
+        &self.meta_text
+    }
+
+    fn verified(&self) -> &Verified {
+        &self.verified
+    }
+}
+
+/// A cached object as the JSON the drift check compares against: type, metadata (completed
+/// from its text) and the spec kept as text.
+fn object_json<K: Resource<DynamicType = ()>>(
+    metadata: &ObjectMeta,
+    meta_text: &MetaText,
+    spec_json: &str,
+) -> Option<Value> {
+    let mut json = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": serde_json::to_value(meta_text.complete(metadata)).ok()?,
+    });
+    if !spec_json.is_empty() {
+        json[body_field::<K>()] = serde_json::from_str(spec_json).ok()?;
+    }
+    Some(json)
+}
+
+/// Where a kind keeps what [`SpecOnly`] caches: `data` for a ConfigMap, else `spec`.
+fn body_field<K: Resource<DynamicType = ()>>() -> &'static str {
+    if K::kind(&()) == "ConfigMap" && K::group(&()).is_empty() {
+        "data"
+    } else {
+        "spec"
+    }
+}
+
+/// A Service as cached.
+pub type CachedService = SpecOnly<Service>;
+/// A PodDisruptionBudget as cached.
+pub type CachedPdb = SpecOnly<PodDisruptionBudget>;
+/// A ConfigMap as cached (its `data` kept as [`SpecOnly::spec_json`]).
+pub type CachedConfigMap = SpecOnly<ConfigMap>;
