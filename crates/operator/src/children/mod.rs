@@ -84,10 +84,11 @@ impl Kind {
 
     /// The RBAC rule the controller needs for it: server-side apply (`patch`, and `create`,
     /// which the API server checks when the apply creates the object), `delete` for a child
-    /// that goes when the spec no longer wants it, and the reads of [`Kind::read`] (the
-    /// informer's `list` and `watch`, or a `get`).
+    /// that goes when the spec no longer wants it, `get` to look for an object of a child's
+    /// name before creating it, and the reads of [`Kind::read`] (the informer's `list` and
+    /// `watch`).
     pub const fn rule(self) -> Rule {
-        const WATCHED: &[&str] = &["create", "delete", "list", "patch", "watch"];
+        const WATCHED: &[&str] = &["create", "delete", "get", "list", "patch", "watch"];
         const FETCHED: &[&str] = &["create", "delete", "get", "patch"];
         let verbs = match self.read() {
             Read::Watched => WATCHED,
@@ -390,7 +391,6 @@ mod tests {
     #[test]
     fn rules_cover_the_reads_of_each_kind() {
         assert!(Kind::Deployment.rule().verbs.contains(&"watch"));
-        assert!(!Kind::Deployment.rule().verbs.contains(&"get"));
         assert!(Kind::ServiceMonitor.rule().verbs.contains(&"get"));
         assert!(!Kind::ServiceMonitor.rule().verbs.contains(&"watch"));
     }

@@ -60,7 +60,7 @@ impl Owner {
     }
 
     /// Whether this Memcached is the child's controller.
-    fn controls<K: CacheForm>(&self, child: &K) -> bool {
+    pub fn controls<K: CacheForm>(&self, child: &K) -> bool {
         child
             .meta_text()
             .owner_references()
@@ -128,8 +128,8 @@ type ChildOutcome = Option<(String, Arc<CachedDeployment>)>;
 /// Applies every wanted child of `plans` at once (they do not depend on each other, so a new
 /// Memcached waits for one round trip, not one per child) and then deletes ours that are no
 /// longer wanted. Children of a kind the server does not serve are skipped. What changed is
-/// added to `changes` in the list's order, even when another child failed; the first
-/// failure is returned.
+/// added to `changes` in the list's order, even when another child failed; every failure
+/// is returned.
 pub(super) async fn apply_children(
     ctx: &Context,
     mc: &Memcached,
@@ -156,7 +156,7 @@ pub(super) async fn apply_children(
     )
     .await;
     let mut applied = AppliedChildren::default();
-    let mut first_error = None;
+    let mut errors = Vec::new();
     for outcome in outcomes {
         match outcome {
             Ok((change, deployment)) => {
@@ -165,12 +165,13 @@ pub(super) async fn apply_children(
                 }
                 applied.deployments.extend(deployment);
             }
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
+            Err(e) => errors.push(e),
         }
     }
-    if let Some(e) = first_error {
+    if errors.len() > 1 {
+        return Err(Error::Children(errors));
+    }
+    if let Some(e) = errors.pop() {
         return Err(e);
     }
     for (child, name) in unwanted {
@@ -253,21 +254,34 @@ impl Apply<'_> {
         let child = child_key(self.child.kind.name(), &name);
         // The answers are read straight into the cached form (only what the cache keeps).
         let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
-        let live = source
+        let mut live = source
             .live(&api, &key)
             .await
             .map_err(|e| self.error(&namespace, &name, e))?;
-        // Never take over a child another controller owns (a field manager's apply would
-        // move the ownerReference and the selector from one pool to the other on every
-        // reconcile).
-        if let Some(controller) = live
-            .as_ref()
-            .and_then(|l| self.owner.other_controller(l.as_ref()))
-        {
-            return Err(Error::Conflict {
-                kind: self.child.role,
-                object: format!("{namespace}/{name}"),
-                controller,
+        if live.is_none() && matches!(source, Source::Cache(_)) {
+            // The cache holds only objects with our labels: before the first apply, look
+            // for one of that name without them (another application's Service, say).
+            live = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| self.error(&namespace, &name, e))?
+                .map(Arc::new);
+        }
+        // Never take over an object this Memcached does not control: another pool's (a
+        // field manager's apply would move the ownerReference and the selector from one
+        // pool to the other on every reconcile), or one we did not create (an apply would
+        // replace its selector, and our ownerReference would have it garbage-collected
+        // with the Memcached).
+        if let Some(live) = live.as_ref().filter(|l| !self.owner.controls(l.as_ref())) {
+            let object = format!("{namespace}/{name}");
+            let kind = self.child.role;
+            return Err(match self.owner.other_controller(live.as_ref()) {
+                Some(controller) => Error::Conflict {
+                    kind,
+                    object,
+                    controller,
+                },
+                None => Error::NotOurs { kind, object },
             });
         }
         let params = PatchParams::apply(FIELD_MANAGER).force();

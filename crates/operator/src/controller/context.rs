@@ -61,6 +61,29 @@ pub enum Error {
         object: String,
         controller: String,
     },
+    /// An object of a child's name that the operator did not create (no controller
+    /// reference): it is another application's, and left as it is.
+    #[error(
+        "{kind} {object} already exists and was not created by this Memcached; not taking it over: delete or rename it, or rename this Memcached"
+    )]
+    NotOurs { kind: &'static str, object: String },
+    /// Several children failed (each is told).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Children(Vec<Error>),
+}
+
+impl Error {
+    /// The `Degraded` condition's reason for this failure.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            // A child Kubernetes refuses is the spec's problem, reported as the webhook's
+            // rules are.
+            Error::Refused { .. } => "InvalidSpec",
+            Error::Conflict { .. } | Error::NotOurs { .. } => "ChildConflict",
+            Error::Children(errors) => errors.first().map_or("ReconcileFailed", Error::reason),
+            _ => "ReconcileFailed",
+        }
+    }
 }
 
 /// Shared state of the reconciler: the client for writes and the caches for reads.

@@ -64,12 +64,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     match &result {
         Ok(_) => ctx.reset_failures(&key),
         Err(err) => {
-            // A child Kubernetes refuses is the spec's problem, reported as the webhook's
-            // rules are.
-            let reason = match err {
-                Error::Refused { .. } => "InvalidSpec",
-                _ => "ReconcileFailed",
-            };
+            let reason = err.reason();
             // Best effort: surface the failure on the object itself, unless writing the
             // status is what failed.
             if !matches!(err, Error::Status { .. }) {
@@ -237,7 +232,7 @@ fn proxy_backends(
     let previous = ctx
         .config_maps
         .get(&ObjectRef::new(&proxy::proxy_name(&mc.name_any())).within(&namespace))
-        .filter(|cm| owner.other_controller(cm.as_ref()).is_none())
+        .filter(|cm| owner.controls(cm.as_ref()))
         .map(|cm| proxy::recorded_backends(cm.spec_json()))
         .unwrap_or_default();
     let ready: Vec<proxy::ReadyPod> = pods
