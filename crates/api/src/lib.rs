@@ -12,6 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub mod image;
+pub mod memcached_rules;
 pub mod validation;
 
 pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};

@@ -1,11 +1,11 @@
-//! Pure validation of a Memcached beyond what the CRD schema expresses: the name must make
-//! valid child object names and label values, the port must not clash with a port the pod
-//! reserves, and the image must be a reference a container runtime can pull. Shared by the
-//! reconciler (which reports a `Degraded` condition) and the validating admission webhook
-//! (which rejects the request), so both give the same answer in the same words.
+//! The API's rules for a Memcached beyond what the CRD schema expresses: names, ports, image
+//! and quantity fields, the proxy's and pass-through fields, which features combine, and
+//! warnings for risky but legal choices. memcached's own rules are [`crate::memcached_rules`].
 //!
-//! Messages follow Kubernetes' field errors: `spec.size: Invalid value: -1: must be between
-//! 0 and 100`.
+//! Shared by the reconciler (which reports a `Degraded` condition) and the validating
+//! admission webhook (which rejects the request), so both give the same answer in the same
+//! words. Messages follow Kubernetes' field errors: `spec.size: Invalid value: -1: must be
+//! between 0 and 100`.
 //!
 //! No field is immutable: the Deployment's selector (the one immutable thing downstream)
 //! depends only on `metadata.name`, which Kubernetes already keeps fixed, and size, port
@@ -14,11 +14,16 @@
 
 use std::fmt;
 
+use crate::memcached_rules;
 use crate::{EXPORTER_PORT, MAX_SIZE, Memcached, MemcachedSpec};
 
 // Kept at their old paths so callers outside this crate keep compiling; new code names
 // the module that owns them.
 pub use crate::image::{ImageReference, MAX_IMAGE_NAME_LENGTH, MAX_TAG_LENGTH};
+pub use crate::memcached_rules::{
+    EXTSTORE_WRITE_BUFFERS, ITEM_SIZE_STEP, MANAGED_FLAGS, MAX_ITEM_SIZE, MIN_ITEM_SIZE,
+    parse_item_size,
+};
 
 /// Longest Memcached name accepted. Child objects are named `<name>` and `<name>-<suffix>`
 /// with suffixes up to 9 characters (`-headless`), and each must be a DNS-1035 label
@@ -438,14 +443,9 @@ fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldEr
     errors
 }
 
-/// memcached's extstore write buffers held in memory: one per page bucket
-/// (`PAGE_BUCKET_COUNT` in memcached 1.6's storage.c).
-pub const EXTSTORE_WRITE_BUFFERS: i64 = 6;
-/// Most extstore pages memcached accepts ("page_count must total to < 65536").
-const EXTSTORE_MAX_PAGES: u64 = 65535;
-
-/// Checks `spec.extstore` against memcached's own rules (storage.c, extstore.c), whether or
-/// not it is enabled, so that switching it on never meets an error left from before.
+/// Checks `spec.extstore`, whether or not it is enabled, so that switching it on never meets
+/// an error left from before: its ranges and the StorageClass name here, memcached's own
+/// rules (pages, write buffers, UDP, memory) in [`memcached_rules`].
 fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let mut range = |field: &str, value: i32, min: i32, max: i32| {
@@ -466,51 +466,55 @@ fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<Fie
     if let Some(age) = ext.item_age_seconds {
         range("itemAgeSeconds", age, 0, i32::MAX);
     }
-    // extstore.c: "page_size and wbuf_size must be divisible by 1024*1024*2".
+    // memcached's rules are checked only on values within range: out of range, the range
+    // error already names the field.
     for (field, value, ok) in [
         ("pageSizeMiB", ext.page_size_mib, page_ok),
         ("writeBufferMiB", ext.write_buffer_mib, wbuf_ok),
     ] {
-        if ok && value % 2 != 0 {
+        if ok && let Err(reason) = memcached_rules::check_extstore_alignment(value) {
             errors.push(FieldError::invalid(
                 format!("spec.extstore.{field}"),
                 value,
-                "must be even: memcached aligns extstore pages and write buffers to 2 MiB and refuses to start otherwise",
+                reason,
             ));
         }
     }
-    if page_ok && wbuf_ok && ext.page_size_mib % ext.write_buffer_mib != 0 {
+    if page_ok
+        && wbuf_ok
+        && let Err(reason) = memcached_rules::check_write_buffer_divides_page(
+            ext.page_size_mib,
+            ext.write_buffer_mib,
+        )
+    {
         errors.push(FieldError::invalid(
             "spec.extstore.writeBufferMiB",
             ext.write_buffer_mib,
-            format!(
-                "must divide pageSizeMiB ({}) evenly: memcached refuses to start otherwise (\"page_size must be divisible by wbuf_size\")",
-                ext.page_size_mib
-            ),
+            reason,
         ));
     }
     let config = spec.config();
-    if let Ok(item_max) = parse_item_size(&config.max_item_size) {
-        let wbuf = u64::try_from(ext.write_buffer_mib.max(0)).unwrap_or(0) * 1024 * 1024;
-        if wbuf_ok && item_max > wbuf {
-            errors.push(FieldError::invalid(
-                "spec.extstore.writeBufferMiB",
-                ext.write_buffer_mib,
-                format!(
-                    "must hold the largest item: config.maxItemSize is {} ({item_max} bytes); memcached refuses to start otherwise (\"-I cannot be larger than ext_wbuf_size\")",
-                    config.max_item_size
-                ),
-            ));
-        }
-        if item_ok && u64::try_from(ext.item_size_bytes).unwrap_or(0) >= item_max {
-            errors.push(FieldError::invalid(
-                "spec.extstore.itemSizeBytes",
-                ext.item_size_bytes,
-                format!(
-                    "must be smaller than config.maxItemSize ({item_max} bytes), or no item would ever go to disk"
-                ),
-            ));
-        }
+    if wbuf_ok
+        && let Err(reason) = memcached_rules::check_write_buffer_holds_items(
+            ext.write_buffer_mib,
+            &config.max_item_size,
+        )
+    {
+        errors.push(FieldError::invalid(
+            "spec.extstore.writeBufferMiB",
+            ext.write_buffer_mib,
+            reason,
+        ));
+    }
+    if item_ok
+        && let Err(reason) =
+            memcached_rules::check_extstore_item_size(ext.item_size_bytes, &config.max_item_size)
+    {
+        errors.push(FieldError::invalid(
+            "spec.extstore.itemSizeBytes",
+            ext.item_size_bytes,
+            reason,
+        ));
     }
     match parse_quantity_bytes(&ext.size) {
         None => errors.push(FieldError::invalid(
@@ -519,26 +523,8 @@ fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<Fie
             "must be a quantity of bytes such as 512Mi, 4Gi or 10G",
         )),
         Some(bytes) if page_ok => {
-            let page = u64::try_from(ext.page_size_mib).unwrap_or(1) * 1024 * 1024;
-            let pages = bytes / page;
-            if pages == 0 {
-                errors.push(FieldError::invalid(
-                    "spec.extstore.size",
-                    &ext.size,
-                    format!(
-                        "must hold at least one page of pageSizeMiB ({} MiB)",
-                        ext.page_size_mib
-                    ),
-                ));
-            } else if pages >= EXTSTORE_MAX_PAGES {
-                errors.push(FieldError::invalid(
-                    "spec.extstore.size",
-                    &ext.size,
-                    format!(
-                        "makes {pages} pages of {} MiB; memcached accepts fewer than {EXTSTORE_MAX_PAGES}: raise pageSizeMiB",
-                        ext.page_size_mib
-                    ),
-                ));
+            if let Err(reason) = memcached_rules::check_extstore_pages(bytes, ext.page_size_mib) {
+                errors.push(FieldError::invalid("spec.extstore.size", &ext.size, reason));
             }
         }
         Some(_) => {}
@@ -553,38 +539,27 @@ fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<Fie
         ));
     }
     if ext.enabled {
-        let mut args = config.extra_args.iter();
-        while let Some(arg) = args.next() {
-            let value = match arg.as_str() {
-                "-U" | "--udp-port" => args.next().map(String::as_str),
-                a if a.starts_with("--udp-port=") => a.strip_prefix("--udp-port="),
-                a if a.starts_with("-U") => a.strip_prefix("-U"),
-                _ => continue,
-            };
-            if value != Some("0") {
-                errors.push(FieldError::invalid(
-                    "spec.config.extraArgs",
-                    arg,
-                    "turns on UDP, which memcached refuses with extstore (\"Cannot use UDP with extstore enabled\")",
-                ));
-            }
+        for arg in memcached_rules::udp_flags(&config.extra_args) {
+            errors.push(FieldError::invalid(
+                "spec.config.extraArgs",
+                arg,
+                memcached_rules::UDP_WITH_EXTSTORE,
+            ));
         }
         if let Some(resources) = &spec.resources
             && let Some(memory) = resources.requests.as_ref().and_then(|r| r.get("memory"))
             && let Some(bytes) = parse_quantity_bytes(&memory.0)
+            && let Err(reason) = memcached_rules::check_extstore_memory(
+                bytes,
+                config.memory_mib,
+                ext.write_buffer_mib,
+            )
         {
-            let needed_mib = i64::from(config.memory_mib)
-                + EXTSTORE_WRITE_BUFFERS * i64::from(ext.write_buffer_mib);
-            if bytes < u64::try_from(needed_mib).unwrap_or(0) * 1024 * 1024 {
-                errors.push(FieldError::invalid(
-                    "spec.resources.requests[memory]",
-                    &memory.0,
-                    format!(
-                        "must cover the cache ({} MiB) and extstore's {EXTSTORE_WRITE_BUFFERS} write buffers of {} MiB: at least {needed_mib}Mi",
-                        config.memory_mib, ext.write_buffer_mib
-                    ),
-                ));
-            }
+            errors.push(FieldError::invalid(
+                "spec.resources.requests[memory]",
+                &memory.0,
+                reason,
+            ));
         }
     }
     errors
@@ -648,72 +623,6 @@ pub const OPERATOR_LABELS: [&str; 4] = [
     "app.kubernetes.io/component",
 ];
 
-/// memcached flags the operator sets itself (from the spec) or must not be given
-/// (daemon mode, another user or listen address would break the pod).
-pub const MANAGED_FLAGS: [&str; 26] = [
-    "-m",
-    "--memory-limit",
-    "-c",
-    "--conn-limit",
-    "-t",
-    "--threads",
-    "-I",
-    "--max-item-size",
-    "-p",
-    "--port",
-    "-l",
-    "--listen",
-    "-u",
-    "--user",
-    "-d",
-    "--daemon",
-    "-P",
-    "--pidfile",
-    "-v",
-    "-vv",
-    "-vvv",
-    "-S",
-    "--enable-sasl",
-    "-Z",
-    "--enable-ssl",
-    "-s",
-];
-
-/// Smallest and largest `maxItemSize` memcached accepts with its default slab settings:
-/// items are stored in chunks of at most half a slab page (512 KiB of the 1 MiB page), and
-/// memcached 1.6 refuses to start when `-I` is smaller than a chunk ("slab_chunk_max cannot
-/// be larger than -I") or not a whole number of chunks ("must be evenly divisible by
-/// slab_chunk_max").
-pub const MIN_ITEM_SIZE: u64 = ITEM_SIZE_STEP;
-pub const MAX_ITEM_SIZE: u64 = 1024 * 1024 * 1024;
-/// File descriptors memcached needs for each worker thread, and besides them (listening
-/// sockets, standard streams, with room to spare), within its `-c` limit.
-const FDS_PER_THREAD: i32 = 5;
-const FDS_BASE: i32 = 8;
-/// memcached's default `slab_chunk_max`: `maxItemSize` must be a multiple of it.
-pub const ITEM_SIZE_STEP: u64 = 512 * 1024;
-
-/// Parses memcached's `-I` syntax: bytes, or a `k`/`m` suffix (powers of 1024).
-pub fn parse_item_size(value: &str) -> Result<u64, String> {
-    let (digits, unit) = match value.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => (&value[..i], c.to_ascii_lowercase()),
-        _ => (value, 'b'),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(
-            "must be a number of bytes, optionally with a k or m suffix (e.g. 1m, 512k)".into(),
-        );
-    }
-    let n: u64 = digits.parse().map_err(|_| "is too large".to_string())?;
-    let bytes = match unit {
-        'b' => Some(n),
-        'k' => n.checked_mul(1024),
-        'm' => n.checked_mul(1024 * 1024),
-        _ => return Err(format!("has an unknown unit {unit:?}; use k or m")),
-    };
-    bytes.ok_or_else(|| "is too large".to_string())
-}
-
 fn is_dns1123_subdomain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
@@ -725,23 +634,6 @@ fn is_dns1123_subdomain(name: &str) -> bool {
                 && b[0].is_ascii_alphanumeric()
                 && b[b.len() - 1].is_ascii_alphanumeric()
         })
-}
-
-fn is_managed_flag(arg: &str) -> bool {
-    let flag = arg.split('=').next().unwrap_or(arg);
-    MANAGED_FLAGS.contains(&flag)
-        // Short flags with the value attached (`-m64`, `-vv`).
-        || MANAGED_FLAGS
-            .iter()
-            .any(|f| f.len() == 2 && arg.len() > 2 && arg.starts_with(f) && !arg.starts_with("--"))
-        // TLS settings go through `-o ssl_*`, which the operator writes from `spec.tls`.
-        || arg.contains("ssl_")
-        // Slab sizes decide which `maxItemSize` memcached accepts; the validation of
-        // `maxItemSize` assumes memcached's defaults.
-        || arg.contains("slab_chunk_max")
-        || arg.contains("slab_page_size")
-        // extstore goes through `-o ext_*`, which the operator writes from `spec.extstore`.
-        || arg.contains("ext_")
 }
 
 /// The checks of `spec.config` (ranges, item size, extra flags).
@@ -760,59 +652,29 @@ pub fn validate_config(config: &crate::MemcachedConfig) -> Vec<FieldError> {
     range("maxConnections", config.max_connections, 16, 65536);
     range("threads", config.threads, 1, 64);
     range("verbosity", config.verbosity, 0, 3);
-    // memcached lowers its open-file limit to maxConnections and then needs about five
-    // descriptors for each worker thread (an epoll instance and notification pipes) before
-    // it serves anyone: below that it exits with "Too many open files" (measured with
-    // Debian's memcached 1.6: 16 connections run at most 2 threads, 64 at most 12).
-    let needed = config
-        .threads
-        .saturating_mul(FDS_PER_THREAD)
-        .saturating_add(FDS_BASE);
+    // memcached's rule is checked only with both values within range: out of range, the
+    // range error already names the field.
     if (1..=64).contains(&config.threads)
         && config.max_connections >= 16
-        && config.max_connections < needed
+        && let Err(reason) =
+            memcached_rules::check_connections(config.threads, config.max_connections)
     {
         errors.push(FieldError::invalid(
             "spec.config.maxConnections",
             config.max_connections,
-            format!(
-                "must be at least {needed} for {} threads ({FDS_PER_THREAD} per thread + {FDS_BASE}): memcached limits its open files to maxConnections and exits with \"Too many open files\" otherwise; raise maxConnections or lower threads",
-                config.threads
-            ),
+            reason,
         ));
     }
-    match parse_item_size(&config.max_item_size) {
-        Err(reason) => errors.push(FieldError::invalid(
+    if let Err(reason) = memcached_rules::check_item_size(&config.max_item_size, config.memory_mib)
+    {
+        errors.push(FieldError::invalid(
             "spec.config.maxItemSize",
             &config.max_item_size,
             reason,
-        )),
-        Ok(bytes) if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&bytes) => {
-            errors.push(FieldError::invalid(
-                "spec.config.maxItemSize",
-                &config.max_item_size,
-                "must be between 512k and 1024m",
-            ))
-        }
-        Ok(bytes) if bytes % ITEM_SIZE_STEP != 0 => errors.push(FieldError::invalid(
-            "spec.config.maxItemSize",
-            &config.max_item_size,
-            "must be a multiple of 512k (memcached stores items in 512 KiB chunks and refuses to start otherwise), e.g. 512k, 1m, 1536k, 2m",
-        )),
-        Ok(bytes) if bytes > u64::try_from(config.memory_mib.max(0)).unwrap_or(0) * 1024 * 1024 / 2 => {
-            errors.push(FieldError::invalid(
-                "spec.config.maxItemSize",
-                &config.max_item_size,
-                format!(
-                    "must be at most half of memoryMiB ({} MiB): memcached refuses to start otherwise",
-                    config.memory_mib
-                ),
-            ))
-        }
-        Ok(_) => {}
+        ));
     }
     for (i, arg) in config.extra_args.iter().enumerate() {
-        if is_managed_flag(arg) {
+        if memcached_rules::is_managed_flag(arg) {
             errors.push(FieldError::invalid(
                 format!("spec.config.extraArgs[{i}]"),
                 arg,
@@ -1476,17 +1338,5 @@ mod tests {
             s.pod_labels = Some([("tier".to_string(), "gold".to_string())].into());
         });
         assert_eq!(validate(&good), Ok(()));
-    }
-
-    #[test]
-    fn item_sizes_parse_like_memcached() {
-        assert_eq!(parse_item_size("1m"), Ok(1024 * 1024));
-        assert_eq!(parse_item_size("512k"), Ok(512 * 1024));
-        assert_eq!(parse_item_size("2048"), Ok(2048));
-        assert_eq!(parse_item_size("3M"), Ok(3 * 1024 * 1024));
-        assert!(parse_item_size("").is_err());
-        assert!(parse_item_size("m").is_err());
-        assert!(parse_item_size("1.5m").is_err());
-        assert!(parse_item_size("99999999999999999999m").is_err());
     }
 }
