@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod image;
 pub mod memcached_rules;
+pub mod quantity;
 pub mod validation;
 
 pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};
+pub use quantity::QUANTITY_PATTERN;
 
 /// API group of the Memcached kind (Kubebuilder: `--group memcached --domain cache.example.com`).
 pub const GROUP: &str = "memcached.cache.example.com";
@@ -36,15 +38,6 @@ pub const EXPORTER_PORT: i32 = 9150;
 /// memcached's loopback-only, non-TLS listener in a pod whose certificate is reloaded in
 /// place: the reload agent sends `refresh_certs` there. Not reachable from outside the pod.
 pub const TLS_ADMIN_PORT: i32 = 11299;
-
-/// The grammar of a Kubernetes resource quantity (`resource.Quantity`): a signed decimal
-/// number with a binary (`Ki`…`Ei`) or decimal (`m`, `k`, `M`…`E`) suffix or an integer
-/// exponent (`1e3`). controller-gen's pattern also allows a fractional exponent (`1e1.5`),
-/// which kube-apiserver's parser refuses; this one follows the parser, except that it
-/// wants a digit in the number: the parser reads `Mi`, `.` or `.e3` as 0, surely a typo (the real server is the
-/// oracle in the operator's `tests/admission_children.rs`).
-pub const QUANTITY_PATTERN: &str =
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$";
 
 /// `spec.resources`' schema: k8s-openapi's `ResourceRequirements`, with
 /// [`QUANTITY_PATTERN`] on the quantities of `requests` and `limits`, so a cluster without

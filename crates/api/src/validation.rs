@@ -15,6 +15,7 @@
 use std::fmt;
 
 use crate::memcached_rules;
+use crate::quantity::QUANTITY_PATTERN;
 use crate::{EXPORTER_PORT, MAX_SIZE, Memcached, MemcachedSpec};
 
 // Kept at their old paths so callers outside this crate keep compiling; new code names
@@ -24,6 +25,7 @@ pub use crate::memcached_rules::{
     EXTSTORE_WRITE_BUFFERS, ITEM_SIZE_STEP, MANAGED_FLAGS, MAX_ITEM_SIZE, MIN_ITEM_SIZE,
     parse_item_size,
 };
+pub use crate::quantity::{is_quantity, parse_quantity_bytes};
 
 /// Longest Memcached name accepted. Child objects are named `<name>` and `<name>-<suffix>`
 /// with suffixes up to 9 characters (`-headless`), and each must be a DNS-1035 label
@@ -158,16 +160,6 @@ fn is_dns1035_chars(bytes: &[u8]) -> bool {
     bytes
         .iter()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-}
-
-/// Whether `value` is a resource quantity ([`crate::QUANTITY_PATTERN`]), which the API
-/// server must parse before it can check anything else of a pod template.
-pub fn is_quantity(value: &str) -> bool {
-    static PATTERN: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
-    PATTERN
-        .get_or_init(|| regex::Regex::new(crate::QUANTITY_PATTERN).ok())
-        .as_ref()
-        .is_some_and(|re| re.is_match(value))
 }
 
 /// Checks that `name` is a DNS-1035 label no longer than [`MAX_NAME_LENGTH`], so that the
@@ -368,7 +360,7 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     errors
 }
 
-/// Checks the quantities of `resources` (at `field`) against [`crate::QUANTITY_PATTERN`].
+/// Checks the quantities of `resources` (at `field`) against [`QUANTITY_PATTERN`].
 fn validate_quantities(
     field: &str,
     resources: &k8s_openapi::api::core::v1::ResourceRequirements,
@@ -385,7 +377,7 @@ fn validate_quantities(
                     &quantity.0,
                     format!(
                         "quantities must match the regular expression '{}'",
-                        crate::QUANTITY_PATTERN
+                        QUANTITY_PATTERN
                     ),
                 ));
             }
@@ -563,56 +555,6 @@ fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<Fie
         }
     }
     errors
-}
-
-/// The bytes of a non-negative Kubernetes quantity (`4Gi`, `512M`, `1.5Gi`, `1e9`),
-/// rounded down; `None` when it does not parse or is negative or over 2^63.
-pub fn parse_quantity_bytes(value: &str) -> Option<u64> {
-    if !is_quantity(value) {
-        return None;
-    }
-    let value = value.strip_prefix('+').unwrap_or(value);
-    if value.starts_with('-') {
-        return None;
-    }
-    let split = value
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(value.len());
-    let (number, suffix) = value.split_at(split);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    // number = digits / 10^scale
-    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
-    let scale = u32::try_from(fraction.len()).ok()?;
-    let (mul, exp10): (u128, i32) = match suffix {
-        "" => (1, 0),
-        "Ki" => (1 << 10, 0),
-        "Mi" => (1 << 20, 0),
-        "Gi" => (1 << 30, 0),
-        "Ti" => (1 << 40, 0),
-        "Pi" => (1 << 50, 0),
-        "Ei" => (1 << 60, 0),
-        "n" => (1, -9),
-        "u" => (1, -6),
-        "m" => (1, -3),
-        "k" => (1, 3),
-        "M" => (1, 6),
-        "G" => (1, 9),
-        "T" => (1, 12),
-        "P" => (1, 15),
-        "E" => (1, 18),
-        e => (1, e.get(1..)?.parse::<i32>().ok()?),
-    };
-    let exp = exp10 - i32::try_from(scale).ok()?;
-    let scaled = digits.checked_mul(mul)?;
-    let bytes = if exp >= 0 {
-        scaled.checked_mul(10u128.checked_pow(u32::try_from(exp).ok()?)?)?
-    } else {
-        // Past 10^38 the quotient is 0 (u128 tops out near 3.4e38).
-        10u128
-            .checked_pow(u32::try_from(-exp).ok()?)
-            .map_or(0, |d| scaled / d)
-    };
-    u64::try_from(bytes).ok().filter(|b| *b <= i64::MAX as u64)
 }
 
 /// Labels the operator sets on every pod; `spec.podLabels` may not override them.
@@ -1129,28 +1071,6 @@ mod tests {
             s.container_port = crate::TLS_ADMIN_PORT;
         });
         assert_eq!(validate(&restart), Ok(()));
-    }
-
-    #[test]
-    fn quantities_parse_to_bytes_as_kubernetes_reads_them() {
-        for (q, bytes) in [
-            ("1Gi", Some(1u64 << 30)),
-            ("512Mi", Some(512 << 20)),
-            ("1.5Gi", Some(3 << 29)),
-            ("10G", Some(10_000_000_000)),
-            ("1e9", Some(1_000_000_000)),
-            ("2048", Some(2048)),
-            ("100m", Some(0)),
-            ("+1Ki", Some(1024)),
-            ("1000000000u", Some(1000)),
-            ("5000000000n", Some(5)),
-            ("1e-100", Some(0)),
-            ("-1Gi", None),
-            ("1GB", None),
-            ("", None),
-        ] {
-            assert_eq!(parse_quantity_bytes(q), bytes, "{q}");
-        }
     }
 
     fn with(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
