@@ -15,6 +15,7 @@ pub mod image;
 pub mod memcached_rules;
 pub mod quantity;
 pub mod validation;
+pub mod warnings;
 
 pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};
 pub use quantity::QUANTITY_PATTERN;
