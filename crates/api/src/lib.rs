@@ -11,6 +11,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod field_error;
 pub mod image;
 pub mod memcached_rules;
 pub mod quantity;
