@@ -1,5 +1,11 @@
-//! The `Memcached` custom resource (`memcached.cache.example.com/v1`): its spec and status
-//! types, the defaults the CRD schema declares, and pure validation that needs no API server.
+//! The `Memcached` custom resource (`memcached.cache.example.com/v1`): its spec types, the
+//! defaults and bounds the CRD schema declares, and the modules that check a Memcached
+//! without an API server.
+//!
+//! [`status`] holds the observed state. [`validation`] holds the API's rules and
+//! [`warnings`] the risky but legal choices; they build on [`memcached_rules`] (what memcached
+//! itself accepts), [`image`] and [`quantity`] (the grammars of those fields), and answer in
+//! [`field_error`]s.
 //!
 //! The CRD YAML is generated from these types (`memcached-operator crd`); never edit it by hand.
 
