@@ -1,5 +1,11 @@
-//! The `Memcached` custom resource (`memcached.cache.example.com/v1`): its spec and status
-//! types, the defaults the CRD schema declares, and pure validation that needs no API server.
+//! The `Memcached` custom resource (`memcached.cache.example.com/v1`): its spec types, the
+//! defaults and bounds the CRD schema declares, and the modules that check a Memcached
+//! without an API server.
+//!
+//! [`status`] holds the observed state. [`validation`] holds the API's rules and
+//! [`warnings`] the risky but legal choices; they build on [`memcached_rules`] (what memcached
+//! itself accepts), [`image`] and [`quantity`] (the grammars of those fields), and answer in
+//! [`field_error`]s.
 //!
 //! The CRD YAML is generated from these types (`memcached-operator crd`); never edit it by hand.
 
@@ -11,7 +17,17 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod field_error;
+pub mod image;
+pub mod memcached_rules;
+pub mod quantity;
+pub mod status;
 pub mod validation;
+pub mod warnings;
+
+pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};
+pub use quantity::QUANTITY_PATTERN;
+pub use status::{MemcachedStatus, ProxyBackend, ProxyStatus, condition};
 
 /// API group of the Memcached kind (Kubebuilder: `--group memcached --domain cache.example.com`).
 pub const GROUP: &str = "memcached.cache.example.com";
@@ -32,41 +48,6 @@ pub const EXPORTER_PORT: i32 = 9150;
 /// memcached's loopback-only, non-TLS listener in a pod whose certificate is reloaded in
 /// place: the reload agent sends `refresh_certs` there. Not reachable from outside the pod.
 pub const TLS_ADMIN_PORT: i32 = 11299;
-/// Longest `spec.image` accepted (also in the CRD schema).
-pub const MAX_IMAGE_LENGTH: usize = 512;
-
-/// The image reference grammar of the distribution project (`docker pull`, containerd,
-/// kubelet) as one anchored regular expression, put on `spec.image` in the CRD schema so a
-/// cluster without the webhook still rejects what can never be pulled (whitespace, a URL
-/// scheme, an uppercase repository, a bad tag or digest):
-/// `[host[:port]/]path[:tag][@algorithm:hex]`. It is a net, not the whole rule: the
-/// webhook and the reconciler use [`validation::ImageReference::parse`], which is stricter
-/// (known digest algorithms and lengths, the 255-character name limit, ports in range).
-/// Written for RE2 (Kubernetes) and Rust's `regex` alike: no `\w`, no look-around.
-pub const IMAGE_PATTERN: &str = concat!(
-    "^",
-    // optional registry: host (DNS name or [IPv6]) with an optional port, then '/'
-    r"(?:(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])",
-    r"(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*",
-    r"|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?",
-    // repository path: lowercase components separated by '/'
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*",
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*",
-    // optional tag
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?",
-    // optional digest
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
-    "$"
-);
-
-/// The grammar of a Kubernetes resource quantity (`resource.Quantity`): a signed decimal
-/// number with a binary (`Ki`…`Ei`) or decimal (`m`, `k`, `M`…`E`) suffix or an integer
-/// exponent (`1e3`). controller-gen's pattern also allows a fractional exponent (`1e1.5`),
-/// which kube-apiserver's parser refuses; this one follows the parser, except that it
-/// wants a digit in the number: the parser reads `Mi`, `.` or `.e3` as 0, surely a typo (the real server is the
-/// oracle in the operator's `tests/admission_children.rs`).
-pub const QUANTITY_PATTERN: &str =
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$";
 
 /// `spec.resources`' schema: k8s-openapi's `ResourceRequirements`, with
 /// [`QUANTITY_PATTERN`] on the quantities of `requests` and `limits`, so a cluster without
@@ -594,94 +575,6 @@ fn default_container_port() -> i32 {
     DEFAULT_CONTAINER_PORT
 }
 
-/// Observed state of a Memcached pool.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct MemcachedStatus {
-    /// Names of the memcached pods, sorted (as in the seed).
-    #[serde(default)]
-    pub nodes: Vec<String>,
-    /// Pods of the current Deployment (the scale subresource's status replicas).
-    #[serde(default)]
-    pub replicas: i32,
-    /// Pods that pass their readiness probe.
-    #[serde(default)]
-    pub ready_replicas: i32,
-    /// The `metadata.generation` this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// `ip:port` of every ready pod, sorted by pod name, for clients that do their own
-    /// consistent hashing.
-    #[serde(default)]
-    pub endpoints: Vec<String>,
-    /// Label selector of the pods, as a string (the scale subresource's selector, for HPA).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<String>,
-    /// `Available`, `Progressing` and `Degraded`, in the `metav1.Condition` shape, and
-    /// `ProxyReady` while the proxy runs.
-    #[serde(default)]
-    pub conditions: Vec<Condition>,
-    /// The proxy, while it runs. Written as `null` when it does not, so the operator's
-    /// merge patch of the status removes what an earlier one wrote.
-    #[serde(default)]
-    pub proxy: Option<ProxyStatus>,
-}
-
-/// Observed state of the proxy.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ProxyStatus {
-    /// Proxy pods of the current Deployment.
-    #[serde(default)]
-    pub replicas: i32,
-    /// Proxy pods that pass their readiness probe.
-    #[serde(default)]
-    pub ready_replicas: i32,
-    /// The backends in the proxy configuration last written (the ConfigMap `NAME-proxy`):
-    /// the pool's Ready pods, sorted by copy and pod name.
-    #[serde(default)]
-    pub backends: Vec<ProxyBackend>,
-    /// Version of that configuration (a hash of it, on its first line).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub config_version: String,
-    /// When the configuration last changed under running proxies (unset for the first
-    /// one, which the proxies read as they start).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config_changed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
-}
-
-/// One backend of the proxy.
-#[derive(
-    Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
-)]
-#[serde(rename_all = "camelCase")]
-pub struct ProxyBackend {
-    /// The copy (group of pods) it belongs to, from 1 to `spec.proxy.copies`.
-    pub copy: i32,
-    /// The memcached pod.
-    pub pod: String,
-    /// Its `ip:port`.
-    pub address: String,
-}
-
-/// Condition types reported in `status.conditions`.
-pub mod condition {
-    /// All desired pods are ready.
-    pub const AVAILABLE: &str = "Available";
-    /// A rollout or scale is under way.
-    pub const PROGRESSING: &str = "Progressing";
-    /// The operator cannot make the pool match the spec (invalid input, API errors).
-    pub const DEGRADED: &str = "Degraded";
-    /// The proxy runs, is configured with the pool's Ready pods, and has had time to load
-    /// that configuration (present only while `spec.proxy.enabled`).
-    pub const PROXY_READY: &str = "ProxyReady";
-    /// Every pod loaded its renewed TLS certificate in place; `False` names a pod whose
-    /// reload agent could not load it: `CertificateInvalid` (the agent refused the files;
-    /// memcached keeps its certificate) or `ReloadFailed` (memcached refused them; the pod
-    /// is restarted). Present only while the certificate is reloaded in place.
-    pub const CERTIFICATES_RELOADED: &str = "CertificatesReloaded";
-}
-
 impl Memcached {
     /// The image to run: the CR's own, else the operator's default.
     pub fn image_or<'a>(&'a self, default: &'a str) -> &'a str {
@@ -760,44 +653,5 @@ spec:
         let image = &spec["properties"]["image"];
         assert_eq!(image["pattern"], IMAGE_PATTERN);
         assert_eq!(image["maxLength"], MAX_IMAGE_LENGTH);
-    }
-
-    #[test]
-    fn image_pattern_accepts_references_and_rejects_nonsense() {
-        let re = regex::Regex::new(IMAGE_PATTERN).expect("pattern compiles");
-        for good in [
-            "memcached",
-            "memcached:1.6.39-alpine",
-            "library/memcached:latest",
-            "registry.example.com:5000/team/memcached:1.6",
-            "localhost/memcached",
-            "[::1]:5000/memcached",
-            "ghcr.io/a/b/c__d.e-f:V1_2.3-x",
-            "memcached@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        ] {
-            assert!(re.is_match(good), "{good}");
-        }
-        for bad in [
-            "",
-            "memcached 1.6",
-            " memcached",
-            "memcached\n",
-            "https://memcached",
-            "Memcached",
-            "team/Memcached",
-            "memcached:",
-            "memcached:-1",
-            "memcached:1.6 ",
-            "memcached@sha256:abc",
-            "memcached@sha256",
-            "memcached@@sha256:0123456789abcdef0123456789abcdef",
-            "memcached:1.6@",
-            "my..cache",
-            "/memcached",
-            "memcached/",
-            "memcached:1:2",
-        ] {
-            assert!(!re.is_match(bad), "{bad:?}");
-        }
     }
 }

@@ -1,0 +1,94 @@
+//! The observed state of a Memcached: [`MemcachedStatus`], the proxy's [`ProxyStatus`], and
+//! the condition types the operator reports in `status.conditions`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Observed state of a Memcached pool.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedStatus {
+    /// Names of the memcached pods, sorted (as in the seed).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Pods of the current Deployment (the scale subresource's status replicas).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Pods that pass their readiness probe.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `ip:port` of every ready pod, sorted by pod name, for clients that do their own
+    /// consistent hashing.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Label selector of the pods, as a string (the scale subresource's selector, for HPA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// `Available`, `Progressing` and `Degraded`, in the `metav1.Condition` shape, and
+    /// `ProxyReady` while the proxy runs.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The proxy, while it runs. Written as `null` when it does not, so the operator's
+    /// merge patch of the status removes what an earlier one wrote.
+    #[serde(default)]
+    pub proxy: Option<ProxyStatus>,
+}
+
+/// Observed state of the proxy.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Proxy pods of the current Deployment.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Proxy pods that pass their readiness probe.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The backends in the proxy configuration last written (the ConfigMap `NAME-proxy`):
+    /// the pool's Ready pods, sorted by copy and pod name.
+    #[serde(default)]
+    pub backends: Vec<ProxyBackend>,
+    /// Version of that configuration (a hash of it, on its first line).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config_version: String,
+    /// When the configuration last changed under running proxies (unset for the first
+    /// one, which the proxies read as they start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_changed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+/// One backend of the proxy.
+#[derive(
+    Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyBackend {
+    /// The copy (group of pods) it belongs to, from 1 to `spec.proxy.copies`.
+    pub copy: i32,
+    /// The memcached pod.
+    pub pod: String,
+    /// Its `ip:port`.
+    pub address: String,
+}
+
+/// Condition types reported in `status.conditions`.
+pub mod condition {
+    /// All desired pods are ready.
+    pub const AVAILABLE: &str = "Available";
+    /// A rollout or scale is under way.
+    pub const PROGRESSING: &str = "Progressing";
+    /// The operator cannot make the pool match the spec (invalid input, API errors).
+    pub const DEGRADED: &str = "Degraded";
+    /// The proxy runs, is configured with the pool's Ready pods, and has had time to load
+    /// that configuration (present only while `spec.proxy.enabled`).
+    pub const PROXY_READY: &str = "ProxyReady";
+    /// Every pod loaded its renewed TLS certificate in place; `False` names a pod whose
+    /// reload agent could not load it: `CertificateInvalid` (the agent refused the files;
+    /// memcached keeps its certificate) or `ReloadFailed` (memcached refused them; the pod
+    /// is restarted). Present only while the certificate is reloaded in place.
+    pub const CERTIFICATES_RELOADED: &str = "CertificatesReloaded";
+}

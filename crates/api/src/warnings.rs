@@ -1,0 +1,167 @@
+//! Warnings for risky but legal choices (one pod, an unpinned image, a privileged port, a
+//! port change that moves the Service): the admission webhook returns them on create and
+//! update, and kubectl prints them. What is refused instead is [`crate::validation`]'s.
+
+use crate::Memcached;
+use crate::image::ImageReference;
+
+/// Warnings for risky but legal choices, shown by kubectl on create and update.
+/// `default_image` is the operator's `--memcached-image`, used when `spec.image` is unset.
+pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    match mc.spec.size {
+        0 => out.push(
+            "spec.size: 0 runs no memcached pods; the Service stays, with no endpoints".into(),
+        ),
+        1 => out.push(
+            "spec.size: 1 runs a single memcached pod: no redundancy, and the whole cache is lost whenever that pod restarts or moves".into(),
+        ),
+        _ => {}
+    }
+    if (1..1024).contains(&mc.spec.container_port) {
+        out.push(format!(
+            "spec.containerPort: {} is a privileged port; memcached runs as a non-root user with all capabilities dropped, so it starts only where the container runtime allows unprivileged low ports",
+            mc.spec.container_port
+        ));
+    }
+    if let Some(other) = mc
+        .metadata
+        .name
+        .as_deref()
+        .and_then(|n| n.strip_suffix("-proxy"))
+    {
+        out.push(format!(
+            "metadata.name: the proxy of a Memcached named {other:?} has this name too (Deployment, Service, budget); if both exist, the one created second is Degraded until the other goes"
+        ));
+    }
+    if let Some(tls) = &mc.spec.tls
+        && mc.spec.sasl.is_some()
+        && tls.rotation.unwrap_or_default() == crate::TlsRotation::InPlace
+    {
+        out.push(
+            "spec.tls.rotation: InPlace acts as Restart with spec.sasl: SASL makes memcached speak only the binary protocol, which cannot reload a certificate, so a renewed certificate rolls the pods".into(),
+        );
+    }
+    if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.copies > 1
+    {
+        out.push(format!(
+            "spec.proxy.copies: with {} copies, gets/cas and incr/decr are not consistent across copies (each copy has its own CAS values and counters); use plain get/set/delete through the proxy",
+            proxy.copies
+        ));
+    }
+    if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.copies > mc.spec.size.max(1)
+    {
+        out.push(format!(
+            "spec.proxy.copies: {} copies need at least {} pods; with spec.size {} each key is on at most {} of them",
+            proxy.copies,
+            proxy.copies,
+            mc.spec.size,
+            mc.spec.size.max(1)
+        ));
+    }
+    let (field, image) = match mc.spec.image.as_deref() {
+        Some(image) if !image.is_empty() => ("spec.image", image),
+        _ => (
+            "spec.image (unset, so the operator's default)",
+            default_image,
+        ),
+    };
+    if let Ok(reference) = ImageReference::parse(image)
+        && reference.digest.is_none()
+    {
+        match reference.tag.as_deref() {
+            None => out.push(format!(
+                "{field}: {image:?} has no tag, which means \"latest\": pods may run different versions and a restart may upgrade silently; pin a version such as {:?}",
+                crate::DEFAULT_IMAGE
+            )),
+            Some("latest") => out.push(format!(
+                "{field}: {image:?} uses the \"latest\" tag: pods may run different versions and a restart may upgrade silently; pin a version such as {:?}",
+                crate::DEFAULT_IMAGE
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// [`warnings`] of the new object plus those about the change itself.
+pub fn update_warnings(old: &Memcached, new: &Memcached, default_image: &str) -> Vec<String> {
+    let mut out = warnings(new, default_image);
+    if old.spec.container_port != new.spec.container_port {
+        out.push(format!(
+            "spec.containerPort: changing {} to {} replaces every pod (each starts with an empty cache) and moves the Service port; clients must follow",
+            old.spec.container_port, new.spec.container_port
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemcachedSpec;
+    use crate::validation::validate_update;
+
+    fn mc(name: &str, size: i32) -> Memcached {
+        Memcached::new(name, MemcachedSpec::with_size(size))
+    }
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn warnings_cover_risky_choices() {
+        assert!(warnings(&mc("x", 3), crate::DEFAULT_IMAGE).is_empty());
+        assert!(warnings(&mc("x", 1), crate::DEFAULT_IMAGE)[0].contains("no redundancy"));
+        assert!(warnings(&mc("x", 0), crate::DEFAULT_IMAGE)[0].contains("no memcached pods"));
+        let mut m = mc("x", 3);
+        m.spec.image = Some("memcached".into());
+        assert!(warnings(&m, crate::DEFAULT_IMAGE)[0].contains("no tag"));
+        m.spec.image = Some("memcached:latest".into());
+        assert!(warnings(&m, crate::DEFAULT_IMAGE)[0].contains("latest"));
+        m.spec.image = Some(format!("memcached:latest@sha256:{SHA}"));
+        assert!(
+            warnings(&m, crate::DEFAULT_IMAGE).is_empty(),
+            "a digest pins it"
+        );
+        m.spec.image = None;
+        assert!(warnings(&m, "memcached")[0].contains("operator's default"));
+        m.spec.container_port = 80;
+        assert!(warnings(&m, crate::DEFAULT_IMAGE)[0].contains("privileged"));
+        let old = mc("x", 3);
+        assert!(
+            update_warnings(&old, &m, crate::DEFAULT_IMAGE)
+                .iter()
+                .any(|w| w.contains("moves the Service port"))
+        );
+        assert_eq!(validate_update(&old, &m), Ok(()));
+
+        let mut both = mc("x", 3);
+        both.spec.tls = Some(crate::TlsSpec::secret("certs"));
+        both.spec.sasl = Some(crate::SaslSpec {
+            secret_name: "auth".into(),
+        });
+        assert!(
+            warnings(&both, crate::DEFAULT_IMAGE)
+                .iter()
+                .any(|w| w.contains("acts as Restart")),
+            "{:?}",
+            warnings(&both, crate::DEFAULT_IMAGE)
+        );
+
+        let named = mc("cache-proxy", 3);
+        assert!(warnings(&named, crate::DEFAULT_IMAGE)[0].contains("\"cache\""));
+        let mut replicated = mc("x", 1);
+        replicated.spec.proxy = Some(crate::ProxySpec {
+            copies: 2,
+            ..crate::ProxySpec::default()
+        });
+        let said = warnings(&replicated, crate::DEFAULT_IMAGE);
+        assert!(said.iter().any(|w| w.contains("cas")), "{said:?}");
+        assert!(
+            said.iter().any(|w| w.contains("need at least 2 pods")),
+            "{said:?}"
+        );
+    }
+}
