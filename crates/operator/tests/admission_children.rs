@@ -14,7 +14,7 @@ use axum::Router;
 use envtest::{ControlPlane, Kube};
 use http::Request;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ResourceQuota, Service};
 use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use memcached_api::{Memcached, condition};
@@ -28,7 +28,7 @@ use tower::ServiceExt;
 mod common;
 use common::bad_inputs::{children_refused, memcached};
 use common::cluster::apply_crd;
-use common::wait_for_within;
+use common::{wait_for, wait_for_within};
 
 fn review(operation: &str, ns: &str, object: &Value, old: Option<&Value>) -> Value {
     let mut object = object.clone();
@@ -180,7 +180,7 @@ on_both_versions! {
 /// may not patch Deployments, are refused under `Fail` with the reason (HTTP 503 in the
 /// answer, so the user retries) and admitted with a warning under `Ignore`.
 async fn without_an_answer_from_the_api_server_the_failure_policy_decides(kube: Kube) {
-    let (cp, _client, ns) = setup(kube, "children-unchecked").await;
+    let (cp, client, ns) = setup(kube, "children-unchecked").await;
     let object = memcached("cache", json!({"size": 2}));
     let create = review("CREATE", &ns, &object, None);
 
@@ -231,6 +231,30 @@ async fn without_an_answer_from_the_api_server_the_failure_policy_decides(kube: 
     assert!(message.contains("forbidden") && message.contains("config/rbac"), "{message}");
     let response = call(&router(check.with_policy(FailurePolicy::Ignore)), &create).await;
     assert_eq!(response["allowed"], true, "{response}");
+
+    // A 403 that is not RBAC's is the cluster's policy refusing the child, which no retry
+    // changes: a ResourceQuota allowing no Deployment refuses the Memcached, with the
+    // quota's words, under either policy.
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "no-deployments"},
+        "spec": {"hard": {"count/deployments.apps": "0"}},
+    }))
+    .expect("quota");
+    Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota");
+    let check = ChildrenCheck::new(client.clone(), BuildSettings::default())
+        .with_policy(FailurePolicy::Ignore);
+    let response = wait_for("the quota enforced", || async {
+        let response = call(&router(check.clone()), &create).await;
+        (response["allowed"] == false).then_some(response)
+    })
+    .await;
+    println!("{kube:?} quota: {response}");
+    assert_eq!(response["status"]["code"], 422, "{response}");
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("exceeded quota") && !message.contains("retry"), "{message}");
 }
 }
 

@@ -267,6 +267,10 @@ pub fn refusal(
     let object_is_wrong = match status.code {
         // Invalid (422) and BadRequest (400).
         400 | 422 => true,
+        // Forbidden, but not by RBAC: the cluster's own policies refuse the object (a
+        // ResourceQuota or LimitRange, an admission webhook or policy), and will go on
+        // refusing it however often it is retried.
+        403 => !is_rbac_denial(status),
         // The server could not even convert the object to its type (a quantity that does
         // not parse): a 500 about the object, not about the server.
         500 => status
@@ -276,6 +280,17 @@ pub fn refusal(
     };
     object_is_wrong
         .then(|| ValidationErrors(translate(child, &origins(child, mc, inputs), name, status)))
+}
+
+/// Whether a 403 is RBAC's: the authorizer says who `cannot` do what to which `resource`
+/// (`User "system:serviceaccount:ns:sa" cannot patch resource "deployments" in API group
+/// "apps" ...`); admission's 403s (`exceeded quota: ...`, `admission webhook "..." denied the
+/// request: ...`, `ValidatingAdmissionPolicy '...' ... denied request: ...`) say no such
+/// thing.
+pub fn is_rbac_denial(status: &Status) -> bool {
+    status.code == 403
+        && status.message.contains(" cannot ")
+        && status.message.contains(" resource \"")
 }
 
 /// The API server's refusal of `child` as errors on the Memcached: each cause with a field
@@ -454,5 +469,23 @@ mod tests {
             .as_deref(),
             Some("spec.proxy.image")
         );
+    }
+
+    #[test]
+    fn a_403_is_rbac_only_when_the_authorizer_says_who_cannot_do_what() {
+        let status = |message: &str| Status::failure(message, "Forbidden").with_code(403);
+        assert!(is_rbac_denial(&status(
+            "deployments.apps \"cache\" is forbidden: User \"system:serviceaccount:default:nobody\" \
+             cannot patch resource \"deployments\" in API group \"apps\" in the namespace \"default\""
+        )));
+        for admission in [
+            "deployments.apps \"cache\" is forbidden: exceeded quota: no-deployments, requested: \
+             count/deployments.apps=1, used: count/deployments.apps=0, limited: count/deployments.apps=0",
+            "admission webhook \"policy.example.com\" denied the request: images must come from our registry",
+            "deployments.apps \"cache\" is forbidden: ValidatingAdmissionPolicy 'no-latest' with \
+             binding 'no-latest' denied request: failed expression",
+        ] {
+            assert!(!is_rbac_denial(&status(admission)), "{admission}");
+        }
     }
 }

@@ -221,7 +221,7 @@ fn classify(
     }
     match status.code {
         404 if !child.kind.always_served() => Answer::NotServed,
-        403 => Answer::Unchecked(format!(
+        403 if origins::is_rbac_denial(status) => Answer::Unchecked(format!(
             "the dry run of {} {name:?} was forbidden: {} (the operator needs patch on {} in this namespace, as config/rbac grants)",
             child.role,
             status.message,
