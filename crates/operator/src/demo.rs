@@ -18,16 +18,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
 
 use crate::controller::{self, ControllerConfig};
-
-/// The seed's sample, verbatim (config/samples in the seed's project).
-pub const SEED_SAMPLE: &str = "\
-apiVersion: memcached.cache.example.com/v1
-kind: Memcached
-metadata:
-  name: memcached-sample
-spec:
-  size: 3
-";
+use crate::samples::SEED_SAMPLE;
 
 /// How the demo went wrong, naming the step.
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,7 @@ pub mod manifests;
 pub mod olm;
 pub mod proxy;
 pub mod rbac;
+pub mod samples;
 pub mod status;
 pub mod tls_agent;
 pub mod triggers;

@@ -793,7 +793,7 @@ fn default_files() -> Result<Vec<File>, Error> {
 fn sample_files() -> Result<Vec<File>, Error> {
     Ok(vec![
         Doc::new("samples/memcached_v1_memcached.yaml")
-            .raw(crate::demo::SEED_SAMPLE)
+            .raw(crate::samples::SEED_SAMPLE)
             .finish(),
         Doc::new("samples/kustomization.yaml")
             .object(&Kustomization::resources(&["memcached_v1_memcached.yaml"]))?

@@ -253,7 +253,7 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
         .cloned()
         .unwrap_or(Value::Null);
     let sample: Value =
-        serde_yaml::from_str(crate::demo::SEED_SAMPLE).map_err(|source| Error::Yaml {
+        serde_yaml::from_str(crate::samples::SEED_SAMPLE).map_err(|source| Error::Yaml {
             path: "the seed sample".into(),
             source,
         })?;

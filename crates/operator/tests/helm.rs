@@ -513,7 +513,7 @@ async fn lifecycle(kube: envtest::Kube) {
     // Memcacheds: the registration is live.
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let sample: Memcached =
-        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("the seed sample");
+        serde_yaml::from_str(memcached_operator::samples::SEED_SAMPLE).expect("the seed sample");
     refused_by_the_webhook(
         memcacheds.create(&PostParams::default(), &sample).await,
         &ns,

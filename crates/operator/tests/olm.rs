@@ -361,7 +361,7 @@ fn csv_args(csv: &Value) -> Vec<String> {
 /// The seed's sample in `ns`, applied by the admin.
 async fn apply_sample(client: &Client, ns: &str) -> String {
     let sample: Value =
-        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("the seed sample");
+        serde_yaml::from_str(memcached_operator::samples::SEED_SAMPLE).expect("the seed sample");
     let name = sample["metadata"]["name"]
         .as_str()
         .expect("name")

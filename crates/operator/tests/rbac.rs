@@ -28,7 +28,7 @@ use manager::leader::{self, LeaderElectionConfig};
 use manager::metrics_server::{CachingAuthorizer, Decision, KubeAuthorizer};
 use memcached_api::Memcached;
 use memcached_operator::controller::{self, ControllerConfig};
-use memcached_operator::demo::SEED_SAMPLE;
+use memcached_operator::samples::SEED_SAMPLE;
 use memcached_operator::{crd, manifests, rbac};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
