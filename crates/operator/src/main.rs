@@ -25,27 +25,6 @@ enum Command {
     Run(Box<cmd::RunArgs>),
     /// Print the Memcached CustomResourceDefinition as YAML.
     Crd,
-    /// Write the Kubebuilder-style config/ tree (CRD, RBAC, manager, webhook, ...) from code.
-    Manifests {
-        /// Directory to write into.
-        #[arg(long, default_value = "config")]
-        dir: std::path::PathBuf,
-    },
-    /// Write the Helm chart (charts/memcached-operator) from code, as `manifests` writes config/.
-    HelmChart {
-        /// Directory to write into.
-        #[arg(long, default_value = "charts/memcached-operator")]
-        dir: std::path::PathBuf,
-    },
-    /// Write the OLM bundle (bundle/ and bundle.Dockerfile under --dir) from code.
-    Bundle {
-        /// The repository's root.
-        #[arg(long, default_value = ".")]
-        dir: std::path::PathBuf,
-        /// Repository of the operator's image (tagged with the version).
-        #[arg(long, default_value = memcached_operator::manifests::IMAGE_REPOSITORY)]
-        image_repository: String,
-    },
     /// Run the operator against the in-memory API server: apply the seed sample, scale it,
     /// repair drift and delete it, printing what happens.
     Demo {
@@ -106,17 +85,6 @@ fn main() -> ExitCode {
 
 async fn command(command: Command) -> ExitCode {
     match command {
-        Command::Manifests { dir } => {
-            report_written(&dir, memcached_operator::manifests::write(&dir))
-        }
-        Command::Bundle {
-            dir,
-            image_repository,
-        } => report_written(
-            &dir,
-            memcached_operator::olm::write(&dir, &image_repository),
-        ),
-        Command::HelmChart { dir } => report_written(&dir, memcached_operator::helm::write(&dir)),
         Command::Crd => match crd::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
@@ -147,26 +115,5 @@ async fn command(command: Command) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-    }
-}
-
-fn report_written(
-    dir: &std::path::Path,
-    result: Result<Vec<std::path::PathBuf>, memcached_operator::manifests::Error>,
-) -> ExitCode {
-    match result {
-        Ok(written) => {
-            for path in &written {
-                println!("wrote {}", dir.join(path).display());
-            }
-            if written.is_empty() {
-                println!("{} is up to date", dir.display());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
     }
 }

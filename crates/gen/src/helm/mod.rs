@@ -1,12 +1,12 @@
 //! The Helm chart (`charts/memcached-operator`), generated from the same code as `config/`
-//! (`memcached-operator helm-chart`, run by `make manifests`).
+//! (`memcached-operator-gen helm-chart`, run by `make manifests`).
 //!
 //! Every object starts as the JSON of the kustomize base ([`crate::manifests`],
-//! [`crate::rbac`], [`crate::webhook`]); the chart swaps in template text where a value
-//! comes from `values.yaml` or the release (names, namespace, image, resources, placement)
-//! and guards optional parts with `if`. `tests/helm.rs` renders the chart with the pinned
-//! helm and checks that where the two overlap, the objects equal what `kubectl kustomize`
-//! builds from `config/`.
+//! [`memcached_operator::rbac`], [`memcached_operator::webhook`]); the chart swaps in
+//! template text where a value comes from `values.yaml` or the release (names, namespace,
+//! image, resources, placement) and guards optional parts with `if`. `tests/helm.rs` renders
+//! the chart with the pinned helm and checks that where the two overlap, the objects equal
+//! what `kubectl kustomize` builds from `config/`.
 
 pub mod tpl;
 pub mod values;
@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::manifests::{self, Error, File, HEADER};
-use crate::rbac;
+use memcached_operator::rbac;
 use tpl::{Cond, T, tpl};
 pub use values::Values;
 
@@ -441,7 +441,7 @@ fn webhook_template() -> Result<Template, Error> {
             cond("$.Values.webhook.certManager.enabled"),
         );
         t.at(&["metadata", "annotations"]).set(
-            crate::webhook::CA_INJECTION_ANNOTATION,
+            memcached_operator::webhook::CA_INJECTION_ANNOTATION,
             tpl(format!(
                 "{NAMESPACE}/{}",
                 prefixed(manifests::WEBHOOK_CERTIFICATE)
