@@ -99,7 +99,7 @@ e2e: ## Run the end-to-end tests against a real cluster: make e2e E2E_KUBECONFIG
 
 .PHONY: demo
 demo: ## Run the operator against the in-memory API server and narrate what it does.
-	$(CARGO) run -p memcached-operator -- demo
+	$(CARGO) run -p memcached-demo
 
 # Benchmark sizes and extra flags: make bench BENCH_N=100,1000 BENCH_ARGS="--concurrency 8"
 BENCH_N ?= 100,1000,5000

@@ -1,11 +1,11 @@
 //! The `memcached-operator` binary: `run` (the controller against a cluster), `crd` (print
-//! the CRD) and `demo` (everything in-process against the in-memory API server).
+//! the CRD) and `tls-reload-agent` (the sidecar in memcached pods). What the image ships;
+//! the generators (`crates/gen`) and the demo (`crates/demo`) are binaries of their own.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use memcached_operator::{cmd, crd, demo, tls_agent};
+use memcached_operator::{cmd, crd, tls_agent};
 use tracing::error;
 
 #[derive(Parser, Debug)]
@@ -25,25 +25,9 @@ enum Command {
     Run(Box<cmd::RunArgs>),
     /// Print the Memcached CustomResourceDefinition as YAML.
     Crd,
-    /// Run the operator against the in-memory API server: apply the seed sample, scale it,
-    /// repair drift and delete it, printing what happens.
-    Demo {
-        /// Longest wait for any one step, in seconds.
-        #[arg(long, default_value_t = 60)]
-        step_timeout: u64,
-    },
     /// The TLS reload agent (a sidecar in memcached pods): has memcached load a renewed
     /// certificate in place when the mounted files change.
     TlsReloadAgent(tls_agent::AgentArgs),
-}
-
-fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .init();
 }
 
 fn main() -> ExitCode {
@@ -61,7 +45,7 @@ fn main() -> ExitCode {
             runtime.worker_threads(usize::from(args.worker_threads));
             runtime
         }
-        // The demo runs the in-memory API server and the operator.
+        // `crd` does no async work.
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     let run = matches!(cli.command, Command::Run(_));
@@ -95,17 +79,6 @@ async fn command(command: Command) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Demo { step_timeout } => {
-            // The demo narrates; the operator's own logs are there with RUST_LOG=info.
-            init_logging("warn");
-            match demo::run(std::io::stdout(), Duration::from_secs(step_timeout)).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("demo failed: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
         Command::TlsReloadAgent(args) => tls_agent::run(args),
         Command::Run(args) => match cmd::run(*args).await {
             Ok(()) => ExitCode::SUCCESS,
