@@ -41,8 +41,8 @@ help: ## Display this help.
 
 .PHONY: manifests
 manifests: ## Write config/ (CRD, RBAC, manager, webhook, cert-manager, ...) and the Helm chart from the code.
-	$(CARGO) run -q -p memcached-operator -- manifests --dir config
-	$(CARGO) run -q -p memcached-operator -- helm-chart --dir charts/memcached-operator
+	$(CARGO) run -q -p memcached-operator-gen -- manifests --dir config
+	$(CARGO) run -q -p memcached-operator-gen -- helm-chart --dir charts/memcached-operator
 
 .PHONY: fmt
 fmt: ## Format the code (cargo fmt).
@@ -101,7 +101,7 @@ e2e: ## Run the end-to-end tests against a real cluster: make e2e E2E_KUBECONFIG
 
 .PHONY: demo
 demo: ## Run the operator against the in-memory API server and narrate what it does.
-	$(CARGO) run -p memcached-operator -- demo
+	$(CARGO) run -p memcached-demo
 
 # Benchmark sizes and extra flags: make bench BENCH_N=100,1000 BENCH_ARGS="--concurrency 8"
 BENCH_N ?= 100,1000,5000
@@ -174,7 +174,7 @@ check-version:
 
 .PHONY: bundle
 bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile; image IMAGE_TAG_BASE:VERSION) from the code and validate it with operator-sdk (OperatorHub validators).
-	$(CARGO) run -q -p memcached-operator -- bundle --dir . --image-repository $(IMAGE_TAG_BASE)
+	$(CARGO) run -q -p memcached-operator-gen -- bundle --dir . --image-repository $(IMAGE_TAG_BASE)
 	$(OPERATOR_SDK) bundle validate ./bundle --select-optional suite=operatorframework
 	$(OPERATOR_SDK) bundle validate ./bundle --select-optional name=operatorhub
 

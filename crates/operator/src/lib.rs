@@ -1,6 +1,6 @@
 //! The Memcached operator: desired-state builders (pure), drift detection, status
-//! computation (pure) and the controller that applies them, plus the `demo` that runs it all
-//! against the in-memory API server.
+//! computation (pure) and the controller that applies them. The generator (`crates/gen`)
+//! writes the deployment files from this library; the demo (`crates/demo`) runs it.
 
 pub mod builders;
 pub mod cached;
@@ -8,14 +8,11 @@ pub mod children;
 pub mod cmd;
 pub mod controller;
 pub mod crd;
-pub mod demo;
 pub mod drift;
-pub mod helm;
 pub mod informer;
-pub mod manifests;
-pub mod olm;
 pub mod proxy;
 pub mod rbac;
+pub mod samples;
 pub mod status;
 pub mod tls_agent;
 pub mod triggers;

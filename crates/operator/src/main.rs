@@ -1,11 +1,11 @@
 //! The `memcached-operator` binary: `run` (the controller against a cluster), `crd` (print
-//! the CRD) and `demo` (everything in-process against the in-memory API server).
+//! the CRD) and `tls-reload-agent` (the sidecar in memcached pods). What the image ships;
+//! the generators (`crates/gen`) and the demo (`crates/demo`) are binaries of their own.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use memcached_operator::{cmd, crd, demo, tls_agent};
+use memcached_operator::{cmd, crd, tls_agent};
 use tracing::error;
 
 #[derive(Parser, Debug)]
@@ -25,49 +25,12 @@ enum Command {
     Run(Box<cmd::RunArgs>),
     /// Print the Memcached CustomResourceDefinition as YAML.
     Crd,
-    /// Write the Kubebuilder-style config/ tree (CRD, RBAC, manager, webhook, ...) from code.
-    Manifests {
-        /// Directory to write into.
-        #[arg(long, default_value = "config")]
-        dir: std::path::PathBuf,
-    },
-    /// Write the Helm chart (charts/memcached-operator) from code, as `manifests` writes config/.
-    HelmChart {
-        /// Directory to write into.
-        #[arg(long, default_value = "charts/memcached-operator")]
-        dir: std::path::PathBuf,
-    },
-    /// Write the OLM bundle (bundle/ and bundle.Dockerfile under --dir) from code.
-    Bundle {
-        /// The repository's root.
-        #[arg(long, default_value = ".")]
-        dir: std::path::PathBuf,
-        /// Repository of the operator's image (tagged with the version).
-        #[arg(long, default_value = memcached_operator::manifests::IMAGE_REPOSITORY)]
-        image_repository: String,
-    },
-    /// Run the operator against the in-memory API server: apply the seed sample, scale it,
-    /// repair drift and delete it, printing what happens.
-    Demo {
-        /// Longest wait for any one step, in seconds.
-        #[arg(long, default_value_t = 60)]
-        step_timeout: u64,
-    },
     // Pods built by this and earlier releases run the agent as this subcommand of the
     // operator's image (builders::TLS_AGENT_BINARY, TLS_AGENT_COMMAND): it stays while
     // such pods may run. The agent itself is the memcached-tls-agent crate.
     /// The TLS reload agent (a sidecar in memcached pods): has memcached load a renewed
     /// certificate in place when the mounted files change.
     TlsReloadAgent(tls_agent::AgentArgs),
-}
-
-fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .init();
 }
 
 fn main() -> ExitCode {
@@ -85,7 +48,7 @@ fn main() -> ExitCode {
             runtime.worker_threads(usize::from(args.worker_threads));
             runtime
         }
-        // The demo runs the in-memory API server and the operator.
+        // `crd` does no async work.
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     let run = matches!(cli.command, Command::Run(_));
@@ -109,17 +72,6 @@ fn main() -> ExitCode {
 
 async fn command(command: Command) -> ExitCode {
     match command {
-        Command::Manifests { dir } => {
-            report_written(&dir, memcached_operator::manifests::write(&dir))
-        }
-        Command::Bundle {
-            dir,
-            image_repository,
-        } => report_written(
-            &dir,
-            memcached_operator::olm::write(&dir, &image_repository),
-        ),
-        Command::HelmChart { dir } => report_written(&dir, memcached_operator::helm::write(&dir)),
         Command::Crd => match crd::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
@@ -130,17 +82,6 @@ async fn command(command: Command) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Demo { step_timeout } => {
-            // The demo narrates; the operator's own logs are there with RUST_LOG=info.
-            init_logging("warn");
-            match demo::run(std::io::stdout(), Duration::from_secs(step_timeout)).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("demo failed: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
         Command::TlsReloadAgent(args) => tls_agent::run(args),
         Command::Run(args) => match cmd::run(*args).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -150,26 +91,5 @@ async fn command(command: Command) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-    }
-}
-
-fn report_written(
-    dir: &std::path::Path,
-    result: Result<Vec<std::path::PathBuf>, memcached_operator::manifests::Error>,
-) -> ExitCode {
-    match result {
-        Ok(written) => {
-            for path in &written {
-                println!("wrote {}", dir.join(path).display());
-            }
-            if written.is_empty() {
-                println!("{} is up to date", dir.display());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
     }
 }

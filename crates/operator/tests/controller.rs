@@ -14,7 +14,7 @@ use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
 use memcached_operator::builders::{APPLIED_HASH_ANNOTATION, LABEL_COMPONENT, LABEL_INSTANCE};
 use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileCounters};
-use memcached_operator::demo::SEED_SAMPLE;
+use memcached_operator::samples::SEED_SAMPLE;
 use serde_json::json;
 
 mod common;

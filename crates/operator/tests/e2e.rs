@@ -22,7 +22,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
-use memcached_operator::demo::SEED_SAMPLE;
+use memcached_operator::samples::SEED_SAMPLE;
 use serde_json::json;
 
 struct Operator(Child);

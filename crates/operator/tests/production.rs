@@ -449,7 +449,7 @@ on_every_server! {
 async fn the_seed_sample_still_means_three_pods_named_in_status(server: Server) {
     let env = start(server, "the_seed_sample_still_means_th", Duration::from_millis(20), false).await;
     let sample: Memcached =
-        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("sample");
+        serde_yaml::from_str(memcached_operator::samples::SEED_SAMPLE).expect("sample");
     env.api::<Memcached>()
         .patch(
             "memcached-sample",

@@ -28,8 +28,9 @@ use manager::leader::{self, LeaderElectionConfig};
 use manager::metrics_server::{CachingAuthorizer, Decision, KubeAuthorizer};
 use memcached_api::Memcached;
 use memcached_operator::controller::{self, ControllerConfig};
-use memcached_operator::demo::SEED_SAMPLE;
-use memcached_operator::{crd, manifests, rbac};
+use memcached_operator::samples::SEED_SAMPLE;
+use memcached_operator::{crd, rbac};
+use memcached_operator_gen::manifests;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -1,4 +1,5 @@
-//! Helpers shared by the operator's integration tests.
+//! Helpers shared by the operator's integration tests and the generator's
+//! (`crates/gen/tests` include this directory with `#[path]`).
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod bad_inputs;

@@ -7,8 +7,31 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The operator binary built for this test run.
-pub const BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
+/// The operator binary. The operator's own tests get it from cargo; the generator's
+/// (`crates/gen/tests`), to which cargo gives only their own package's binaries, take
+/// `memcached-operator` from the running test's target directory, where `cargo test
+/// --workspace` builds it; when it is missing there, the test fails naming the command.
+pub fn bin() -> PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_memcached-operator") {
+        return PathBuf::from(bin);
+    }
+    // The test runs as <target>/<profile>/deps/<test>-<hash>.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let bin = exe.parent().and_then(Path::parent).map(|profile| {
+        profile.join(format!(
+            "memcached-operator{}",
+            std::env::consts::EXE_SUFFIX
+        ))
+    });
+    match bin {
+        Some(bin) if bin.is_file() => bin,
+        _ => panic!(
+            "the operator binary is not built beside {}: run `cargo build -p memcached-operator` \
+             (or `cargo test --workspace`, which builds it)",
+            exe.display()
+        ),
+    }
+}
 
 /// A temporary directory, removed on drop.
 pub struct TempDir(PathBuf);
@@ -84,7 +107,7 @@ impl Operator {
         let log = log_dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let log_file_too = log_file.try_clone().expect("log file");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.arg("run")
             .args(args)
             .env("KUBECONFIG", kubeconfig)

@@ -1,7 +1,7 @@
-//! The OLM bundle (`bundle/`, `bundle.Dockerfile`): what `memcached-operator bundle` writes,
-//! valid for the pinned `operator-sdk bundle validate` (`make tools`) with the OperatorHub
-//! validators, carrying the crate's version, and with a Deployment the real API server
-//! accepts.
+//! The OLM bundle (`bundle/`, `bundle.Dockerfile`): what `memcached-operator-gen bundle`
+//! writes, valid for the pinned `operator-sdk bundle validate` (`make tools`) with the
+//! OperatorHub validators, carrying the crate's version, and with a Deployment the real API
+//! server accepts.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -18,9 +18,10 @@ use kube::api::{
 };
 use kube::{Api, Client};
 use memcached_api::{Memcached, condition};
-use memcached_operator::olm;
+use memcached_operator_gen::olm;
 use serde_json::{Value, json};
 
+#[path = "../../operator/tests/common/mod.rs"]
 mod common;
 use common::cluster::{apply_crd, service_account_token};
 use common::process::{Operator, TempDir};
@@ -70,7 +71,7 @@ fn read_csv(root: &Path) -> Value {
 #[test]
 fn committed_bundle_is_what_bundle_writes() {
     let mut stale = vec![];
-    for file in olm::render(memcached_operator::manifests::IMAGE_REPOSITORY).expect("renders") {
+    for file in olm::render(memcached_operator_gen::manifests::IMAGE_REPOSITORY).expect("renders") {
         let committed = std::fs::read_to_string(repo().join(&file.path)).ok();
         if committed.as_deref() != Some(file.content.as_str()) {
             stale.push(file.path.display().to_string());
@@ -104,7 +105,7 @@ fn operator_sdk_validates_the_bundle_for_operatorhub() {
 fn operator_sdk_refuses_a_broken_bundle() {
     let tmp = TempDir::new("olm-broken");
     let root = tmp.path();
-    olm::write(root, memcached_operator::manifests::IMAGE_REPOSITORY).expect("writes");
+    olm::write(root, memcached_operator_gen::manifests::IMAGE_REPOSITORY).expect("writes");
     let mut csv = read_csv(root);
     csv["metadata"]["annotations"]["categories"] = json!("Caching");
     std::fs::write(csv_path(root), serde_yaml::to_string(&csv).expect("YAML")).expect("write");
@@ -361,7 +362,7 @@ fn csv_args(csv: &Value) -> Vec<String> {
 /// The seed's sample in `ns`, applied by the admin.
 async fn apply_sample(client: &Client, ns: &str) -> String {
     let sample: Value =
-        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("the seed sample");
+        serde_yaml::from_str(memcached_operator::samples::SEED_SAMPLE).expect("the seed sample");
     let name = sample["metadata"]["name"]
         .as_str()
         .expect("name")

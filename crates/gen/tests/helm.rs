@@ -1,8 +1,8 @@
 //! The Helm chart (`charts/memcached-operator`) with the pinned helm (`make tools`): it is
-//! what `memcached-operator helm-chart` writes, `helm lint` passes, bad values are refused
-//! naming the value, the rendered objects equal what `kubectl kustomize` builds from
-//! `config/`, and `helm install` / `upgrade` / `uninstall` work against the real control
-//! plane (the operator's pod need not run: kwok nodes run no containers).
+//! what `memcached-operator-gen helm-chart` writes, `helm lint` passes, bad values are
+//! refused naming the value, the rendered objects equal what `kubectl kustomize` builds
+//! from `config/`, and `helm install` / `upgrade` / `uninstall` work against the real
+//! control plane (the operator's pod need not run: kwok nodes run no containers).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,9 +16,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::PostParams;
 use memcached_api::Memcached;
-use memcached_operator::{helm, manifests};
+use memcached_operator_gen::{helm, manifests};
 use serde_json::{Value, json};
 
+#[path = "../../operator/tests/common/mod.rs"]
 mod common;
 use common::process::TempDir;
 
@@ -102,8 +103,8 @@ fn chart_and_image_carry_the_crates_version() {
         &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
     )
     .expect("YAML");
-    // The binary says which version it is.
-    let out = ok(Command::new(env!("CARGO_BIN_EXE_memcached-operator")).arg("--version"));
+    // The operator's binary says which version it is.
+    let out = ok(Command::new(common::process::bin()).arg("--version"));
     assert_eq!(
         out.trim(),
         format!(
@@ -513,7 +514,7 @@ async fn lifecycle(kube: envtest::Kube) {
     // Memcacheds: the registration is live.
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     let sample: Memcached =
-        serde_yaml::from_str(memcached_operator::demo::SEED_SAMPLE).expect("the seed sample");
+        serde_yaml::from_str(memcached_operator::samples::SEED_SAMPLE).expect("the seed sample");
     refused_by_the_webhook(
         memcacheds.create(&PostParams::default(), &sample).await,
         &ns,

@@ -1,5 +1,5 @@
-//! The committed `config/` tree is exactly what `memcached-operator manifests` writes, and
-//! what `kubectl kustomize` builds from it is accepted by the (in-memory) API server.
+//! The committed `config/` tree is exactly what `memcached-operator-gen manifests` writes,
+//! and what `kubectl kustomize` builds from it is accepted by the (in-memory) API server.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,12 +16,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Api, Client};
-use memcached_operator::{manifests, webhook};
+use memcached_operator::webhook;
+use memcached_operator_gen::manifests;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-#[path = "common/foreign_crds.rs"]
+#[path = "../../operator/tests/common/foreign_crds.rs"]
 mod foreign_crds;
 
 fn config_dir() -> PathBuf {

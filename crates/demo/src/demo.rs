@@ -1,6 +1,6 @@
-//! `memcached-operator demo`: the operator running in-process against the in-memory API
-//! server with its workload simulator. It applies the seed's sample, scales it, repairs
-//! drift, recreates a deleted Service and deletes the sample, printing what happens.
+//! The demo: the operator running in-process against the in-memory API server with its
+//! workload simulator. It applies the seed's sample, scales it, repairs drift, recreates a
+//! deleted Service and deletes the sample, printing what happens.
 
 use std::future::Future;
 use std::io::Write;
@@ -16,18 +16,8 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
-
-use crate::controller::{self, ControllerConfig};
-
-/// The seed's sample, verbatim (config/samples in the seed's project).
-pub const SEED_SAMPLE: &str = "\
-apiVersion: memcached.cache.example.com/v1
-kind: Memcached
-metadata:
-  name: memcached-sample
-spec:
-  size: 3
-";
+use memcached_operator::controller::{self, ControllerConfig};
+use memcached_operator::samples::SEED_SAMPLE;
 
 /// How the demo went wrong, naming the step.
 #[derive(Debug, thiserror::Error)]

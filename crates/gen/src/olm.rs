@@ -1,5 +1,5 @@
 //! The OLM bundle (`bundle/`, `bundle.Dockerfile`), generated from the same code as
-//! `config/` and the chart (`memcached-operator bundle`, `make bundle`): the
+//! `config/` and the chart (`memcached-operator-gen bundle`, `make bundle`): the
 //! ClusterServiceVersion with the owned CRD and its descriptors, the RBAC, the Deployment,
 //! the webhook definitions and the OperatorHub listing; the CRD, the metrics Service and the
 //! metrics-reader ClusterRole beside it. `tests/olm.rs` validates it with the pinned
@@ -15,7 +15,7 @@ use memcached_api::Memcached;
 use serde_json::{Value, json};
 
 use crate::manifests::{self, Error, File, HEADER};
-use crate::{rbac, webhook};
+use memcached_operator::{rbac, webhook};
 
 /// The OLM package, and the CSV's name prefix.
 pub const PACKAGE: &str = "memcached-operator";
@@ -253,9 +253,11 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
         .cloned()
         .unwrap_or(Value::Null);
     let sample: Value =
-        serde_yaml::from_str(crate::demo::SEED_SAMPLE).map_err(|source| Error::Yaml {
-            path: "the seed sample".into(),
-            source,
+        serde_yaml::from_str(memcached_operator::samples::SEED_SAMPLE).map_err(|source| {
+            Error::Yaml {
+                path: "the seed sample".into(),
+                source,
+            }
         })?;
 
     // The manager Deployment as config/default deploys it, with the released image and the
