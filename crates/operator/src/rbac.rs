@@ -1,7 +1,7 @@
 //! The operator's RBAC, declared once, next to the code that needs it.
 //!
 //! `config/rbac` is generated from these tables and from the kinds of the controller's
-//! children (`crate::children`) by `memcached-operator manifests`, and
+//! children (`crate::children`) by `memcached-operator-gen manifests`, and
 //! `tests/rbac.rs` runs the controller against the in-memory API server, records every
 //! request it makes and checks each against the generated roles — so a rule that is
 //! missing fails a test, and the roles carry no wildcard. Every rule says which code path
