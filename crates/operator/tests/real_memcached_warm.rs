@@ -245,6 +245,25 @@ impl<S: Read + Write> Client<S> {
         }
     }
 
+    /// Sets `items` in one round trip; the items memcached refused for lack of memory
+    /// (`-M`), to be sent again.
+    fn set_many_refused(&mut self, items: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+        let mut batch = Vec::new();
+        for (key, value) in items {
+            batch.extend(Self::set_command(key, value));
+        }
+        self.send(&batch);
+        let mut refused = Vec::new();
+        for item in items {
+            match self.line().as_str() {
+                "STORED" => {}
+                "SERVER_ERROR out of memory storing object" => refused.push(item.clone()),
+                other => panic!("set {}: {other}", item.0),
+            }
+        }
+        refused
+    }
+
     fn get(&mut self, key: &str) -> Option<Vec<u8>> {
         self.send(format!("get {key}\r\n").as_bytes());
         let header = self.line();
@@ -805,9 +824,6 @@ fn extstore_holds_four_times_the_memory() {
     const MEMORY_MIB: u64 = 64;
     const VALUE: usize = 16 * 1024;
     const TOTAL: u64 = 4 * MEMORY_MIB * MIB;
-    // memcached's flush thread must keep up: unpaced writes (~40 MiB/s and more) outrun it
-    // and items are evicted. Pacing, not asserted on.
-    const RATE: f64 = 16.0 * MIB as f64;
     let count = usize::try_from(TOTAL).expect("usize") / VALUE;
 
     let dir = TempDir::new("extstore");
@@ -828,23 +844,46 @@ fn extstore_holds_four_times_the_memory() {
     let mut args = memcached_command(&pod_spec(&mc));
     let file = dir.writable_subdir("extstore").join("data");
     rewrite(&mut args, EXTSTORE_FILE, &file.display().to_string());
+    // memcached's flush thread moves values to the file in the background; a writer that
+    // outruns it (unpaced writes, or a busy machine starving the flusher) would have items
+    // evicted. `-M` makes memcached refuse a write it has no room for yet instead, so the
+    // writes below are paced by memcached itself: a refused one is sent again once the
+    // flusher has written more. What is checked, every item read back from a pool four
+    // times its memory, does not depend on it.
+    args.push("-M".into());
     let mut memcached = start_memcached(&args, &dir);
     wait_listening(port, &mut memcached);
 
     let mut client = plain(port);
     let started = Instant::now();
     let mut sent = 0u64;
+    let mut refusals = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(300);
     for batch in (0..count).collect::<Vec<_>>().chunks(64) {
-        let items: Vec<(String, Vec<u8>)> = batch
+        let mut items: Vec<(String, Vec<u8>)> = batch
             .iter()
             .map(|&i| (format!("ext:{i}"), big_value(i, VALUE)))
             .collect();
-        client.set_many(&items);
-        sent += (batch.len() * VALUE) as u64;
-        let due = Duration::from_secs_f64(sent as f64 / RATE);
-        if let Some(wait) = due.checked_sub(started.elapsed()) {
-            std::thread::sleep(wait);
+        loop {
+            let written = stat(&client.stats(""), "extstore_bytes_written");
+            items = client.set_many_refused(&items);
+            if items.is_empty() {
+                break;
+            }
+            refusals += items.len() as u64;
+            assert!(
+                Instant::now() < deadline,
+                "memcached kept refusing writes for lack of memory: {:?}",
+                client.stats("")
+            );
+            // Wait for the flusher to make room: more bytes written to the file.
+            while stat(&client.stats(""), "extstore_bytes_written") == written
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
+        sent += (batch.len() * VALUE) as u64;
     }
     let rate = sent as f64 / MIB as f64 / started.elapsed().as_secs_f64();
 
@@ -860,7 +899,8 @@ fn extstore_holds_four_times_the_memory() {
     let stats = client.stats("");
     let used = stat(&stats, "extstore_bytes_used");
     eprintln!(
-        "extstore: {count} items of {VALUE} bytes written at {rate:.1} MiB/s; \
+        "extstore: {count} items of {VALUE} bytes written at {rate:.1} MiB/s ({refusals} \
+         writes refused until the flusher made room); \
          extstore_objects_used {}, extstore_bytes_used {used} ({:.1} MiB), \
          extstore_bytes_written {}, get_extstore {}, evictions {}",
         stat(&stats, "extstore_objects_used"),
