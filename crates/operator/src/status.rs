@@ -61,6 +61,9 @@ pub struct Observed<'a> {
     pub proxy: Option<ObservedProxy<'a>>,
     /// Pods whose TLS reload agent reported renewed files it could not load, sorted by pod.
     pub reload_failures: Vec<ReloadFailure>,
+    /// The operator's new default memcached image waits for a fleet-wide rollout slot:
+    /// pools rolling now, and how many may roll at once.
+    pub rollout_waiting: Option<(usize, usize)>,
 }
 
 /// A pod whose TLS reload agent reported renewed certificate files it could not load.
@@ -158,6 +161,9 @@ fn proxy_status(
         condition,
     )
 }
+
+/// `Progressing`'s reason while a pool waits to roll to the operator's new default image.
+pub const WAITING_FOR_ROLLOUT_SLOT: &str = "WaitingForRolloutSlot";
 
 /// The reason kube-controller-manager gives a Deployment whose rollout made no progress
 /// within its `progressDeadlineSeconds` (pods that crash or never become ready).
@@ -314,14 +320,24 @@ pub fn desired_status(
             };
             // The Deployment controller gave up waiting for this rollout.
             let stuck = r.stuck.clone().filter(|_| r.observed && !done);
-            let progressing_cond = match &stuck {
-                Some(why) => cond(
+            let progressing_cond = match (&stuck, observed.rollout_waiting) {
+                (Some(why), _) => cond(
                     condition::PROGRESSING,
                     false,
                     PROGRESS_DEADLINE_EXCEEDED,
                     format!("{message}; the rollout is stuck: {why}"),
                 ),
-                None => cond(condition::PROGRESSING, !done, reason, message),
+                (None, Some((rolling, max))) if done => cond(
+                    condition::PROGRESSING,
+                    true,
+                    WAITING_FOR_ROLLOUT_SLOT,
+                    format!(
+                        "the operator's new default memcached image waits for a rollout slot: \
+                         {rolling} other pools are rolling, at most {max} at once \
+                         (--max-concurrent-pool-rollouts)"
+                    ),
+                ),
+                (None, _) => cond(condition::PROGRESSING, !done, reason, message),
             };
             (r.replicas, r.ready, available_cond, progressing_cond, stuck)
         }
@@ -621,6 +637,7 @@ mod tests {
             problem: None,
             proxy: None,
             reload_failures: Vec::new(),
+            rollout_waiting: None,
         };
         let s = desired_status(&mc(3, 4), &observed, t(100));
         assert_eq!(s.nodes, ["m-abc-1", "m-abc-2", "m-abc-3"]);
@@ -700,6 +717,7 @@ mod tests {
                     version: v.into(),
                 }),
                 reload_failures: Vec::new(),
+                rollout_waiting: None,
             };
             desired_status(m, &observed, now)
         };

@@ -14,7 +14,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use memcached_api::Memcached;
 use memcached_operator::builders::{self, BuildSettings};
-use memcached_operator::children::{CHILDREN, Child, Desired, Kind, Report};
+use memcached_operator::children::{CHILDREN, Child, Desired, Keep, Kind, Report};
 use memcached_operator::controller::{self, ControllerConfig};
 use memcached_operator::rbac;
 use memcached_operator::webhook::dry_run::{ChildrenCheck, Verdict};
@@ -56,6 +56,7 @@ static WITH_EXTRA: LazyLock<&'static [Child]> = LazyLock::new(|| {
         name: |name| format!("{name}-extra"),
         build: |mc, _| extra(mc),
         report: Report::Plain,
+        keep: Keep::Nothing,
     });
     Box::leak(list.into_boxed_slice())
 });

@@ -188,6 +188,7 @@ fn a_stuck_rollout_survives_the_cache_and_is_degraded() {
             problem: None,
             proxy: None,
             reload_failures: Vec::new(),
+            rollout_waiting: None,
         },
         jiff::Timestamp::UNIX_EPOCH,
     );
@@ -226,6 +227,7 @@ fn a_stuck_rollout_survives_the_cache_and_is_degraded() {
             problem: None,
             proxy: None,
             reload_failures: Vec::new(),
+            rollout_waiting: None,
         },
         jiff::Timestamp::UNIX_EPOCH,
     );

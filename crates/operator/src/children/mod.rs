@@ -165,6 +165,19 @@ pub enum Report {
     Replicas,
 }
 
+/// What a child keeps of its live form when only the operator changed (an upgrade of the
+/// operator, a new default image of a helper): see `controller::rollout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Nothing: the child is what its builder says.
+    Nothing,
+    /// A pool's Deployment: the live form of its pod helpers (the TLS reload agent, the
+    /// exporter, the Secrets' and extstore's volumes) until its template changes for a
+    /// reason of its own, and the live memcached image until a fleet-wide rollout slot is
+    /// free.
+    PodHelpers,
+}
+
 /// One entry of the list: a kind of child a Memcached may own.
 #[derive(Clone, Copy, Debug)]
 pub struct Child {
@@ -178,6 +191,7 @@ pub struct Child {
     /// (then an existing one of ours is deleted). Pure.
     pub build: fn(&Memcached, &Inputs<'_>) -> Result<Option<Desired>, BuildError>,
     pub report: Report,
+    pub keep: Keep,
 }
 
 /// The role of the proxy's Deployment, in errors and in the webhook's refusals.
@@ -195,6 +209,7 @@ pub static CHILDREN: &[Child] = &[
                 .map(|d| Some(Desired::Deployment(d)))
         },
         report: Report::Replicas,
+        keep: Keep::PodHelpers,
     },
     // The client Service: one address for the pool's pods.
     Child {
@@ -203,6 +218,7 @@ pub static CHILDREN: &[Child] = &[
         name: |name| name.to_string(),
         build: |mc, _| builders::desired_service(mc).map(|s| Some(Desired::Service(s))),
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     // The headless Service: DNS names every ready pod, for clients that hash keys.
     Child {
@@ -211,6 +227,7 @@ pub static CHILDREN: &[Child] = &[
         name: builders::headless_name,
         build: |mc, _| builders::desired_headless_service(mc).map(|s| Some(Desired::Service(s))),
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     // One voluntary disruption at a time, from two pods.
     Child {
@@ -219,6 +236,7 @@ pub static CHILDREN: &[Child] = &[
         name: |name| name.to_string(),
         build: |mc, _| builders::desired_pdb(mc).map(|p| p.map(Desired::PodDisruptionBudget)),
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     // The exporter's scrape, where the Prometheus Operator is installed.
     Child {
@@ -229,6 +247,7 @@ pub static CHILDREN: &[Child] = &[
             builders::desired_service_monitor(mc).map(|m| m.map(Desired::ServiceMonitor))
         },
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     // memcached's proxy in front of the pool (`spec.proxy`).
     Child {
@@ -239,6 +258,7 @@ pub static CHILDREN: &[Child] = &[
             proxy::desired_proxy_deployment(mc, inputs.settings).map(|d| d.map(Desired::Deployment))
         },
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     Child {
         role: "Service",
@@ -246,6 +266,7 @@ pub static CHILDREN: &[Child] = &[
         name: proxy::proxy_name,
         build: |mc, _| proxy::desired_proxy_service(mc).map(|s| s.map(Desired::Service)),
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     Child {
         role: "PodDisruptionBudget",
@@ -253,6 +274,7 @@ pub static CHILDREN: &[Child] = &[
         name: proxy::proxy_name,
         build: |mc, _| proxy::desired_proxy_pdb(mc).map(|p| p.map(Desired::PodDisruptionBudget)),
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
     // The proxy's routes: the pool's pods as backends.
     Child {
@@ -264,6 +286,7 @@ pub static CHILDREN: &[Child] = &[
                 .map(|c| c.map(|(config_map, _)| Desired::ConfigMap(config_map)))
         },
         report: Report::Plain,
+        keep: Keep::Nothing,
     },
 ];
 

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -21,9 +22,10 @@ use tracing::{debug, info};
 
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
+use super::rollout;
 use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, ServiceMonitor};
 use crate::cached::{CacheForm, CachedDeployment, SpecOnly};
-use crate::children::{Child, Desired, Inputs, Kind, Planned, Report, origins};
+use crate::children::{Child, Desired, Inputs, Keep, Kind, Planned, Report, origins};
 use crate::drift::{self, NormalForm};
 
 /// The Memcached a child belongs to, as the normal forms are filed under.
@@ -110,6 +112,9 @@ enum Applied<T> {
 #[derive(Default)]
 pub(super) struct AppliedChildren {
     deployments: Vec<(String, Arc<CachedDeployment>)>,
+    /// The pool's new default image waits for a rollout slot: pools rolling now, of how
+    /// many at once.
+    pub rollout_waiting: Option<(usize, usize)>,
 }
 
 impl AppliedChildren {
@@ -122,8 +127,13 @@ impl AppliedChildren {
     }
 }
 
-/// What one child's apply leaves for the reconcile: its live Deployment, if it is one.
-type ChildOutcome = Option<(String, Arc<CachedDeployment>)>;
+/// What a Deployment's apply leaves for the reconcile.
+struct ChildOutcome {
+    /// The Deployment as the apply left it, by name.
+    deployment: (String, Arc<CachedDeployment>),
+    /// A new default image waiting for a rollout slot: pools rolling now, of how many.
+    waiting: Option<(usize, usize)>,
+}
 
 /// Applies every wanted child of `plans` at once (they do not depend on each other, so a new
 /// Memcached waits for one round trip, not one per child) and then deletes ours that are no
@@ -159,11 +169,14 @@ pub(super) async fn apply_children(
     let mut errors = Vec::new();
     for outcome in outcomes {
         match outcome {
-            Ok((change, deployment)) => {
+            Ok((change, outcome)) => {
                 if let Some((reason, action, note)) = change {
                     changes.push(reason, action, note);
                 }
-                applied.deployments.extend(deployment);
+                if let Some(outcome) = outcome {
+                    applied.deployments.push(outcome.deployment);
+                    applied.rollout_waiting = applied.rollout_waiting.or(outcome.waiting);
+                }
             }
             Err(e) => errors.push(e),
         }
@@ -191,7 +204,7 @@ async fn apply_child(
     child: &Child,
     desired: Desired,
     inputs: &Inputs<'_>,
-) -> Result<(Option<Change>, ChildOutcome), Error> {
+) -> Result<(Option<Change>, Option<ChildOutcome>), Error> {
     let apply = Apply {
         ctx,
         mc,
@@ -202,13 +215,22 @@ async fn apply_child(
     match desired {
         Desired::Deployment(d) => {
             let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let applied = apply.run(Source::Cache(&ctx.deployments), d).await?;
+            let (applied, waiting) = match child.keep {
+                Keep::PodHelpers => apply.run_pool(d).await?,
+                Keep::Nothing => (apply.run(Source::Cache(&ctx.deployments), d).await?, None),
+            };
             let change = apply.report(&applied, Some(want));
             let live = match applied {
                 Applied::Unchanged(live) => live,
                 Applied::Created(after) | Applied::Updated { after, .. } => Arc::new(after),
             };
-            Ok((change, Some((live.name_any(), live))))
+            Ok((
+                change,
+                Some(ChildOutcome {
+                    deployment: (live.name_any(), live),
+                    waiting,
+                }),
+            ))
         }
         Desired::Service(s) => {
             let applied = apply.run(Source::Cache(&ctx.services), s).await?;
@@ -239,6 +261,20 @@ struct Apply<'a> {
     inputs: &'a Inputs<'a>,
 }
 
+/// A desired child with its hash, and the live child of that name.
+struct Prepared<C: CacheForm> {
+    desired: C::Full,
+    /// `desired` as JSON (with its hash annotation), for the drift check.
+    want: Option<Value>,
+    hash: u64,
+    name: String,
+    namespace: String,
+    /// The key its normal forms are filed under.
+    key: u64,
+    api: Api<C>,
+    live: Option<Arc<C>>,
+}
+
 impl Apply<'_> {
     /// Applies `desired` unless the live child (read from `source`) already holds it.
     async fn run<C: CacheForm>(
@@ -246,14 +282,28 @@ impl Apply<'_> {
         source: Source<'_, C>,
         desired: C::Full,
     ) -> Result<Applied<C>, Error> {
-        let ctx = self.ctx;
-        let (desired, hash) = with_hash(desired);
+        let prepared = self.prepare(source, desired).await?;
+        if let Some(live) = &prepared.live
+            && self.unchanged(&prepared, live).await
+        {
+            return Ok(Applied::Unchanged(live.clone()));
+        }
+        self.write(prepared).await
+    }
+
+    /// Hashes `desired` and reads the live child of its name: from `source`, and for a child
+    /// the cache does not hold, from the API server (an object of that name may exist
+    /// without our labels). Refuses a live child this Memcached does not control.
+    async fn prepare<C: CacheForm>(
+        &self,
+        source: Source<'_, C>,
+        desired: C::Full,
+    ) -> Result<Prepared<C>, Error> {
         let name = desired.name_any();
         let namespace = desired.namespace().ok_or(Error::NoNamespace)?;
         let key = ObjectRef::new(&name).within(&namespace);
-        let child = child_key(self.child.kind.name(), &name);
         // The answers are read straight into the cached form (only what the cache keeps).
-        let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
+        let api: Api<C> = Api::namespaced(self.ctx.client.clone(), &namespace);
         let mut live = source
             .live(&api, &key)
             .await
@@ -284,47 +334,167 @@ impl Apply<'_> {
                 None => Error::NotOurs { kind, object },
             });
         }
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let want = serde_json::to_value(&desired).ok();
-        if let Some(live) = live.as_ref() {
-            // This version of the child was compared with this desired state before: a
-            // resync of a converged child costs one hash, not a JSON comparison.
-            if live.verified().holds(hash) {
-                return Ok(Applied::Unchanged(live.clone()));
-            }
-            ctx.config
-                .counters
-                .drift_checks
-                .fetch_add(1, Ordering::Relaxed);
-            if let (Some(want), Some(have)) = (want.as_ref(), live.live_json()) {
-                let dry_run = || async {
-                    let stored = api
-                        .patch(&name, &params.clone().dry_run(), &Patch::Apply(&desired))
-                        .await?;
-                    Ok(stored.live_json())
-                };
-                if converged(ctx, self.owner, child, hash, want, &have, dry_run).await {
-                    live.verified().record(hash);
-                    return Ok(Applied::Unchanged(live.clone()));
-                }
-            }
-        }
-        let after = api
-            .patch(&name, &params, &Patch::Apply(&desired))
-            .await
-            .map_err(|source| self.error(&namespace, &name, source))?;
-        learn_from_answer(
-            ctx,
-            self.owner,
-            child,
+        Ok(self.with_live(desired, name, namespace, api, live))
+    }
+
+    /// `desired`, hashed, against `live` (already read and checked).
+    fn with_live<C: CacheForm>(
+        &self,
+        desired: C::Full,
+        name: String,
+        namespace: String,
+        api: Api<C>,
+        live: Option<Arc<C>>,
+    ) -> Prepared<C> {
+        let (desired, hash) = with_hash(desired);
+        Prepared {
+            want: serde_json::to_value(&desired).ok(),
+            key: child_key(self.child.kind.name(), &name),
+            desired,
             hash,
-            want.as_ref(),
+            name,
+            namespace,
+            api,
+            live,
+        }
+    }
+
+    /// Whether `live` already holds what applying the prepared desired state would store
+    /// (then this version of the child is remembered as converged with it).
+    async fn unchanged<C: CacheForm>(&self, p: &Prepared<C>, live: &Arc<C>) -> bool {
+        // This version of the child was compared with this desired state before: a resync
+        // of a converged child costs one hash, not a JSON comparison.
+        if live.verified().holds(p.hash) {
+            return true;
+        }
+        self.ctx
+            .config
+            .counters
+            .drift_checks
+            .fetch_add(1, Ordering::Relaxed);
+        let (Some(want), Some(have)) = (p.want.as_ref(), live.live_json()) else {
+            return false;
+        };
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        let dry_run = || async {
+            let stored = p
+                .api
+                .patch(&p.name, &params, &Patch::Apply(&p.desired))
+                .await?;
+            Ok(stored.live_json())
+        };
+        let converged = converged(self.ctx, self.owner, p.key, p.hash, want, &have, dry_run).await;
+        if converged {
+            live.verified().record(p.hash);
+        }
+        converged
+    }
+
+    /// Applies the prepared desired state.
+    async fn write<C: CacheForm>(&self, p: Prepared<C>) -> Result<Applied<C>, Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let after = p
+            .api
+            .patch(&p.name, &params, &Patch::Apply(&p.desired))
+            .await
+            .map_err(|source| self.error(&p.namespace, &p.name, source))?;
+        learn_from_answer(
+            self.ctx,
+            self.owner,
+            p.key,
+            p.hash,
+            p.want.as_ref(),
             after.live_json(),
         );
-        Ok(match live {
+        Ok(match p.live {
             None => Applied::Created(after),
             Some(before) => Applied::Updated { before, after },
         })
+    }
+
+    /// The pool's Deployment, which keeps the live form of its pod helpers on an operator
+    /// upgrade ([`rollout::keep_live`]): `new` is applied when the pod template changes
+    /// anyway (for the pool's own reasons), else the template is left as it is; a new
+    /// default memcached image rolls when a fleet-wide slot is free, and otherwise waits
+    /// (the second value: pools rolling now, of how many at once).
+    async fn run_pool(
+        &self,
+        new: Deployment,
+    ) -> Result<(Applied<CachedDeployment>, Option<(usize, usize)>), Error> {
+        let ctx = self.ctx;
+        let fresh = self
+            .prepare(Source::Cache(&ctx.deployments), new.clone())
+            .await?;
+        let Some(live) = fresh.live.clone() else {
+            return Ok((self.write(fresh).await?, None));
+        };
+        if self.unchanged(&fresh, &live).await {
+            return Ok((Applied::Unchanged(live), None));
+        }
+        let live_json = live.live_json();
+        let held = live_json
+            .as_ref()
+            .and_then(|l| l.get("spec"))
+            .and_then(|spec| rollout::keep_live(self.mc, &new, spec, true));
+        let Some(held) = held else {
+            return Ok((self.write(fresh).await?, None));
+        };
+        let image_moves = rollout::memcached_image(&held) != rollout::memcached_image(&new);
+        let kept = self.with_live(
+            held,
+            fresh.name.clone(),
+            fresh.namespace.clone(),
+            fresh.api.clone(),
+            Some(live.clone()),
+        );
+        let kept_unchanged = self.unchanged(&kept, &live).await;
+        if !kept_unchanged && !self.keeps_template(&kept, live_json.as_ref()).await? {
+            // The template changes for the pool's own reasons: everything new, in one go.
+            return Ok((self.write(fresh).await?, None));
+        }
+        let pool = self.owner.object.clone();
+        if image_moves {
+            if ctx.config.rollout_slots.try_take(&pool) {
+                let applied = self.write(fresh).await?;
+                if let Applied::Updated { after, .. } = &applied {
+                    ctx.config
+                        .rollout_slots
+                        .started(pool, after.metadata.generation.unwrap_or(0));
+                }
+                return Ok((applied, None));
+            }
+        } else if kept_unchanged {
+            // Only the helpers would move: this version of the Deployment is as wanted.
+            live.verified().record(fresh.hash);
+        }
+        let waiting = image_moves.then(|| {
+            (
+                ctx.config.rollout_slots.rolling(&pool),
+                ctx.config.rollout_slots.max(),
+            )
+        });
+        if kept_unchanged {
+            return Ok((Applied::Unchanged(live), waiting));
+        }
+        Ok((self.write(kept).await?, waiting))
+    }
+
+    /// Whether applying `kept` leaves the live pod template as it is, by the server's own
+    /// answer to a dry run (it decides the defaults and the normal form of what it stores).
+    async fn keeps_template(
+        &self,
+        kept: &Prepared<CachedDeployment>,
+        live: Option<&Value>,
+    ) -> Result<bool, Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        let stored = kept
+            .api
+            .patch(&kept.name, &params, &Patch::Apply(&kept.desired))
+            .await
+            .map_err(|source| self.error(&kept.namespace, &kept.name, source))?;
+        let stored = stored.live_json();
+        Ok(stored.as_ref().and_then(rollout::template).is_some()
+            && stored.as_ref().and_then(rollout::template) == live.and_then(rollout::template))
     }
 
     /// A failed read or write of the child `namespace/name`: [`Error::Refused`] on the

@@ -14,6 +14,7 @@ pub mod context;
 pub mod events;
 pub mod reconcile;
 pub mod restart_gate;
+pub mod rollout;
 pub mod secrets;
 pub mod telemetry;
 pub mod watches;
@@ -33,6 +34,7 @@ use tracing::debug;
 
 pub use context::{Context, Error};
 pub use reconcile::{error_policy, reconcile};
+pub use rollout::RolloutSlots;
 pub use telemetry::{ReconcileCounters, Telemetry};
 pub use watches::Caches;
 
@@ -40,6 +42,10 @@ use crate::builders::{BuildSettings, MANAGED_BY};
 use crate::children::{self, Child};
 use crate::drift::NormalForms;
 use crate::triggers::{self, Busy};
+
+/// Pools rolling at once for a new default memcached image, unless told otherwise: few
+/// enough that the backends behind the fleet's caches feel one cold pool at a time.
+pub const DEFAULT_MAX_CONCURRENT_POOL_ROLLOUTS: usize = 2;
 
 /// Name under which the controller reports events and metrics.
 pub const CONTROLLER_NAME: &str = "memcached";
@@ -94,6 +100,10 @@ pub struct ControllerConfig {
     /// How soon a Memcached waiting for a missing Secret is looked at again (Secrets are
     /// not watched).
     pub secret_recheck: Duration,
+    /// The budget of pools rolling at once for a new default memcached image
+    /// (`--max-concurrent-pool-rollouts`), shared by the controllers of every watched scope:
+    /// see [`rollout`].
+    pub rollout_slots: Arc<RolloutSlots>,
     /// The children each Memcached owns ([`children::CHILDREN`]; another list only in
     /// tests that add a child).
     pub children: &'static [Child],
@@ -112,6 +122,7 @@ impl Default for ControllerConfig {
             counters: Arc::default(),
             telemetry: None,
             secret_recheck: Duration::from_secs(15),
+            rollout_slots: Arc::default(),
             children: children::CHILDREN,
         }
     }
@@ -162,6 +173,9 @@ pub async fn run_controller(
         controller: MANAGED_BY.to_string(),
         instance: config.instance.clone(),
     };
+    config
+        .rollout_slots
+        .watch(config.namespace.clone(), caches.deployments.store());
     let busy = Busy::new(usize::from(config.concurrency));
     let events = events::Events::start(client.clone(), reporter, busy.clone());
     let ctx = Arc::new(Context::new(

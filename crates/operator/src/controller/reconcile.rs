@@ -172,6 +172,7 @@ async fn reconcile_inner(
         problem: None,
         proxy,
         reload_failures: failures.clone(),
+        rollout_waiting: applied.rollout_waiting,
     };
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
@@ -198,10 +199,20 @@ async fn reconcile_inner(
 
     // 5. Reported in the status first (above), then restarted.
     restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
+    // A pool waiting for a rollout slot looks again soon (a slot frees when another pool's
+    // rollout is done, which does not wake this one).
+    let recheck = match applied.rollout_waiting {
+        Some(_) => Some(recheck.map_or(ROLLOUT_SLOT_RECHECK, |r| r.min(ROLLOUT_SLOT_RECHECK))),
+        None => recheck,
+    };
     Ok(Action::requeue(
         recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
     ))
 }
+
+/// How soon a pool waiting for a rollout slot looks again (costs no request: the slots are
+/// counted from the cache).
+const ROLLOUT_SLOT_RECHECK: Duration = Duration::from_secs(5);
 
 /// The live pods of `mc` in the pod cache: neither being deleted nor ended (a Failed or
 /// evicted pod stays until garbage-collected, but serves nothing).
@@ -296,6 +307,7 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
         problem: Some(problem),
         proxy: None,
         reload_failures: restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name),
+        rollout_waiting: None,
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
     write_status_if_changed(&ctx.client, mc, status).await

@@ -1,0 +1,397 @@
+//! What an upgrade of the operator may change in a running pool's pods: nothing memcached
+//! does not need.
+//!
+//! Some parts of the pool's pod template are decided by the operator's own version, not by
+//! the Memcached: the TLS reload agent, the exporter sidecar, the volumes of the Secrets and
+//! of extstore (their images, commands and shapes). When only they would change, a running
+//! pool keeps their live form ([`keep_live`]) until its template changes for a reason of its
+//! own (a spec change, a rotated Secret), and then takes everything new in that one
+//! rollout. A new default memcached image (for pools that name none) changes memcached
+//! itself, so it rolls, but only a few pools at a time across the fleet ([`RolloutSlots`]):
+//! an operator upgrade never flushes every cache at once.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use memcached_api::Memcached;
+use serde_json::Value;
+
+use crate::builders::{CONTAINER_NAME, EXPORTER_NAME, EXTSTORE_VOLUME, TLS_AGENT_NAME};
+use crate::cached::{CacheForm, CachedDeployment};
+
+/// The pod template's containers whose live form a pool keeps: `(list, name)`.
+const KEPT_CONTAINERS: [(&str, &str); 2] = [
+    ("initContainers", TLS_AGENT_NAME),
+    ("containers", EXPORTER_NAME),
+];
+
+/// The pod template's volumes whose live form a pool keeps: the Secrets', the reload
+/// agent's state and extstore's.
+pub const KEPT_VOLUMES: [&str; 4] = ["sasl", "tls", "tls-reload-agent", EXTSTORE_VOLUME];
+
+/// `new` (the pool's desired Deployment) with the live form of the parts listed above taken
+/// from `live` (the live Deployment's spec, as JSON) where it still says what the spec
+/// says ([`spec_agrees`]), and, unless `mc` names its image and while `hold_image`, the
+/// live memcached image; `None` when that is `new` itself.
+pub fn keep_live(
+    mc: &Memcached,
+    new: &Deployment,
+    live: &Value,
+    hold_image: bool,
+) -> Option<Deployment> {
+    let live_pod = live.pointer("/template/spec")?;
+    let mut json = serde_json::to_value(new).ok()?;
+    let pod = json.pointer_mut("/spec/template/spec")?;
+    for (list, name) in KEPT_CONTAINERS {
+        take_named(mc, pod, live_pod, list, name);
+    }
+    for name in KEPT_VOLUMES {
+        take_named(mc, pod, live_pod, "volumes", name);
+    }
+    if hold_image && mc.spec.image.is_none() {
+        let live_image = named(live_pod, "containers", CONTAINER_NAME)
+            .and_then(|c| c.get("image"))
+            .cloned();
+        if let (Some(image), Some(ours)) =
+            (live_image, named_mut(pod, "containers", CONTAINER_NAME))
+        {
+            ours["image"] = image;
+        }
+    }
+    let kept: Deployment = serde_json::from_value(json).ok()?;
+    (kept != *new).then_some(kept)
+}
+
+fn named<'a>(pod: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
+    pod.get(list)?
+        .as_array()?
+        .iter()
+        .find(|item| item.get("name").and_then(Value::as_str) == Some(name))
+}
+
+fn named_mut<'a>(pod: &'a mut Value, list: &str, name: &str) -> Option<&'a mut Value> {
+    pod.get_mut(list)?
+        .as_array_mut()?
+        .iter_mut()
+        .find(|item| item.get("name").and_then(Value::as_str) == Some(name))
+}
+
+/// Replaces the item `name` of `pod`'s `list` with `live_pod`'s, when both have one and
+/// the live one still says what the spec says.
+fn take_named(mc: &Memcached, pod: &mut Value, live_pod: &Value, list: &str, name: &str) {
+    if let (Some(live), Some(ours)) = (named(live_pod, list, name), named_mut(pod, list, name))
+        && spec_agrees(mc, name, live, ours)
+    {
+        *ours = live.clone();
+    }
+}
+
+/// Whether the live form of a kept part holds what the Memcached's spec puts in it (the
+/// new form `ours` is built from the spec): only what the operator decides may differ. A
+/// pool whose spec moved a kept part (another exporter image, Secret or StorageClass) takes
+/// the new form.
+fn spec_agrees(mc: &Memcached, name: &str, live: &Value, ours: &Value) -> bool {
+    let same = |pointer: &str| live.pointer(pointer) == ours.pointer(pointer);
+    match name {
+        EXPORTER_NAME => {
+            mc.spec.exporter.as_ref().is_none_or(|e| e.image.is_none()) || same("/image")
+        }
+        "sasl" | "tls" => same("/secret/secretName"),
+        EXTSTORE_VOLUME => {
+            same("/emptyDir/medium")
+                && live.get("emptyDir").is_some() == ours.get("emptyDir").is_some()
+                && same("/ephemeral/volumeClaimTemplate/spec/storageClassName")
+        }
+        _ => true,
+    }
+}
+
+/// The memcached image of a Deployment.
+pub fn memcached_image(d: &Deployment) -> Option<&str> {
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == CONTAINER_NAME)?
+        .image
+        .as_deref()
+}
+
+/// The pod template of a Deployment's JSON (cached or as the server answered).
+pub fn template(deployment: &Value) -> Option<&Value> {
+    deployment.pointer("/spec/template")
+}
+
+/// A fleet-wide budget of pools rolling at once for a new default memcached image: a pool
+/// takes a slot when fewer than `max` other pools are mid-rollout (for whatever reason,
+/// read from the cached Deployments of every scope the operator watches, plus those this
+/// process has just started and the caches do not show yet). The slot is free again when
+/// the pool's rollout is done.
+#[derive(Debug)]
+pub struct RolloutSlots {
+    max: usize,
+    /// The Deployment cache of every watched scope (a namespace, or all: `None`).
+    stores: Mutex<HashMap<Option<String>, Store<CachedDeployment>>>,
+    /// Pools whose image rollout this process started, with the Deployment's generation
+    /// after that write, until the cache shows it.
+    started: Mutex<HashMap<ObjectRef<Memcached>, i64>>,
+}
+
+impl RolloutSlots {
+    /// A budget of `max` pools rolling at once (at least one).
+    pub fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            stores: Mutex::default(),
+            started: Mutex::default(),
+        }
+    }
+
+    /// Counts the pools of `store`, the Deployment cache of `scope`, too.
+    pub fn watch(&self, scope: Option<String>, store: Store<CachedDeployment>) {
+        self.stores
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(scope, store);
+    }
+
+    /// How many pools other than `pool` are rolling now.
+    pub fn rolling(&self, pool: &ObjectRef<Memcached>) -> usize {
+        let stores: Vec<_> = self
+            .stores
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rolling = 0;
+        let mut pools = std::collections::HashSet::new();
+        for d in stores.iter().flat_map(Store::state) {
+            let Some(other) = pool_of(&d) else { continue };
+            if other == *pool {
+                continue;
+            }
+            let seen = started
+                .get(&other)
+                .is_none_or(|g| d.metadata.generation.unwrap_or(0) >= *g);
+            if seen {
+                started.remove(&other);
+            }
+            if !seen || !rollout_done(&d) {
+                rolling += 1;
+            }
+            pools.insert(other);
+        }
+        // Pools gone since they started.
+        started.retain(|p, _| p == pool || pools.contains(p));
+        rolling
+    }
+
+    /// Takes a slot for `pool` if one is free.
+    pub fn try_take(&self, pool: &ObjectRef<Memcached>) -> bool {
+        self.rolling(pool) < self.max
+    }
+
+    /// Records that `pool`'s rollout was started by a write leaving its Deployment at
+    /// `generation`.
+    pub fn started(&self, pool: ObjectRef<Memcached>, generation: i64) {
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pool, generation);
+    }
+
+    /// The most pools rolling at once.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+impl Default for RolloutSlots {
+    fn default() -> Self {
+        Self::new(super::DEFAULT_MAX_CONCURRENT_POOL_ROLLOUTS)
+    }
+}
+
+/// The Memcached a pool Deployment belongs to (a Deployment named as the Memcached that
+/// controls it; the proxy's Deployment is `NAME-proxy`).
+fn pool_of(d: &CachedDeployment) -> Option<ObjectRef<Memcached>> {
+    let owner = d
+        .meta_text()
+        .owner_references()
+        .into_iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Memcached")?;
+    (owner.api_version == Memcached::api_version(&()) && owner.name == d.name_any())
+        .then(|| ObjectRef::new(&owner.name).within(d.namespace().as_deref().unwrap_or_default()))
+}
+
+/// Whether a Deployment's rollout is done: the controller saw its latest spec, and only
+/// updated pods remain, all Ready.
+fn rollout_done(d: &CachedDeployment) -> bool {
+    let want = d.replicas().unwrap_or(1);
+    let Some(s) = d.status.as_ref() else {
+        return want == 0;
+    };
+    let observed = match (s.observed_generation, d.metadata.generation) {
+        (Some(seen), Some(current)) => seen >= current,
+        _ => false,
+    };
+    observed
+        && s.updated_replicas.unwrap_or(0) >= want
+        && s.replicas.unwrap_or(0) == want
+        && s.ready_replicas.unwrap_or(0) >= want
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builders::{self, BuildSettings, SecretVersions};
+    use memcached_api::{ExporterSpec, ExtstoreSpec, MemcachedSpec, SaslSpec, TlsSpec};
+
+    fn pool(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
+        let mut mc = Memcached::new("cache", MemcachedSpec::with_size(3));
+        mc.metadata.namespace = Some("default".into());
+        mc.metadata.uid = Some("uid-1".into());
+        edit(&mut mc.spec);
+        mc
+    }
+
+    fn every_helper(s: &mut MemcachedSpec) {
+        s.tls = Some(TlsSpec::secret("certs"));
+        s.exporter = Some(ExporterSpec {
+            enabled: true,
+            image: None,
+        });
+        s.extstore = Some(ExtstoreSpec {
+            enabled: true,
+            ..ExtstoreSpec::default()
+        });
+    }
+
+    fn deployment(mc: &Memcached, settings: &BuildSettings) -> Deployment {
+        builders::desired_deployment_with(mc, settings, &SecretVersions::default()).expect("builds")
+    }
+
+    fn spec_json(d: &Deployment) -> Value {
+        serde_json::to_value(d.spec.as_ref().expect("spec")).expect("json")
+    }
+
+    #[test]
+    fn an_upgrade_that_moves_only_helpers_keeps_the_live_template() {
+        let mc = pool(every_helper);
+        let before = BuildSettings {
+            tls_agent_image: "registry.example/operator:0.1.0".into(),
+            default_exporter_image: "registry.example/exporter:1".into(),
+            ..BuildSettings::default()
+        };
+        let after = BuildSettings {
+            tls_agent_image: "registry.example/tls-agent:0.2.0".into(),
+            default_exporter_image: "registry.example/exporter:2".into(),
+            ..BuildSettings::default()
+        };
+        let live = deployment(&mc, &before);
+        let new = deployment(&mc, &after);
+        assert_ne!(live, new);
+        let kept = keep_live(&mc, &new, &spec_json(&live), true).expect("keeps");
+        assert_eq!(kept, live, "the helpers as they run");
+    }
+
+    #[test]
+    fn a_new_default_image_is_held_only_for_pools_that_name_none() {
+        let before = BuildSettings {
+            default_image: "memcached:1.6.38".into(),
+            ..BuildSettings::default()
+        };
+        let after = BuildSettings {
+            default_image: "memcached:1.6.39".into(),
+            ..BuildSettings::default()
+        };
+        let unpinned = pool(|_| {});
+        let live = deployment(&unpinned, &before);
+        let new = deployment(&unpinned, &after);
+        let held = keep_live(&unpinned, &new, &spec_json(&live), true).expect("holds");
+        assert_eq!(memcached_image(&held), Some("memcached:1.6.38"));
+        assert_eq!(keep_live(&unpinned, &new, &spec_json(&live), false), None);
+
+        let pinned = pool(|s| s.image = Some("memcached:1.6.30".into()));
+        let live = deployment(&pinned, &before);
+        let new = deployment(&pinned, &after);
+        assert_eq!(keep_live(&pinned, &new, &spec_json(&live), true), None);
+    }
+
+    #[test]
+    fn what_the_spec_changes_is_not_kept() {
+        let settings = BuildSettings::default();
+        let live = deployment(&pool(every_helper), &settings);
+        let mc = pool(|s| {
+            every_helper(s);
+            s.config = Some(memcached_api::MemcachedConfig {
+                memory_mib: 256,
+                ..memcached_api::MemcachedConfig::default()
+            });
+        });
+        let new = deployment(&mc, &settings);
+        // The helpers are the same, so nothing is kept: the new template is applied.
+        assert_eq!(keep_live(&mc, &new, &spec_json(&live), true), None);
+    }
+
+    #[test]
+    fn a_helper_the_spec_moved_is_not_kept() {
+        let settings = BuildSettings::default();
+        let live = deployment(&pool(every_helper), &settings);
+        let exporter = pool(|s| {
+            every_helper(s);
+            s.exporter = Some(ExporterSpec {
+                enabled: true,
+                image: Some("registry.example/exporter:3".into()),
+            });
+        });
+        let new = deployment(&exporter, &settings);
+        assert_eq!(keep_live(&exporter, &new, &spec_json(&live), true), None);
+        let secret = pool(|s| {
+            every_helper(s);
+            s.tls = Some(TlsSpec::secret("renewed-certs"));
+        });
+        let new = deployment(&secret, &settings);
+        assert_eq!(keep_live(&secret, &new, &spec_json(&live), true), None);
+        let class = pool(|s| {
+            every_helper(s);
+            if let Some(ext) = s.extstore.as_mut() {
+                ext.storage_class_name = Some("fast".into());
+            }
+        });
+        let new = deployment(&class, &settings);
+        assert_eq!(keep_live(&class, &new, &spec_json(&live), true), None);
+    }
+
+    #[test]
+    fn every_volume_of_the_pool_is_a_helper_volume() {
+        let mc = pool(|s| {
+            every_helper(s);
+            s.sasl = Some(SaslSpec {
+                secret_name: "auth".into(),
+            });
+        });
+        let d = deployment(&mc, &BuildSettings::default());
+        let volumes = d
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.volumes)
+            .unwrap_or_default();
+        assert!(volumes.len() >= 3);
+        for v in volumes {
+            assert!(
+                KEPT_VOLUMES.contains(&v.name.as_str()),
+                "{} is not kept",
+                v.name
+            );
+        }
+    }
+}
