@@ -9,7 +9,8 @@ VERSION ?= $(CRATE_VERSION)
 IMAGE_TAG_BASE ?= example.com/memcached-operator
 # Image URL to use for all building/pushing image targets.
 IMG ?= controller:latest
-# The TLS reload agent's own image (make docker-build-tls-agent; pods do not use it yet).
+# The TLS reload agent's own image (make docker-build-tls-agent), run as a sidecar of the pools
+# whose certificate is reloaded in place.
 TLS_AGENT_IMG ?= tls-agent:latest
 # The OLM bundle image.
 BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
@@ -163,7 +164,7 @@ docker-push: ## Push the operator image.
 	$(CONTAINER_TOOL) push $(IMG)
 
 .PHONY: docker-build-tls-agent
-docker-build-tls-agent: ## Build the TLS reload agent's own image (pods still run the agent from the operator's image): make docker-build-tls-agent TLS_AGENT_IMG=registry/memcached-tls-agent:tag
+docker-build-tls-agent: ## Build the TLS reload agent's own image: make docker-build-tls-agent TLS_AGENT_IMG=registry/memcached-tls-agent:tag
 	$(CONTAINER_TOOL) build -f tls-agent.Dockerfile -t $(TLS_AGENT_IMG) .
 
 ##@ Release

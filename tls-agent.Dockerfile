@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # The TLS reload agent's own image:
 # `make docker-build-tls-agent TLS_AGENT_IMG=registry/memcached-tls-agent:tag`.
-# Pods do not use it yet: they run the agent as `/memcached-operator tls-reload-agent` from
-# the operator's image (--tls-agent-image).
+# Pools whose certificate is reloaded in place run it as a sidecar (--tls-agent-image);
+# pools created before 0.2.0 keep running the agent from the operator's image they were
+# created with, until their next rollout.
 #
 # As the operator's Dockerfile: stage 1 builds a statically linked binary (musl, the
 # default target of rust:alpine), stage 2 is distroless/static (no shell, no libc, a

@@ -36,7 +36,8 @@ pub struct RunArgs {
     #[arg(long, env = "EXPORTER_IMAGE", default_value = memcached_api::DEFAULT_EXPORTER_IMAGE)]
     pub exporter_image: String,
     /// Image of the TLS reload agent added to pools whose certificate is reloaded in place:
-    /// the operator's own image (config/ sets it from the manager's image).
+    /// the agent's own image (tls-agent.Dockerfile; config/ and the chart name the release's).
+    /// A new one reaches running pools with their next rollout, never by itself.
     #[arg(long, env = "TLS_AGENT_IMAGE", default_value = crate::builders::DEFAULT_TLS_AGENT_IMAGE)]
     pub tls_agent_image: String,
     /// Pools rolling at once to a new `--memcached-image` (pools that name no image): a

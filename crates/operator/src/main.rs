@@ -25,9 +25,10 @@ enum Command {
     Run(Box<cmd::RunArgs>),
     /// Print the Memcached CustomResourceDefinition as YAML.
     Crd,
-    // Pods built by this and earlier releases run the agent as this subcommand of the
-    // operator's image (builders::TLS_AGENT_BINARY, TLS_AGENT_COMMAND): it stays while
-    // such pods may run. The agent itself is the memcached-tls-agent crate.
+    // Pools created by releases before 0.2.0 run the agent as this subcommand of the
+    // operator's image they were created with (an upgrade keeps their agent as it runs:
+    // controller::rollout); new pools run the agent's own image. The agent itself is the
+    // memcached-tls-agent crate.
     /// The TLS reload agent (a sidecar in memcached pods): has memcached load a renewed
     /// certificate in place when the mounted files change.
     TlsReloadAgent(tls_agent::AgentArgs),

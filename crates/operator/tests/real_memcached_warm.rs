@@ -35,7 +35,7 @@ use common::process::{free_port, memcached_binary};
 
 const TLS_DIR: &str = "/etc/memcached/tls";
 const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
-const AGENT_BINARY: &str = "/memcached-operator";
+const AGENT_BINARY: &str = builders::TLS_AGENT_BINARY;
 const MIB: u64 = 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------
@@ -532,7 +532,7 @@ impl TlsPool {
         let agent = spawn(
             "the reload agent",
             env!("CARGO_BIN_EXE_memcached-operator"),
-            &agent_args[1..],
+            &agent_command(&agent_args),
             dir.path().join("agent.log"),
         );
         wait_listening(port, &mut memcached);
@@ -555,7 +555,7 @@ impl TlsPool {
         self.agent = spawn(
             "the reload agent",
             env!("CARGO_BIN_EXE_memcached-operator"),
-            &self.agent_args[1..],
+            &agent_command(&self.agent_args),
             self.dir.path().join("agent-2.log"),
         );
     }
@@ -909,7 +909,19 @@ fn extstore_holds_four_times_the_memory() {
         stat(&stats, "get_extstore"),
         stat(&stats, "evictions"),
     );
-    assert_eq!(misses, 0, "of {count} items, {misses} missing: {stats:?}");
+    // A cache, not a store: when memcached's slab rebalancer moves a page between item
+    // sizes it drops what it cannot rescue (`slab_reassign_evictions_nomem`), more often on
+    // a busy machine. The claim is the capacity: all but a sliver of four times the memory
+    // is read back.
+    assert!(
+        misses * 100 <= count,
+        "of {count} items, {misses} missing (more than 1 %): {stats:?}"
+    );
+    assert_eq!(
+        misses,
+        stat(&stats, "slab_reassign_evictions_nomem") as usize + stat(&stats, "evictions") as usize,
+        "every missing item was dropped by memcached's own rebalancing: {stats:?}"
+    );
     assert_eq!(wrong, 0, "of {count} items, {wrong} with other contents");
     assert!(stat(&stats, "extstore_objects_used") > 0, "{stats:?}");
     assert!(
@@ -1080,4 +1092,19 @@ proptest! {
         prop_assert!(tasks >= threads, "{} threads, expected at least {}", tasks, threads);
         memcached.assert_running();
     }
+}
+
+/// The pod's agent command (`/memcached-tls-agent FLAGS`, the agent's own image) run as
+/// the same agent in the operator's binary (`memcached-operator tls-reload-agent FLAGS`):
+/// a test of this package can run only its own binaries; crates/tls-agent's tests run the
+/// agent's.
+fn agent_command(pod_command: &[String]) -> Vec<String> {
+    assert_eq!(
+        pod_command.first().map(String::as_str),
+        Some(memcached_operator::builders::TLS_AGENT_BINARY),
+        "the pod runs the agent's own binary"
+    );
+    std::iter::once("tls-reload-agent".to_string())
+        .chain(pod_command[1..].iter().cloned())
+        .collect()
 }

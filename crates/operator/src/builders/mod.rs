@@ -62,8 +62,6 @@ pub use memcached_tls_agent::{
     EXIT_RELOAD_FAILED as TLS_AGENT_RELOAD_FAILED, STATE_DIR as TLS_AGENT_STATE_DIR,
 };
 const TLS_AGENT_STATE_VOLUME: &str = "tls-reload-agent";
-/// The reload agent's subcommand of the operator binary.
-pub const TLS_AGENT_COMMAND: &str = "tls-reload-agent";
 
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
@@ -77,16 +75,19 @@ pub struct BuildSettings {
     pub default_image: String,
     /// Exporter image used when the CR does not name one.
     pub default_exporter_image: String,
-    /// Image of the TLS reload agent: the operator's own (`--tls-agent-image`), whose
-    /// binary is at [`TLS_AGENT_BINARY`].
+    /// Image of the TLS reload agent (`--tls-agent-image`): its own small image
+    /// (tls-agent.Dockerfile), whose binary is at [`TLS_AGENT_BINARY`], versioned as the
+    /// agent (crates/tls-agent), so that it moves only when the agent changes.
     pub tls_agent_image: String,
 }
 
-/// The operator binary in its image (the Dockerfile's `COPY`).
-pub const TLS_AGENT_BINARY: &str = "/memcached-operator";
-/// The reload agent's image when the operator is not told its own (`make run` outside the
-/// cluster): the Makefile's default `IMG`.
-pub const DEFAULT_TLS_AGENT_IMAGE: &str = "controller:latest";
+/// The agent's binary in its image (tls-agent.Dockerfile's `COPY`). Pools created by
+/// releases before 0.2.0 run it as `/memcached-operator tls-reload-agent` from the
+/// operator's image, and keep doing so (see `controller::rollout`).
+pub const TLS_AGENT_BINARY: &str = "/memcached-tls-agent";
+/// The reload agent's image when the operator is not told one (`make run` outside the
+/// cluster): the Makefile's default `TLS_AGENT_IMG`.
+pub const DEFAULT_TLS_AGENT_IMAGE: &str = "tls-agent:latest";
 
 impl Default for BuildSettings {
     fn default() -> Self {

@@ -424,7 +424,7 @@ pub fn desired_deployment_with(
 }
 
 /// The TLS reload agent: a native sidecar (an init container that keeps running, started
-/// before memcached and stopped after it) from the operator's own image. It watches the
+/// before memcached and stopped after it) from its own image. It watches the
 /// mounted certificate and sends `refresh_certs` to memcached's loopback listener.
 fn tls_agent_container(settings: &BuildSettings) -> Container {
     Container {
@@ -432,7 +432,6 @@ fn tls_agent_container(settings: &BuildSettings) -> Container {
         image: Some(settings.tls_agent_image.clone()),
         command: Some(vec![
             TLS_AGENT_BINARY.to_string(),
-            TLS_AGENT_COMMAND.to_string(),
             format!("--cert-dir={TLS_DIR}"),
             format!("--admin-address=127.0.0.1:{TLS_ADMIN_PORT}"),
             format!("--state-dir={TLS_AGENT_STATE_DIR}"),

@@ -704,9 +704,10 @@ fn tls_in_place_runs_the_reload_agent_and_a_renewal_changes_no_template() {
     assert_eq!(agent.name, "tls-reload-agent");
     // A native sidecar: an init container that keeps running beside memcached.
     assert_eq!(agent.restart_policy.as_deref(), Some("Always"));
-    assert_eq!(agent.image.as_deref(), Some("controller:latest"));
+    // Its own image and binary.
+    assert_eq!(agent.image.as_deref(), Some("tls-agent:latest"));
     let command = agent.command.clone().expect("command");
-    assert_eq!(command[..2], ["/memcached-operator", "tls-reload-agent"]);
+    assert_eq!(command[0], "/memcached-tls-agent");
     assert!(command.contains(&"--admin-address=127.0.0.1:11299".to_string()));
     let mounts = agent.volume_mounts.clone().expect("mounts");
     assert_eq!(mounts[0].mount_path, "/etc/memcached/tls");
