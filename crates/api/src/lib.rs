@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -121,6 +123,10 @@ pub struct MemcachedSpec {
     #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
 
+    /// Secrets (in the Memcached's namespace) the kubelet pulls the pods' images with:
+    /// memcached's, the proxy's, the exporter's and the TLS reload agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
     /// Passed through to the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
@@ -517,6 +523,7 @@ impl MemcachedSpec {
             image: None,
             config: None,
             resources: None,
+            image_pull_secrets: None,
             node_selector: None,
             tolerations: None,
             affinity: None,

@@ -204,6 +204,7 @@ pub fn desired_proxy_deployment(
                     tolerations: spec.tolerations.clone(),
                     affinity: spec.affinity.clone(),
                     priority_class_name: spec.priority_class_name.clone(),
+                    image_pull_secrets: spec.image_pull_secrets.clone(),
                     topology_spread_constraints: builders::spread_constraints(
                         &selector,
                         spec.topology_spread.unwrap_or_default(),

@@ -409,6 +409,7 @@ pub fn desired_deployment_with(
                     tolerations: spec.tolerations.clone(),
                     affinity: spec.affinity.clone(),
                     priority_class_name: spec.priority_class_name.clone(),
+                    image_pull_secrets: spec.image_pull_secrets.clone(),
                     topology_spread_constraints: spread_constraints(
                         &selector_labels(name),
                         spec.topology_spread.unwrap_or_default(),

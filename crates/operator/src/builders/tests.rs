@@ -884,3 +884,26 @@ fn extstore_adds_its_volume_flags_and_memory() {
             .any(|v| v.name == "extstore")
     );
 }
+
+#[test]
+fn image_pull_secrets_reach_every_pod() {
+    let mc = with_spec(|s| {
+        s.image_pull_secrets = Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
+            name: "registry-credentials".into(),
+        }]);
+        s.proxy = Some(memcached_api::ProxySpec::default());
+    });
+    let names = |pod: &PodSpec| {
+        pod.image_pull_secrets
+            .iter()
+            .flatten()
+            .map(|r| r.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(pod_spec(&deployment(&mc))), ["registry-credentials"]);
+    let proxy = crate::proxy::desired_proxy_deployment(&mc, &BuildSettings::default())
+        .expect("builds")
+        .expect("the proxy");
+    assert_eq!(names(pod_spec(&proxy)), ["registry-credentials"]);
+    assert!(names(pod_spec(&deployment(&sample(3)))).is_empty());
+}

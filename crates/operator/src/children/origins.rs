@@ -94,6 +94,14 @@ const PASSED_THROUGH: &[PassedThrough] = &[
         },
     },
     PassedThrough {
+        field: "spec.imagePullSecrets",
+        mark: |s| {
+            s.image_pull_secrets = Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
+                name: "origin-marker-pull-secret".into(),
+            }])
+        },
+    },
+    PassedThrough {
         field: "spec.priorityClassName",
         mark: |s| s.priority_class_name = Some("origin-marker-priority".into()),
     },
@@ -400,6 +408,10 @@ mod tests {
         assert_eq!(
             pool("spec.template.metadata.annotations[a]").as_deref(),
             Some("spec.podAnnotations[a]")
+        );
+        assert_eq!(
+            pool("spec.template.spec.imagePullSecrets[0].name").as_deref(),
+            Some("spec.imagePullSecrets[0].name")
         );
         // `containers[0].imagePullPolicy` is not `containers[0].image`.
         assert_eq!(
