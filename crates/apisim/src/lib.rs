@@ -123,50 +123,12 @@ impl Inner {
         }
         let weak = Arc::downgrade(self);
         let rx = self.tx.subscribe();
-        tokio::spawn(gc_task(weak.clone(), rx));
+        tokio::spawn(store::gc::run(weak.clone(), rx));
         if self.cfg.simulator {
             let rx = self.tx.subscribe();
             tokio::spawn(sim::run(weak, rx, self.cfg.pod_ready_delay));
         }
     }
-
-    /// Run garbage-collection steps until nothing changes (bounded, so a dependent that
-    /// can never be updated cannot spin the task; the next deletion retries).
-    pub fn gc_now(&self) {
-        for _ in 0..1000 {
-            let changed = self.state.lock().gc_step();
-            if !changed {
-                break;
-            }
-        }
-    }
-}
-
-async fn gc_task(weak: std::sync::Weak<Inner>, mut rx: broadcast::Receiver<Arc<store::Event>>) {
-    loop {
-        let mut relevant = false;
-        match rx.recv().await {
-            Ok(ev) => relevant |= gc_relevant(&ev),
-            Err(broadcast::error::RecvError::Lagged(_)) => relevant = true,
-            Err(broadcast::error::RecvError::Closed) => return,
-        }
-        loop {
-            match rx.try_recv() {
-                Ok(ev) => relevant |= gc_relevant(&ev),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => relevant = true,
-                Err(broadcast::error::TryRecvError::Closed) => return,
-                Err(broadcast::error::TryRecvError::Empty) => break,
-            }
-        }
-        if relevant {
-            let Some(inner) = weak.upgrade() else { return };
-            inner.gc_now();
-        }
-    }
-}
-
-fn gc_relevant(ev: &store::Event) -> bool {
-    ev.etype == "DELETED" || !ev.obj["metadata"]["deletionTimestamp"].is_null()
 }
 
 /// An in-memory Kubernetes API server. Cheap to clone (shared state).
