@@ -36,7 +36,7 @@
 //! * `patch` — merge / JSON / strategic merge patch and server-side apply with field
 //!   ownership; `schema` — CRD structural schemas (defaulting, pruning, validation);
 //! * `registry` — built-in kinds and CRD-defined kinds (discovery documents);
-//! * `sim` — TokenReview/SubjectAccessReview and the workload simulator;
+//! * `review` — TokenReview and SubjectAccessReview; `sim` — the workload simulator;
 //! * `faults` — fault injection and request counting.
 //!
 //! ## What is approximated
@@ -59,6 +59,7 @@ mod fields;
 mod http;
 mod patch;
 mod registry;
+mod review;
 mod schema;
 mod sim;
 mod store;

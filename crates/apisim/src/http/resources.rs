@@ -106,7 +106,7 @@ pub(super) fn resource_request(
             }
             if rt.create_only {
                 let st = inner.state.lock();
-                let out = crate::sim::review(&st, &rt, obj)?;
+                let out = crate::review::review(&st, &rt, obj)?;
                 return Ok(json_response(201, &out));
             }
             let warnings = drop_unknown(&rt, &version, &mut obj, field_validation(q)?, |p| {
