@@ -37,6 +37,8 @@
 //!   ownership; `schema` — CRD structural schemas (defaulting, pruning, validation);
 //! * `registry` — built-in kinds and CRD-defined kinds (discovery documents);
 //! * `review` — TokenReview and SubjectAccessReview; `sim` — the workload simulator;
+//! * `selectors` — label and field selectors; `validation` — names, labels, annotations
+//!   and data keys as kube-apiserver checks them; `util` — small helpers;
 //! * `faults` — fault injection and request counting.
 //!
 //! ## What is approximated
@@ -61,10 +63,12 @@ mod patch;
 mod registry;
 mod review;
 mod schema;
+mod selectors;
 mod sim;
 mod store;
 mod table;
 mod util;
+mod validation;
 mod watch;
 
 pub use error::ApiError;

@@ -15,8 +15,10 @@ use super::scale::{scale_of, scale_write};
 use super::{Query, json_response, partial, present};
 use crate::error::{ApiError, FieldError};
 use crate::registry::ResourceType;
+use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{Managed, WriteCtx};
-use crate::util::{self, FieldSelector, LabelSelector, meta_str};
+use crate::util::{self, meta_str};
+use crate::validation;
 use crate::{Inner, ResponseBody};
 use http::{HeaderMap, Method, Response};
 use serde_json::{Value, json};
@@ -43,7 +45,7 @@ pub(super) fn resource_request(
         return Err(not_found_resource());
     }
     if let Some(ns) = &r.ns
-        && !util::is_label(ns)
+        && !validation::is_label(ns)
     {
         return Err(ApiError::not_found("", "namespaces", ns));
     }

@@ -6,8 +6,9 @@ use super::json_response;
 use crate::ResponseBody;
 use crate::error::{ApiError, FieldError};
 use crate::registry::ResourceType;
+use crate::selectors::LabelSelector;
 use crate::store::{State, WriteCtx};
-use crate::util::{self, LabelSelector, meta_str};
+use crate::util::{self, meta_str};
 use http::Response;
 use serde_json::{Value, json};
 

@@ -20,7 +20,7 @@ impl Sim {
         ctx: &WriteCtx,
     ) {
         let ns = meta_str(pdb, "namespace").to_string();
-        let sel = crate::util::LabelSelector::from_object(&pdb["spec"]["selector"]);
+        let sel = crate::selectors::LabelSelector::from_object(&pdb["spec"]["selector"]);
         // Candidates: the pods carrying the rarest of the selector's matchLabels (every
         // match must carry all of them); without matchLabels, every pod of the namespace.
         let rarest = pdb["spec"]["selector"]["matchLabels"]

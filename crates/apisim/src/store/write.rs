@@ -10,6 +10,7 @@ use crate::patch;
 use crate::registry::ResourceType;
 use crate::schema;
 use crate::util::{self, meta_mut, meta_str};
+use crate::validation;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -57,8 +58,8 @@ impl State {
     ) -> Result<(), ApiError> {
         let version = ctx.version.as_str();
         let name = meta_str(obj, "name").to_string();
-        let mut errs = util::name_errors(&name, rt.label_name, "metadata.name");
-        errs.extend(util::meta_errors(obj));
+        let mut errs = validation::name_errors(&name, rt.label_name, "metadata.name");
+        errs.extend(validation::meta_errors(obj));
         if rt.crd {
             let permissive;
             let schema = match rt.schemas.get(version) {
@@ -73,7 +74,7 @@ impl State {
             errs.extend(e);
         }
         if rt.group.is_empty() && (rt.plural == "configmaps" || rt.plural == "secrets") {
-            errs.extend(util::data_key_errors(obj));
+            errs.extend(validation::data_key_errors(obj));
         }
         if !errs.is_empty() {
             return Err(Self::invalid(rt, &name, errs));
