@@ -33,7 +33,7 @@
 //!   semantics (status subresource, generation, finalizers), GC and namespace cleanup;
 //! * `http` — routing, request parsing, list/selectors/pagination, patches, scale,
 //!   discovery, the hyper server; `watch` — watch streams; `table` — kubectl Tables;
-//! * `patch` — merge / JSON / strategic merge patch and server-side apply with field
+//! * `patch` — merge / JSON / strategic merge patch; `apply` — server-side apply with field
 //!   ownership; `schema` — CRD structural schemas (defaulting, pruning, validation);
 //! * `registry` — built-in kinds and CRD-defined kinds (discovery documents);
 //! * `review` — TokenReview and SubjectAccessReview; `sim` — the workload simulator;
@@ -55,6 +55,7 @@
 //! with a simple model (pods become Ready after a delay, rolling updates by maxSurge /
 //! maxUnavailable).
 
+mod apply;
 mod error;
 mod faults;
 mod fields;

@@ -13,7 +13,7 @@ use crate::error::{ApiError, FieldError};
 use crate::registry::ResourceType;
 use crate::store::{Managed, WriteCtx};
 use crate::util::{self, meta_str};
-use crate::{Inner, ResponseBody, patch};
+use crate::{Inner, ResponseBody, apply, patch};
 use http::{HeaderMap, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -91,7 +91,7 @@ pub(super) fn patch_request(
                     return Err(ApiError::not_found(&rt.group, &rt.plural, name));
                 }
                 let obj = patch::with_list_keys(crate::store::cr_list_keys(rt, version), || {
-                    patch::server_side_apply(None, &applied, mgr, force, &av, "", rt.status)
+                    apply::server_side_apply(None, &applied, mgr, force, &av, "", rt.status)
                 })?;
                 let out = st.create(rt, r.ns.as_deref(), obj, &ctx)?;
                 Ok(json_response(201, &present(&out, rt, version)))
@@ -99,7 +99,7 @@ pub(super) fn patch_request(
             Some(live) => {
                 let live = present(&live, rt, version);
                 let obj = patch::with_list_keys(crate::store::cr_list_keys(rt, version), || {
-                    patch::server_side_apply(
+                    apply::server_side_apply(
                         Some(&live),
                         &applied,
                         mgr,

@@ -5,6 +5,7 @@
 
 use super::defaults::builtin_defaults;
 use super::{DeleteOpts, Managed, State, WriteCtx, cr_list_keys};
+use crate::apply;
 use crate::error::{ApiError, FieldError};
 use crate::patch;
 use crate::registry::ResourceType;
@@ -179,7 +180,7 @@ impl State {
         if let Managed::Update(m) = &ctx.managed {
             let keys = cr_list_keys(rt, &ctx.version);
             patch::with_list_keys(keys, || {
-                patch::track_update(None, &mut obj, m, &rt.api_version(&ctx.version), "")
+                apply::track_update(None, &mut obj, m, &rt.api_version(&ctx.version), "")
             });
         }
         if ctx.dry_run {
@@ -320,7 +321,7 @@ impl State {
         if let Managed::Update(m) = &ctx.managed {
             let keys = cr_list_keys(rt, &ctx.version);
             patch::with_list_keys(keys, || {
-                patch::track_update(Some(old), &mut new, m, &rt.api_version(&ctx.version), sub)
+                apply::track_update(Some(old), &mut new, m, &rt.api_version(&ctx.version), sub)
             });
         }
         let deleting = !new["metadata"]["deletionTimestamp"].is_null();
