@@ -41,9 +41,8 @@ use memcached_operator::builders::{self, BuildSettings};
 use memcached_operator::cmd::parse_duration;
 use serde_json::{Value, json};
 
-use crate::operator::{
-    BoxError, Result, cpu_time, create_namespace, log, median, memory_kib, mib, ms, secs, spread,
-};
+use crate::measure::{audit_requests, cpu_time, median, memory_kib, mib, ms, secs, spread};
+use crate::{BoxError, Result, create_namespace, log};
 
 const SIZE: usize = 3;
 const PREFIX: &str = "sbs-";
@@ -446,51 +445,6 @@ fn memcached_operator_root() -> PathBuf {
         .nth(2)
         .map(Path::to_path_buf)
         .unwrap_or_default()
-}
-
-/// Requests in the audit log after byte `from` whose User-Agent starts with `agent`, by
-/// verb (dry runs apart), and how many were writes.
-pub(crate) fn audit_requests(
-    path: &Path,
-    from: u64,
-    agent: &str,
-) -> Result<(BTreeMap<String, u64>, u64)> {
-    use std::io::{BufRead, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    f.seek(SeekFrom::Start(from))?;
-    let mut by_verb = BTreeMap::new();
-    let mut writes = 0;
-    for line in std::io::BufReader::new(f).lines() {
-        let Ok(event) = serde_json::from_str::<Value>(&line?) else {
-            continue;
-        };
-        let field = |name: &str| event.get(name).and_then(Value::as_str).unwrap_or_default();
-        if field("stage") != "ResponseComplete" || !field("userAgent").starts_with(agent) {
-            continue;
-        }
-        let verb = field("verb").to_string();
-        let dry_run = field("requestURI").contains("dryRun=All");
-        let sub = event
-            .pointer("/objectRef/subresource")
-            .and_then(Value::as_str)
-            .map(|s| format!("/{s}"))
-            .unwrap_or_default();
-        if !dry_run
-            && matches!(
-                verb.as_str(),
-                "create" | "update" | "patch" | "delete" | "deletecollection"
-            )
-        {
-            writes += 1;
-        }
-        let key = if dry_run {
-            format!("{verb} (dry run)")
-        } else {
-            format!("{verb}{sub}")
-        };
-        *by_verb.entry(key).or_insert(0) += 1;
-    }
-    Ok((by_verb, writes))
 }
 
 fn audit_offset(path: &Path) -> u64 {
@@ -1174,37 +1128,5 @@ mod tests {
             t.set_pod(pod, Some(LATENCY_CR.into()), true);
         }
         assert!(!t.done.contains(LATENCY_CR));
-    }
-
-    #[test]
-    fn audit_requests_count_by_agent_verb_and_subresource() {
-        let dir = std::env::temp_dir().join(format!("sbs-audit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("audit.log");
-        let event = |agent: &str, verb: &str, uri: &str, sub: Option<&str>| {
-            let mut e = json!({"stage": "ResponseComplete", "userAgent": agent, "verb": verb,
-                "requestURI": uri, "objectRef": {"resource": "memcacheds"}});
-            if let Some(sub) = sub {
-                e["objectRef"]["subresource"] = json!(sub);
-            }
-            e.to_string()
-        };
-        let lines = [
-            event("memcached-peer/tuned", "update", "/apis/x", Some("status")),
-            event("memcached-peer/tuned", "create", "/apis/x", None),
-            event("memcached-peer/tuned", "patch", "/apis/x?dryRun=All", None),
-            event("memcached-peer/tuned", "get", "/apis/x", None),
-            event("kube-controller-manager/v1.37.2", "create", "/api/v1/pods", None),
-            json!({"stage": "RequestReceived", "userAgent": "memcached-peer/tuned", "verb": "create"}).to_string(),
-        ];
-        std::fs::write(&path, lines.join("\n")).expect("write");
-        let (by_verb, writes) = audit_requests(&path, 0, "memcached-peer/tuned").expect("read");
-        assert_eq!(writes, 2, "{by_verb:?}");
-        assert_eq!(by_verb.get("update/status"), Some(&1));
-        assert_eq!(by_verb.get("patch (dry run)"), Some(&1));
-        assert_eq!(by_verb.get("get"), Some(&1));
-        let (_, all) = audit_requests(&path, 0, "").expect("read");
-        assert_eq!(all, 3, "every client's writes");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
