@@ -20,6 +20,10 @@
 //! dropped; the shared ones stop when the test binary exits. Each process is also told by the
 //! kernel to die with the test binary (`PR_SET_PDEATHSIG`), so a crashed or killed test leaves
 //! no process behind.
+//!
+//! This file starts and stops the control plane; `process` runs its processes, `certs`
+//! makes its certificates, `workloads` creates kwok's nodes, `binaries` and `versions`
+//! find what is pinned, `kubeconfig` writes and reads kubeconfigs, `audit` reads the log.
 pub mod audit;
 mod binaries;
 mod certs;

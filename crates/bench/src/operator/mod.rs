@@ -14,6 +14,9 @@
 //! 3. the catch-up: N Memcacheds created first, then the operator started (the bound's own
 //!    starting point). Bound and catch-up are measured `--pairs` times, back to back, and
 //!    the ratio is the median of the paired ratios.
+//!
+//! This file holds the flags and the phases; `env` where a phase runs, `process` the
+//! operator's process, `tracker` convergence, `latency` the probes, `report` the table.
 
 mod env;
 mod latency;

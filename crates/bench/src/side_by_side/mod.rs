@@ -22,6 +22,10 @@
 //! (both given the same resync period); and the event→reconcile latency of a scale change
 //! (spec.size of a separate Memcached changed 3 ↔ 4 until its Deployment follows) while
 //! the N converge (under load, at most one change a second) and after (idle).
+//!
+//! This file holds the flags, the contenders and one run's measurement; `target` where a
+//! contender runs, `process` its process, `bound` the raw-write bounds, `tracker` what is
+//! done, `report` the table.
 
 mod bound;
 mod process;
