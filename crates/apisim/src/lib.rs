@@ -33,10 +33,12 @@
 //!   semantics (status subresource, generation, finalizers), GC and namespace cleanup;
 //! * `http` — routing, request parsing, list/selectors/pagination, patches, scale,
 //!   discovery, the hyper server; `watch` — watch streams; `table` — kubectl Tables;
-//! * `patch` — merge / JSON / strategic merge patch and server-side apply with field
+//! * `patch` — merge / JSON / strategic merge patch; `apply` — server-side apply with field
 //!   ownership; `schema` — CRD structural schemas (defaulting, pruning, validation);
 //! * `registry` — built-in kinds and CRD-defined kinds (discovery documents);
-//! * `sim` — TokenReview/SubjectAccessReview and the workload simulator;
+//! * `review` — TokenReview and SubjectAccessReview; `sim` — the workload simulator;
+//! * `selectors` — label and field selectors; `validation` — names, labels, annotations
+//!   and data keys as kube-apiserver checks them; `util` — small helpers;
 //! * `faults` — fault injection and request counting.
 //!
 //! ## What is approximated
@@ -53,17 +55,21 @@
 //! with a simple model (pods become Ready after a delay, rolling updates by maxSurge /
 //! maxUnavailable).
 
+mod apply;
 mod error;
 mod faults;
 mod fields;
 mod http;
 mod patch;
 mod registry;
+mod review;
 mod schema;
+mod selectors;
 mod sim;
 mod store;
 mod table;
 mod util;
+mod validation;
 mod watch;
 
 pub use error::ApiError;
@@ -123,50 +129,12 @@ impl Inner {
         }
         let weak = Arc::downgrade(self);
         let rx = self.tx.subscribe();
-        tokio::spawn(gc_task(weak.clone(), rx));
+        tokio::spawn(store::gc::run(weak.clone(), rx));
         if self.cfg.simulator {
             let rx = self.tx.subscribe();
             tokio::spawn(sim::run(weak, rx, self.cfg.pod_ready_delay));
         }
     }
-
-    /// Run garbage-collection steps until nothing changes (bounded, so a dependent that
-    /// can never be updated cannot spin the task; the next deletion retries).
-    pub fn gc_now(&self) {
-        for _ in 0..1000 {
-            let changed = self.state.lock().gc_step();
-            if !changed {
-                break;
-            }
-        }
-    }
-}
-
-async fn gc_task(weak: std::sync::Weak<Inner>, mut rx: broadcast::Receiver<Arc<store::Event>>) {
-    loop {
-        let mut relevant = false;
-        match rx.recv().await {
-            Ok(ev) => relevant |= gc_relevant(&ev),
-            Err(broadcast::error::RecvError::Lagged(_)) => relevant = true,
-            Err(broadcast::error::RecvError::Closed) => return,
-        }
-        loop {
-            match rx.try_recv() {
-                Ok(ev) => relevant |= gc_relevant(&ev),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => relevant = true,
-                Err(broadcast::error::TryRecvError::Closed) => return,
-                Err(broadcast::error::TryRecvError::Empty) => break,
-            }
-        }
-        if relevant {
-            let Some(inner) = weak.upgrade() else { return };
-            inner.gc_now();
-        }
-    }
-}
-
-fn gc_relevant(ev: &store::Event) -> bool {
-    ev.etype == "DELETED" || !ev.obj["metadata"]["deletionTimestamp"].is_null()
 }
 
 /// An in-memory Kubernetes API server. Cheap to clone (shared state).

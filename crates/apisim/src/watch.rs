@@ -3,8 +3,8 @@
 use crate::error::ApiError;
 use crate::http::{Query, present};
 use crate::registry::ResourceType;
+use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::Event;
-use crate::util::{FieldSelector, LabelSelector};
 use crate::{Inner, ResponseBody};
 use bytes::Bytes;
 use http::{Response, StatusCode, header};

@@ -7,12 +7,20 @@
 //!   controller-runtime) on the same real control plane, with the same Memcacheds.
 //!
 //! Results and commands: BENCHMARKS.md.
+//!
+//! This file also holds what both share at the root: the error type, progress logging and
+//! namespace creation; `measure` has their measurements and number formatting.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
 
+mod measure;
 mod operator;
 mod side_by_side;
 
@@ -47,6 +55,27 @@ pub(crate) fn sibling_binary(
         .into());
     }
     Ok(path)
+}
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Result<T, E = BoxError> = std::result::Result<T, E>;
+
+pub(crate) fn log(msg: impl AsRef<str>) {
+    eprintln!(
+        "[bench {}] {}",
+        jiff::Timestamp::now().strftime("%H:%M:%S"),
+        msg.as_ref()
+    );
+}
+
+pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn main() -> ExitCode {

@@ -20,11 +20,18 @@
 //! dropped; the shared ones stop when the test binary exits. Each process is also told by the
 //! kernel to die with the test binary (`PR_SET_PDEATHSIG`), so a crashed or killed test leaves
 //! no process behind.
-
+//!
+//! This file starts and stops the control plane; `process` runs its processes, `certs`
+//! makes its certificates, `workloads` creates kwok's nodes, `binaries` and `versions`
+//! find what is pinned, `kubeconfig` writes and reads kubeconfigs, `audit` reads the log.
 pub mod audit;
+mod binaries;
 mod certs;
+mod error;
+mod kubeconfig;
 mod process;
 mod versions;
+mod workloads;
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -32,12 +39,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
-use kube::api::{Api, ListParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::Client;
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
+use binaries::require;
+use kubeconfig::{User, config_from_kubeconfig, kubeconfig_yaml};
+
+pub use binaries::{bin_root, k8s_bin_dir, kubectl_path, tool_path};
+pub use error::Error;
+pub(crate) use error::io_err;
+pub use kubeconfig::client_from_kubeconfig;
 pub use process::Process;
 pub use versions::{Kube, Version, pinned_kube_versions, repo_root};
 
@@ -46,47 +59,6 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The annotation kwok manages nodes by.
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
-
-/// Why a control plane could not be started or used.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{binary} is missing ({path}): build the pinned control plane with `{command}`")]
-    MissingBinary {
-        binary: String,
-        path: PathBuf,
-        command: String,
-    },
-    #[error("no Kubernetes version is pinned in {0} (pin one with hack/controlplane/pin.sh)")]
-    NoPins(PathBuf),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("certificates: {0}")]
-    Cert(#[from] rcgen::Error),
-    #[error("{component} {problem}\n--- last lines of {log} ---\n{tail}")]
-    Component {
-        component: String,
-        problem: String,
-        log: PathBuf,
-        tail: String,
-    },
-    #[error("{0} did not happen within {1:?}")]
-    Timeout(String, Duration),
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
-    #[error("kube: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Shared(String),
-}
-
-pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
-    let what = what.into();
-    move |source| Error::Io { what, source }
-}
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -150,76 +122,6 @@ fn free_port() -> Result<u16, Error> {
         .map_err(io_err("reading a bound port"))?
         .port();
     Ok(port)
-}
-
-fn require(path: &Path, version_dir: &str) -> Result<PathBuf, Error> {
-    if path.is_file() {
-        Ok(path.to_path_buf())
-    } else {
-        let binary = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let command = match version_dir.strip_prefix("k8s-") {
-            Some(v) => format!(
-                "make controlplane (or: hack/controlplane/build.sh {})",
-                Version::parse(v)
-                    .map(|v| v.minor_tag())
-                    .unwrap_or_else(|| v.to_string())
-            ),
-            None => "make controlplane (or: hack/controlplane/build.sh)".to_string(),
-        };
-        Err(Error::MissingBinary {
-            binary,
-            path: path.to_path_buf(),
-            command,
-        })
-    }
-}
-
-/// A pinned release tool built by `make tools` (hack/tools/build.sh): `bin/<name>-v*/<name>`
-/// (`helm`, `operator-sdk`).
-pub fn tool_path(name: &str) -> Result<PathBuf, Error> {
-    let found = std::fs::read_dir(bin_root())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("{name}-v")))
-        })
-        .map(|dir| dir.join(name))
-        .filter(|p| p.is_file())
-        .max();
-    found.ok_or_else(|| Error::MissingBinary {
-        binary: name.to_string(),
-        path: bin_root().join(format!("{name}-v*")).join(name),
-        command: "make tools (or: hack/tools/build.sh)".to_string(),
-    })
-}
-
-/// Where the binaries live: `$CONTROLPLANE_BIN` or `<repo>/bin`.
-pub fn bin_root() -> PathBuf {
-    std::env::var_os("CONTROLPLANE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("bin"))
-}
-
-/// The directory holding kubectl and the other binaries of one pinned version, for a test
-/// that runs `kubectl` or puts it on a child's `PATH`.
-pub fn k8s_bin_dir(kube: Kube) -> Result<PathBuf, Error> {
-    let version = kube.resolve()?;
-    let dir = bin_root().join(format!("k8s-{version}"));
-    require(&dir.join("kubectl"), &format!("k8s-{version}"))?;
-    Ok(dir)
-}
-
-/// `kubectl` of the newest pinned version (built by `make controlplane`), for tests that need
-/// kubectl without a control plane (kustomize, client-side dry runs).
-pub fn kubectl_path() -> Result<PathBuf, Error> {
-    Ok(k8s_bin_dir(Kube::Newest)?.join("kubectl"))
 }
 
 static SHARED: OnceLock<Mutex<HashMap<Kube, Result<&'static ControlPlane, String>>>> =
@@ -474,92 +376,6 @@ impl ControlPlane {
         }
     }
 
-    async fn create_nodes(&self, client: &Client, n: usize, zones: bool) -> Result<(), Error> {
-        let nodes: Api<Node> = Api::all(client.clone());
-        for i in 0..n {
-            let zone = ["zone-a", "zone-b", "zone-c"][i % 3];
-            let name = format!("kwok-node-{i}");
-            let node: Node = serde_json::from_value(json!({
-                "metadata": {
-                    "name": name,
-                    "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {
-                        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                        "kubernetes.io/arch": "amd64", "type": "kwok",
-                        "topology.kubernetes.io/zone": zone,
-                        "topology.kubernetes.io/region": "envtest",
-                    },
-                },
-                // Each node its own pod range, from which kwok gives its pods their IPs.
-                "spec": {"podCIDR": format!("10.{}.0.0/16", 100 + i), "podCIDRs": [format!("10.{}.0.0/16", 100 + i)]},
-                "status": {
-                    // Room for benchmarks: 5,000 size-3 Memcacheds (100m CPU and ~112 MiB
-                    // each pod) on three nodes.
-                    "allocatable": {"cpu": "4000", "memory": "32Ti", "pods": "20000"},
-                    "capacity": {"cpu": "4000", "memory": "32Ti", "pods": "20000"},
-                },
-            }))
-            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-            let mut node = node;
-            if !zones && let Some(labels) = node.metadata.labels.as_mut() {
-                labels.retain(|k, _| !k.starts_with("topology.kubernetes.io/"));
-            }
-            nodes.create(&PostParams::default(), &node).await?;
-        }
-        Ok(())
-    }
-
-    async fn wait_workloads_ready(
-        &self,
-        client: &Client,
-        nodes: usize,
-        begin: Instant,
-    ) -> Result<(), Error> {
-        let node_api: Api<Node> = Api::all(client.clone());
-        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
-        loop {
-            self.check_alive()?;
-            let ready = node_api
-                .list(&ListParams::default())
-                .await
-                .map(|l| {
-                    l.items
-                        .iter()
-                        .filter(|n| {
-                            n.status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|c| {
-                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                                })
-                        })
-                        .count()
-                })
-                .unwrap_or(0);
-            // kube-controller-manager's service-account controller is running once `default`
-            // has its ServiceAccount (pods cannot be created before that).
-            let controllers = sas.get_opt("default").await.ok().flatten().is_some();
-            if ready >= nodes && controllers {
-                return Ok(());
-            }
-            if begin.elapsed() > START_TIMEOUT {
-                let who = if controllers {
-                    "kwok"
-                } else {
-                    "kube-controller-manager"
-                };
-                return Err(self.component_error(
-                    who,
-                    &format!(
-                        "was not ready within {START_TIMEOUT:?} ({ready} of {nodes} nodes Ready, default ServiceAccount {})",
-                        if controllers { "present" } else { "missing" }
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
     fn component_error(&self, component: &str, problem: &str) -> Error {
         let log = self.dir.join(format!("{component}.log"));
         Error::Component {
@@ -719,43 +535,4 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-enum User<'a> {
-    Cert(&'a str, &'a str),
-    Token(&'a str),
-}
-
-fn b64(s: &str) -> String {
-    certs::base64(s.as_bytes())
-}
-
-fn kubeconfig_yaml(url: &str, ca_pem: &str, user: User<'_>) -> String {
-    let user = match user {
-        User::Cert(cert, key) => json!({
-            "client-certificate-data": b64(cert), "client-key-data": b64(key),
-        }),
-        User::Token(token) => json!({"token": token}),
-    };
-    serde_json::to_string_pretty(&json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "envtest", "cluster": {
-            "server": url, "certificate-authority-data": b64(ca_pem)}}],
-        "users": [{"name": "envtest", "user": user}],
-        "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": "envtest"}}],
-        "current-context": "envtest",
-    }))
-    .unwrap_or_default()
-}
-
-async fn config_from_kubeconfig(path: &Path) -> Result<Config, Error> {
-    let kc = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))
-}
-
-/// A client from a kubeconfig file.
-pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, Error> {
-    Ok(Client::try_from(config_from_kubeconfig(path).await?)?)
 }

@@ -1,6 +1,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
+use kube::api::{Api, PostParams};
 
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
