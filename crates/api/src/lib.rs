@@ -447,13 +447,15 @@ pub struct ExtstoreSpec {
     #[serde(default)]
     pub enabled: bool,
     /// Size of the extstore file (a quantity, e.g. `4Gi`): memcached uses the whole pages
-    /// of `pageSizeMiB` that fit (at least one, fewer than 65,535); the volume is this size.
+    /// of `pageSizeMiB` that fit (at least one, fewer than 65,535). The volume has room
+    /// beyond it, so a full file never crosses its limit: an `emptyDir` is limited to
+    /// twice the size and 1 MiB, a claim asks for an eighth more and 64 MiB.
     #[serde(default = "default_extstore_size")]
     #[schemars(length(min = 1, max = 64))]
     pub size: String,
-    /// Where the file lives. Unset: an `emptyDir` limited to `size` (node disk, gone with
-    /// the pod). Set: a generic ephemeral volume of this StorageClass, created with the pod
-    /// and deleted with it, so the cache is not on the node's root disk.
+    /// Where the file lives. Unset: an `emptyDir` (node disk, gone with the pod). Set: a
+    /// generic ephemeral volume of this StorageClass, created with the pod and deleted
+    /// with it, so the cache is not on the node's root disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub storage_class_name: Option<String>,

@@ -1,6 +1,6 @@
 //! memcached's own runtime rules: the flag values a real memcached 1.6 refuses to start with
 //! (item size, connections per thread, extstore pages and buffers, UDP beside extstore), the
-//! memory it needs besides its cache, and the flags the operator sets itself.
+//! least memory its flags make it use, and the flags the operator sets itself.
 //!
 //! The rules, and the messages quoted in them, are memcached 1.6's: memcached.c (`-I` and
 //! its slab chunk, the `-c` limit), storage.c and extstore.c (extstore, and UDP beside it).
@@ -232,21 +232,36 @@ pub fn udp_flags(args: &[String]) -> Vec<&String> {
     found
 }
 
-/// Why a memory request of `request_bytes` is too small for memcached with extstore: it
-/// must cover the cache (`-m memory_mib`) and [`EXTSTORE_WRITE_BUFFERS`] write buffers of
-/// `write_buffer_mib`.
-pub fn check_extstore_memory(
-    request_bytes: u64,
+/// The least memory memcached's own flags make it use: the cache (`-m memory_mib`, which it
+/// fills) and, with extstore, [`EXTSTORE_WRITE_BUFFERS`] write buffers of
+/// `extstore_write_buffer_mib`. memcached starts below it (it touches that memory only as
+/// it uses it) and is OOM-killed once its cache and buffers fill: measured with memcached
+/// 1.6.38 in a 32 MiB memory cgroup, `-m 64` with six 64 MiB write buffers was killed after
+/// 27 MiB of items.
+pub fn memory_floor_mib(memory_mib: i32, extstore_write_buffer_mib: Option<i32>) -> i64 {
+    i64::from(memory_mib.max(0))
+        + extstore_write_buffer_mib.map_or(0, |w| EXTSTORE_WRITE_BUFFERS * i64::from(w.max(0)))
+}
+
+/// Why `bytes` of memory (a request or a limit) is too little for memcached: less than
+/// [`memory_floor_mib`].
+pub fn check_memory_floor(
+    bytes: u64,
     memory_mib: i32,
-    write_buffer_mib: i32,
+    extstore_write_buffer_mib: Option<i32>,
 ) -> Result<(), String> {
-    let needed_mib = i64::from(memory_mib) + EXTSTORE_WRITE_BUFFERS * i64::from(write_buffer_mib);
-    if request_bytes < u64::try_from(needed_mib).unwrap_or(0) * 1024 * 1024 {
-        return Err(format!(
-            "must cover the cache ({memory_mib} MiB) and extstore's {EXTSTORE_WRITE_BUFFERS} write buffers of {write_buffer_mib} MiB: at least {needed_mib}Mi"
-        ));
+    let needed_mib = memory_floor_mib(memory_mib, extstore_write_buffer_mib);
+    if bytes >= u64::try_from(needed_mib).unwrap_or(0) * 1024 * 1024 {
+        return Ok(());
     }
-    Ok(())
+    Err(match extstore_write_buffer_mib {
+        Some(wbuf) => format!(
+            "must cover the cache (config.memoryMiB, {memory_mib} MiB) and extstore's {EXTSTORE_WRITE_BUFFERS} write buffers of {wbuf} MiB: at least {needed_mib}Mi"
+        ),
+        None => format!(
+            "must cover the cache (config.memoryMiB, {memory_mib} MiB): at least {needed_mib}Mi"
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -244,6 +244,7 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     if let Some(extstore) = &spec.extstore {
         errors.extend(validate_extstore(extstore, spec));
     }
+    errors.extend(validate_memory(spec));
     if spec.exporter_enabled() && (spec.sasl.is_some() || spec.tls.is_some()) {
         errors.push(FieldError::invalid(
             "spec.exporter.enabled",
@@ -331,7 +332,8 @@ fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldEr
 
 /// Checks `spec.extstore`, whether or not it is enabled, so that switching it on never meets
 /// an error left from before: its ranges and the StorageClass name here, memcached's own
-/// rules (pages, write buffers, UDP, memory) in [`memcached_rules`].
+/// rules (pages, write buffers, UDP) in [`memcached_rules`]; the memory its write buffers
+/// need is [`validate_memory`]'s.
 fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<FieldError> {
     let mut errors = Vec::new();
     let mut range = |field: &str, value: i32, min: i32, max: i32| {
@@ -432,17 +434,42 @@ fn validate_extstore(ext: &crate::ExtstoreSpec, spec: &MemcachedSpec) -> Vec<Fie
                 memcached_rules::UDP_WITH_EXTSTORE,
             ));
         }
-        if let Some(resources) = &spec.resources
-            && let Some(memory) = resources.requests.as_ref().and_then(|r| r.get("memory"))
+    }
+    errors
+}
+
+/// Checks the memory of `spec.resources` against what memcached's flags make it use
+/// ([`memcached_rules::memory_floor_mib`]: the cache, plus extstore's write buffers when
+/// extstore is on). The limit always: below it memcached is OOM-killed once its cache fills,
+/// and the pod loses that cache. The request only with extstore, as it always was: without,
+/// a request below the cache is a choice (a pod that may be evicted under node memory
+/// pressure, never killed for its own use) that pools admitted before may have made.
+fn validate_memory(spec: &MemcachedSpec) -> Vec<FieldError> {
+    let Some(resources) = &spec.resources else {
+        return Vec::new();
+    };
+    let config = spec.config();
+    let write_buffers = spec.extstore_enabled().map(|e| e.write_buffer_mib);
+    let mut errors = Vec::new();
+    for (list, quantities, checked) in [
+        ("requests", &resources.requests, write_buffers.is_some()),
+        ("limits", &resources.limits, true),
+    ] {
+        if let Some(memory) = quantities.as_ref().and_then(|q| q.get("memory"))
+            && checked
             && let Some(bytes) = parse_quantity_bytes(&memory.0)
-            && let Err(reason) = memcached_rules::check_extstore_memory(
-                bytes,
-                config.memory_mib,
-                ext.write_buffer_mib,
-            )
+            && let Err(reason) =
+                memcached_rules::check_memory_floor(bytes, config.memory_mib, write_buffers)
         {
+            let reason = if list == "limits" {
+                format!(
+                    "{reason}; below it memcached is OOM-killed as it fills its cache, and the pod's cache is lost"
+                )
+            } else {
+                reason
+            };
             errors.push(FieldError::invalid(
-                "spec.resources.requests[memory]",
+                format!("spec.resources.{list}[memory]"),
                 &memory.0,
                 reason,
             ));
@@ -817,6 +844,111 @@ mod tests {
             s.container_port = crate::TLS_ADMIN_PORT;
         });
         assert_eq!(validate(&restart), Ok(()));
+    }
+
+    fn ext_and(
+        edit_ext: impl FnOnce(&mut crate::ExtstoreSpec),
+        edit: impl FnOnce(&mut MemcachedSpec),
+    ) -> Memcached {
+        let mut m = ext(edit_ext);
+        edit(&mut m.spec);
+        m
+    }
+
+    fn memory(
+        requests: Option<&str>,
+        limits: Option<&str>,
+    ) -> Option<k8s_openapi::api::core::v1::ResourceRequirements> {
+        let list = |q: Option<&str>| {
+            q.map(|q| {
+                std::collections::BTreeMap::from([(
+                    "memory".to_string(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.into()),
+                )])
+            })
+        };
+        Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: list(requests),
+            limits: list(limits),
+            ..Default::default()
+        })
+    }
+
+    /// A memory limit below what memcached's flags make it use (the cache, and extstore's
+    /// six write buffers) gets memcached OOM-killed as it fills: refused, naming the limit,
+    /// with or without extstore; the request is held to it with extstore only.
+    #[test]
+    fn the_memory_limit_covers_the_cache_and_the_write_buffers() {
+        let refused = |m: Memcached| validate(&m).expect_err("refused").0;
+        // The case: 64 MiB of cache and six 64 MiB write buffers in 32 MiB.
+        let errors = refused(ext_and(
+            |e| e.write_buffer_mib = 64,
+            |s| {
+                s.resources = memory(None, Some("32Mi"));
+            },
+        ));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "spec.resources.limits[memory]");
+        assert!(
+            errors[0].message.contains("at least 448Mi") && errors[0].message.contains("OOM"),
+            "{errors:?}"
+        );
+        // Without extstore: the cache alone.
+        let errors = refused(with(|s| {
+            s.config = cfg(|c| c.memory_mib = 256);
+            s.resources = memory(None, Some("128Mi"));
+        }));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "spec.resources.limits[memory]");
+        assert!(errors[0].message.contains("at least 256Mi"), "{errors:?}");
+        // Both too small with extstore: each named.
+        let errors = refused(ext_and(
+            |_| {},
+            |s| s.resources = memory(Some("64Mi"), Some("64Mi")),
+        ));
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.resources.requests[memory]",
+                "spec.resources.limits[memory]"
+            ]
+        );
+        // The floor itself passes, a byte less does not (448Mi = 469762048 bytes).
+        let at = |q: &str| {
+            ext_and(
+                |e| e.write_buffer_mib = 64,
+                |s| s.resources = memory(None, Some(q)),
+            )
+        };
+        assert_eq!(validate(&at("448Mi")), Ok(()));
+        assert_eq!(validate(&at("469762048")), Ok(()));
+        assert!(validate(&at("469762047")).is_err());
+        // Without extstore a request below the cache is the pool's choice (it may be
+        // evicted under node pressure, never killed for its own use).
+        assert_eq!(
+            validate(&with(|s| {
+                s.config = cfg(|c| c.memory_mib = 256);
+                s.resources = memory(Some("32Mi"), Some("256Mi"));
+            })),
+            Ok(())
+        );
+        // extstore switched off: its buffers are not allocated, so not counted.
+        assert_eq!(
+            validate(&ext_and(
+                |e| {
+                    e.enabled = false;
+                    e.write_buffer_mib = 64;
+                },
+                |s| s.resources = memory(None, Some("64Mi"))
+            )),
+            Ok(())
+        );
+        // No memory given: nothing to check (the derived memory covers it).
+        assert_eq!(
+            validate(&ext_and(|_| {}, |s| s.resources = memory(None, None))),
+            Ok(())
+        );
     }
 
     fn with(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {

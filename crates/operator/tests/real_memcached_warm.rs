@@ -3,10 +3,13 @@
 //! produces: a renewed TLS certificate is loaded in place by the reload agent (the operator's
 //! own binary) without losing an item, a certificate memcached refuses is reported by the
 //! agent (exit code 3, memcached's reason in the termination log) while memcached keeps
-//! serving the old one, extstore holds four times the memory's worth of items, and every
-//! extstore/rollout/TLS combination the validation accepts starts a memcached that reports
-//! the settings asked for. Only what must differ on a test machine is rewritten: file
-//! paths, loopback instead of every address, free ports, and `-u nobody` when run as root.
+//! serving the old one, extstore holds four times the memory's worth of items, a full
+//! extstore (memcached 1.6.38, every page written) stays within the `emptyDir` limit the
+//! builder sets on tmpfs, ext4 and XFS and fits the filesystem of the claim it sets, and
+//! every extstore/rollout/TLS combination the validation accepts starts a memcached that
+//! reports the settings asked for. Only what must differ on a test machine is rewritten: file
+//! paths, loopback instead of every address, free ports, and `-u nobody` when run as root
+//! (the filesystems other than the temp dir are mounted only as root).
 //! Without a `memcached` binary the tests fail, naming the package that provides it.
 
 use std::collections::HashMap;
@@ -132,6 +135,11 @@ fn spawn(what: &'static str, program: &str, args: &[String], log: PathBuf) -> Ru
 /// builder's, it listens on loopback only; as root it runs as `nobody` (memcached refuses
 /// root without `-u`; in the pod it runs as UID 11211).
 fn start_memcached(args: &[String], dir: &TempDir) -> Running {
+    start_memcached_binary(&memcached_binary(), args, dir)
+}
+
+/// [`start_memcached`] with another memcached `binary`.
+fn start_memcached_binary(binary: &str, args: &[String], dir: &TempDir) -> Running {
     let mut argv = args[1..].to_vec();
     if !argv.iter().any(|a| a == "-l") {
         argv.extend(["-l".to_string(), "127.0.0.1".to_string()]);
@@ -139,12 +147,7 @@ fn start_memcached(args: &[String], dir: &TempDir) -> Running {
     if is_root() {
         argv.extend(["-u".to_string(), "nobody".to_string()]);
     }
-    spawn(
-        "memcached",
-        &memcached_binary(),
-        &argv,
-        dir.path().join("memcached.log"),
-    )
+    spawn("memcached", binary, &argv, dir.path().join("memcached.log"))
 }
 
 /// Waits (at most 10 s) until something listens on `port`, failing if `process` exits.
@@ -933,7 +936,325 @@ fn extstore_holds_four_times_the_memory() {
 }
 
 // ---------------------------------------------------------------------------------------
-// 4. Every accepted extstore/rollout/TLS combination starts a real memcached
+// 4. A full extstore stays within its volume
+
+/// A filesystem mounted for one test (as root): tmpfs, or ext4 or XFS on a loop device of a
+/// sparse image. Unmounted (and the loop device freed) when dropped.
+struct Mounted {
+    dir: PathBuf,
+    what: String,
+}
+
+impl Mounted {
+    /// Mounts `kind` of `bytes` under `dir`, or says why it cannot here (not root, no
+    /// mkfs for it, mounting refused).
+    fn new(kind: &str, bytes: u64, dir: &TempDir) -> Result<Self, String> {
+        if !is_root() {
+            return Err("not root".into());
+        }
+        let mount = dir.path().join(format!("{kind}-mnt"));
+        std::fs::create_dir_all(&mount).map_err(|e| e.to_string())?;
+        let run = |program: &str, args: &[&str]| -> Result<(), String> {
+            let out = Command::new(program)
+                .args(args)
+                .output()
+                .map_err(|e| format!("{program}: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{program} {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        let target = mount.display().to_string();
+        if kind == "tmpfs" {
+            run(
+                "mount",
+                &[
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={bytes}"),
+                    "tmpfs",
+                    &target,
+                ],
+            )?;
+        } else {
+            let image = dir.path().join(format!("{kind}.img"));
+            let file = std::fs::File::create(&image).map_err(|e| e.to_string())?;
+            file.set_len(bytes).map_err(|e| e.to_string())?;
+            let image = image.display().to_string();
+            match kind {
+                // mkfs.ext4's defaults keep 5% for root: of what CSI drivers make (they
+                // pass -m0), the least room for memcached, which is not root.
+                "ext4" => run("mkfs.ext4", &["-q", "-F", &image])?,
+                "xfs" => run("mkfs.xfs", &["-q", "-f", &image])?,
+                other => return Err(format!("no filesystem {other}")),
+            }
+            run("mount", &["-o", "loop", &image, &target])?;
+        }
+        chmod(&mount, 0o755);
+        Ok(Self {
+            dir: mount,
+            what: format!("{kind} of {} MiB", bytes / MIB),
+        })
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// What the kubelet counts as a volume's use (`DiskUsage` in pkg/volume/util/fs): the
+/// 512-byte blocks of every entry under `dir`, `dir` itself included.
+fn volume_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = std::fs::symlink_metadata(dir).map_or(0, |m| m.blocks() * 512);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        total += match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => volume_bytes(&path),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        };
+    }
+    total
+}
+
+/// Bytes the filesystem of `path` leaves to a user other than root.
+fn free_bytes(path: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path");
+    // SAFETY: statvfs fills the zeroed struct it is given, for a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
+    assert_eq!(rc, 0, "statvfs {}", path.display());
+    st.f_bavail.saturating_mul(st.f_frsize)
+}
+
+/// Where the file has its first hole (its length if it has none): a write memcached lost
+/// (it does not check pwrite's result) leaves the pages of it unallocated.
+fn first_hole(file: &Path) -> u64 {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(file).expect("the extstore file");
+    // SAFETY: lseek on a descriptor this function owns, with valid arguments.
+    let at = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    u64::try_from(at).expect("SEEK_HOLE answers")
+}
+
+/// memcached 1.6.38 (`make memcached-proxy` builds it into bin/), for the tests that fill
+/// extstore: Debian's 1.6.18 never uses the first page of its file (it leaves page 0 off
+/// its free list), 1.6.38 uses them all, as the default image's 1.6.39 does.
+fn recent_memcached() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bin/memcached-1.6.38/memcached");
+    assert!(
+        path.is_file(),
+        "{} is missing: make memcached-proxy (hack/memcached/build.sh) builds it",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+/// extstore as the tests below fill it: 2 MiB pages and buffers (memcached's smallest) and
+/// the smallest cache, so a few passes over the file are quick.
+fn small_extstore(size: &str, storage_class: Option<&str>, port: u16) -> Memcached {
+    let mc = pool(MemcachedSpec {
+        container_port: i32::from(port),
+        config: Some(MemcachedConfig {
+            memory_mib: 16,
+            ..MemcachedConfig::default()
+        }),
+        extstore: Some(ExtstoreSpec {
+            size: size.into(),
+            storage_class_name: storage_class.map(String::from),
+            page_size_mib: 2,
+            write_buffer_mib: 2,
+            ..ExtstoreSpec::default()
+        }),
+        ..MemcachedSpec::with_size(1)
+    });
+    memcached_api::validation::validate(&mc).expect("a valid spec");
+    mc
+}
+
+/// The extstore volume's size the builder sets: the `emptyDir`'s `sizeLimit`, or the
+/// generic ephemeral volume's claim, in bytes (the builder writes whole MiB).
+fn volume_size(pod: &PodSpec) -> u64 {
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "extstore")
+        .expect("the extstore volume");
+    let quantity = volume
+        .empty_dir
+        .as_ref()
+        .and_then(|e| e.size_limit.clone())
+        .or_else(|| {
+            let claim = volume.ephemeral.as_ref()?.volume_claim_template.as_ref()?;
+            claim
+                .spec
+                .resources
+                .as_ref()?
+                .requests
+                .as_ref()?
+                .get("storage")
+                .cloned()
+        })
+        .expect("a size on the extstore volume");
+    quantity
+        .0
+        .strip_suffix("Mi")
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("a size in whole MiB: {quantity:?}"))
+        * MIB
+}
+
+/// Runs memcached with the builder's command for `mc`, its extstore file in `volume`, and
+/// writes 16 KiB values until memcached's own stats say every page of the file has been
+/// written and then recycled (page evictions and reclaims at least the page count), the
+/// file at its full size. How fast does not matter: values the flusher did not keep up
+/// with are evicted from memory, and writing goes on. Returns the most the volume held
+/// (sampled after every batch, as the kubelet samples it), the file, and the last stats.
+fn fill_extstore(
+    mc: &Memcached,
+    volume: &Path,
+    dir: &TempDir,
+) -> (u64, PathBuf, HashMap<String, String>) {
+    const VALUE: usize = 16 * 1024;
+    let port = u16::try_from(mc.spec.container_port).expect("a port");
+    let mut args = memcached_command(&pod_spec(mc));
+    std::fs::create_dir_all(volume).expect("the volume's directory");
+    chmod(volume, 0o777);
+    let file = volume.join("data");
+    rewrite(&mut args, EXTSTORE_FILE, &file.display().to_string());
+    let mut memcached = start_memcached_binary(&recent_memcached(), &args, dir);
+    wait_listening(port, &mut memcached);
+    let mut client = plain(port);
+    let mut peak = 0;
+    let mut written = 0u64;
+    for batch in 0.. {
+        let items: Vec<(String, Vec<u8>)> = (0..64)
+            .map(|j| {
+                let i = batch * 64 + j;
+                (format!("fill:{i}"), big_value(i, VALUE))
+            })
+            .collect();
+        client.set_many(&items);
+        written += (64 * VALUE) as u64;
+        peak = peak.max(volume_bytes(volume));
+        let stats = client.stats("");
+        let pages = stat(&stats, "extstore_pages_free") + stat(&stats, "extstore_pages_used");
+        let recycled =
+            stat(&stats, "extstore_page_evictions") + stat(&stats, "extstore_page_reclaims");
+        let full = std::fs::metadata(&file).map_or(0, |m| m.len())
+            == stat(&stats, "extstore_limit_maxbytes");
+        if full && recycled >= pages {
+            memcached.assert_running();
+            // The file reached its size since the sample above.
+            return (peak.max(volume_bytes(volume)), file, stats);
+        }
+        // A filesystem too small for the file: memcached's writes past the free space
+        // fail (it does not check them), and the file never reaches its size.
+        let free = free_bytes(volume);
+        assert!(
+            full || free >= 2 * MIB,
+            "the filesystem ran out of space before memcached's file was full: {} of {} bytes written, {free} bytes left for non-root",
+            std::fs::metadata(&file).map_or(0, |m| m.len()),
+            stat(&stats, "extstore_limit_maxbytes")
+        );
+        // Not a timing assertion: a bound on the work, far above the 2 to 4 passes over
+        // the file this takes, so a memcached that never fills its file fails the test
+        // instead of hanging it.
+        assert!(
+            written < 50 * stat(&stats, "extstore_limit_maxbytes"),
+            "{} MiB written and extstore is still not full: {stats:?}",
+            written / MIB
+        );
+    }
+    unreachable!("the loop returns or fails")
+}
+
+/// A full extstore never crosses its `emptyDir`'s limit: memcached started with the
+/// builder's exact command is written to until its own stats say the file is full and its
+/// pages recycled, and what the volume held at any point (the kubelet's count: every
+/// entry's blocks, the directory's too) stays within the `sizeLimit` the builder sets, so
+/// the kubelet never evicts the pod for it. On the machine's temp dir, and as root on
+/// fresh tmpfs, ext4 and XFS (whose preallocation past the end of a growing file is the
+/// most a full file takes: 2 × size − 64 KiB here, a power of two).
+#[test]
+fn a_full_extstore_stays_within_its_empty_dir_limit() {
+    let dir = TempDir::new("ext-full");
+    let mut volumes = vec![("temp dir".to_string(), dir.path().join("extstore"), None)];
+    for kind in ["tmpfs", "ext4", "xfs"] {
+        match Mounted::new(kind, 512 * MIB, &dir) {
+            Ok(m) => volumes.push((m.what.clone(), m.dir.join("extstore"), Some(m))),
+            Err(why) => eprintln!("not on {kind}: {why}"),
+        }
+    }
+    for (what, volume, _mounted) in &volumes {
+        let mc = small_extstore("32Mi", None, free_port());
+        let limit = volume_size(&pod_spec(&mc));
+        let (peak, file, stats) = fill_extstore(&mc, volume, &dir);
+        let size = std::fs::metadata(&file).expect("the file").len();
+        eprintln!(
+            "{what}: file {size} bytes, the volume held at most {peak} bytes ({:+} against the file), limit {limit}",
+            i128::from(peak) - i128::from(size)
+        );
+        assert!(
+            peak <= limit,
+            "on {what} the full extstore took {peak} bytes, over the emptyDir's sizeLimit {limit}: the kubelet would evict the pod ({stats:?})"
+        );
+    }
+}
+
+/// A full extstore fits the filesystem its generic ephemeral volume claims: on ext4 (with
+/// its default 5% kept for root, more than CSI drivers keep) and XFS made to exactly the
+/// claim's size, memcached (not root) fills its file and recycles its pages, and the file
+/// is whole: its full size, no page left unwritten by a write that found no space.
+#[test]
+fn a_full_extstore_fits_its_claim() {
+    let dir = TempDir::new("ext-claim");
+    // XFS is at least 300 MiB: a size whose claim is that large.
+    for (kind, size) in [("ext4", "32Mi"), ("xfs", "256Mi")] {
+        let mc = small_extstore(size, Some("standard"), free_port());
+        let claim = volume_size(&pod_spec(&mc));
+        let mounted = match Mounted::new(kind, claim, &dir) {
+            Ok(m) => m,
+            Err(why) => {
+                eprintln!("not on {kind}: {why}");
+                continue;
+            }
+        };
+        let (_, file, stats) = fill_extstore(&mc, &mounted.dir.join("extstore"), &dir);
+        let len = std::fs::metadata(&file).expect("the file").len();
+        let free = free_bytes(&mounted.dir);
+        eprintln!(
+            "{}: file {len} bytes, first hole at {}, {free} bytes left for non-root",
+            mounted.what,
+            first_hole(&file)
+        );
+        assert_eq!(
+            len,
+            stat(&stats, "extstore_limit_maxbytes"),
+            "on {}",
+            mounted.what
+        );
+        assert_eq!(
+            first_hole(&file),
+            len,
+            "on {} memcached's writes found no space: part of the file was never written ({stats:?})",
+            mounted.what
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Every accepted extstore/rollout/TLS combination starts a real memcached
 
 fn extstore_spec() -> impl Strategy<Value = ExtstoreSpec> {
     (

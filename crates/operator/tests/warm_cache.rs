@@ -312,10 +312,11 @@ async fn a_tls_renewal_changes_no_deployment_with_the_reload_agent(server: Serve
 }
 
 on_every_server! {
-/// extstore on node disk: an `emptyDir` limited to the file's size, mounted where the
-/// `ext_path` points, with the file sized in MiB; `spec.rollout.minReadySeconds` is the
-/// Deployment's. With a StorageClass, a generic ephemeral volume of that class, which the
-/// server accepts as built.
+/// extstore on node disk: an `emptyDir` limited to twice the file's size and a MiB (what a
+/// full file may take; `real_memcached_warm.rs` measures it), mounted where the `ext_path`
+/// points, with the file sized in MiB; `spec.rollout.minReadySeconds` is the
+/// Deployment's. With a StorageClass, a generic ephemeral volume of that class claiming
+/// room for the filesystem's own blocks too, which the server accepts as built.
 async fn extstore_gets_its_volume_and_flags_and_rollouts_their_pace(server: Server) {
     let env = Env::start(server, "extstore_gets_its_volume_and_f").await;
     env.apply(
@@ -341,8 +342,8 @@ async fn extstore_gets_its_volume_and_flags_and_rollouts_their_pace(server: Serv
     assert!(v.ephemeral.is_none(), "{v:?}");
     assert_eq!(
         v.empty_dir.as_ref().and_then(|e| e.size_limit.clone()),
-        Some(Quantity("2Gi".into())),
-        "an emptyDir limited to the file's size: {v:?}"
+        Some(Quantity("4097Mi".into())),
+        "an emptyDir limited to twice the file's size and a MiB: {v:?}"
     );
 
     // The options follow the stored (server-defaulted) spec.extstore; memcached wants
@@ -401,8 +402,8 @@ async fn extstore_gets_its_volume_and_flags_and_rollouts_their_pace(server: Serv
             .as_ref()
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get("storage")),
-        Some(&Quantity("4Gi".into())),
-        "{claim:?}"
+        Some(&Quantity("4672Mi".into())),
+        "4 GiB, an eighth of it and 64 MiB for the filesystem's own: {claim:?}"
     );
     assert!(
         extstore_option(&claimed).ends_with(&format!(",ext_path={EXTSTORE_FILE}:4096m")),

@@ -1,6 +1,6 @@
 //! The pool's Deployment: memcached's command line and memory, the pod template with its
-//! containers (memcached, the exporter, the TLS reload agent), volumes, probes, security
-//! and spreading, and the configuration hash that rolls the pods when the configuration
+//! containers (memcached, the exporter, the TLS reload agent), volumes (extstore's with
+//! room beyond its file), probes, security and spreading, and the configuration hash that rolls the pods when the configuration
 //! (or a mounted Secret) changes.
 
 use std::collections::BTreeMap;
@@ -465,16 +465,62 @@ fn tls_agent_container(settings: &BuildSettings) -> Container {
     }
 }
 
-/// extstore's volume: an `emptyDir` limited to the file's size, or, with a StorageClass, a
-/// generic ephemeral volume of that class (created and deleted with the pod).
+const MIB: u64 = 1024 * 1024;
+
+/// `sizeLimit` of extstore's `emptyDir` for a `spec.extstore.size` of `size_bytes`: twice
+/// the size, and 1 MiB. memcached writes at most `size` (whole pages), but the kubelet
+/// evicts the pod once the volume's blocks (every entry's `st_blocks`, the directory
+/// included) exceed the limit, and a full file takes more blocks than its bytes. Measured
+/// with memcached 1.6.38 filled until it recycled pages (Linux 6.18, files of 16 MiB to
+/// 1.5 GiB, pages of 2 to 64 MiB): ext4 and overlay on ext4 add a 4 KiB directory block and
+/// up to one 4 KiB extent block (a limit of exactly `size` is crossed, and the pod
+/// evicted), tmpfs adds nothing, and XFS keeps its speculative preallocation past the end
+/// of a growing file for about five minutes after the file stops growing: the file then
+/// holds the next power of two above its size, less 64 KiB (2 × size − 64 KiB at a power of
+/// two). Twice the size covers that, and the MiB the directory and extent-tree blocks
+/// beside it. The limit is a ceiling, not a reservation: the node gives what memcached
+/// writes (and, on XFS, the preallocation while it lasts).
+pub fn extstore_empty_dir_limit_bytes(size_bytes: u64) -> u64 {
+    size_bytes.saturating_mul(2).saturating_add(MIB)
+}
+
+/// Storage to claim for a generic ephemeral extstore volume of `spec.extstore.size`
+/// `size_bytes`: the size, an eighth of it, and 64 MiB. The claim is the filesystem's size,
+/// and memcached (UID 11211, not root) can write only what the filesystem leaves free for
+/// others: measured on filesystems made as CSI drivers make them (`mkfs.ext4 -F -m0`,
+/// `mkfs.xfs -f`) and with ext4's default 5% reserved for root, the space lost is 16% of a
+/// 64 MiB ext4 (21% with the reserve), 6.5% of 1 GiB (11.5%, XFS 10%), 3.9% of 4 GiB (8.9%,
+/// XFS 3%), under 2.7% from 16 GiB (under 7.5%, XFS 1.3%). An eighth and 64 MiB cover
+/// each of them, the reserve included; without it memcached's writes past the free space
+/// fail and the items in them are lost.
+pub fn extstore_claim_bytes(size_bytes: u64) -> u64 {
+    size_bytes
+        .saturating_add(size_bytes.div_ceil(8))
+        .saturating_add(64 * MIB)
+}
+
+/// A quantity of `bytes` rounded up to whole MiB.
+fn mib_quantity(bytes: u64) -> Quantity {
+    Quantity(format!("{}Mi", bytes.div_ceil(MIB)))
+}
+
+/// extstore's volume: an `emptyDir` limited to [`extstore_empty_dir_limit_bytes`], or,
+/// with a StorageClass, a generic ephemeral volume of that class (created and deleted with
+/// the pod) claiming [`extstore_claim_bytes`]. Only the volume has this headroom: memcached's
+/// `ext_path` and the pod's `ephemeral-storage` request stay `size`, so pools whose spec
+/// did not change keep their memcached container. A size that does not parse (refused by
+/// the validation before anything is built) is passed through as it is.
 fn extstore_volume(ext: &ExtstoreSpec) -> Volume {
-    let size = Quantity(ext.size.clone());
+    let size = memcached_api::validation::parse_quantity_bytes(&ext.size);
+    let volume_size = |headroom: fn(u64) -> u64| {
+        size.map_or_else(|| Quantity(ext.size.clone()), |b| mib_quantity(headroom(b)))
+    };
     match &ext.storage_class_name {
         None => Volume {
             name: EXTSTORE_VOLUME.to_string(),
             empty_dir: Some(EmptyDirVolumeSource {
                 medium: None,
-                size_limit: Some(size),
+                size_limit: Some(volume_size(extstore_empty_dir_limit_bytes)),
             }),
             ..Volume::default()
         },
@@ -487,7 +533,10 @@ fn extstore_volume(ext: &ExtstoreSpec) -> Volume {
                         access_modes: Some(vec!["ReadWriteOnce".to_string()]),
                         storage_class_name: Some(class.clone()),
                         resources: Some(VolumeResourceRequirements {
-                            requests: Some(BTreeMap::from([("storage".to_string(), size)])),
+                            requests: Some(BTreeMap::from([(
+                                "storage".to_string(),
+                                volume_size(extstore_claim_bytes),
+                            )])),
                             limits: None,
                         }),
                         ..PersistentVolumeClaimSpec::default()

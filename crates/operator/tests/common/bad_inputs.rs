@@ -331,6 +331,19 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             json!({"size": 1, "extstore": {"enabled": true, "itemSizeBytes": 1_048_576}}),
             "spec.extstore.itemSizeBytes",
         ),
+        // A memory limit below what memcached's flags make it use: OOM-killed as it fills.
+        (
+            "ext-memory-limit-under-buffers".into(),
+            json!({"size": 1, "extstore": {"enabled": true, "writeBufferMiB": 64},
+                   "resources": {"limits": {"memory": "32Mi"}}}),
+            "spec.resources.limits[memory]",
+        ),
+        (
+            "memory-limit-under-cache".into(),
+            json!({"size": 1, "config": {"memoryMiB": 256},
+                   "resources": {"limits": {"memory": "128Mi"}}}),
+            "spec.resources.limits[memory]",
+        ),
     ]
 }
 
