@@ -946,11 +946,14 @@ struct Mounted {
 }
 
 impl Mounted {
-    /// Mounts `kind` of `bytes` under `dir`, or says why it cannot here (not root, no
-    /// mkfs for it, mounting refused).
+    /// Mounts `kind` of `bytes` under `dir`, or says why it cannot here and what provides it
+    /// (the tests run as root, as CI runs them; `mkfs.xfs` is Debian's xfsprogs, which
+    /// .ci/run installs).
     fn new(kind: &str, bytes: u64, dir: &TempDir) -> Result<Self, String> {
         if !is_root() {
-            return Err("not root".into());
+            return Err(format!(
+                "mounting {kind} for the extstore measurement needs root: run the tests as root, as CI does"
+            ));
         }
         let mount = dir.path().join(format!("{kind}-mnt"));
         std::fs::create_dir_all(&mount).map_err(|e| e.to_string())?;
@@ -990,7 +993,8 @@ impl Mounted {
                 // mkfs.ext4's defaults keep 5% for root: of what CSI drivers make (they
                 // pass -m0), the least room for memcached, which is not root.
                 "ext4" => run("mkfs.ext4", &["-q", "-F", &image])?,
-                "xfs" => run("mkfs.xfs", &["-q", "-f", &image])?,
+                "xfs" => run("mkfs.xfs", &["-q", "-f", &image])
+                    .map_err(|e| format!("{e} (mkfs.xfs: apt-get install xfsprogs)"))?,
                 other => return Err(format!("no filesystem {other}")),
             }
             run("mount", &["-o", "loop", &image, &target])?;
@@ -1191,10 +1195,8 @@ fn a_full_extstore_stays_within_its_empty_dir_limit() {
     let dir = TempDir::new("ext-full");
     let mut volumes = vec![("temp dir".to_string(), dir.path().join("extstore"), None)];
     for kind in ["tmpfs", "ext4", "xfs"] {
-        match Mounted::new(kind, 512 * MIB, &dir) {
-            Ok(m) => volumes.push((m.what.clone(), m.dir.join("extstore"), Some(m))),
-            Err(why) => eprintln!("not on {kind}: {why}"),
-        }
+        let m = Mounted::new(kind, 512 * MIB, &dir).unwrap_or_else(|why| panic!("{why}"));
+        volumes.push((m.what.clone(), m.dir.join("extstore"), Some(m)));
     }
     for (what, volume, _mounted) in &volumes {
         let mc = small_extstore("32Mi", None, free_port());
@@ -1223,13 +1225,7 @@ fn a_full_extstore_fits_its_claim() {
     for (kind, size) in [("ext4", "32Mi"), ("xfs", "256Mi")] {
         let mc = small_extstore(size, Some("standard"), free_port());
         let claim = volume_size(&pod_spec(&mc));
-        let mounted = match Mounted::new(kind, claim, &dir) {
-            Ok(m) => m,
-            Err(why) => {
-                eprintln!("not on {kind}: {why}");
-                continue;
-            }
-        };
+        let mounted = Mounted::new(kind, claim, &dir).unwrap_or_else(|why| panic!("{why}"));
         let (_, file, stats) = fill_extstore(&mc, &mounted.dir.join("extstore"), &dir);
         let len = std::fs::metadata(&file).expect("the file").len();
         let free = free_bytes(&mounted.dir);
