@@ -37,9 +37,11 @@ impl ControlPlane {
                 "spec": {"podCIDR": format!("10.{}.0.0/16", 100 + i), "podCIDRs": [format!("10.{}.0.0/16", 100 + i)]},
                 "status": {
                     // Room for benchmarks: 5,000 size-3 Memcacheds (100m CPU and ~112 MiB
-                    // each pod) on three nodes.
-                    "allocatable": {"cpu": "4000", "memory": "32Ti", "pods": "20000"},
-                    "capacity": {"cpu": "4000", "memory": "32Ti", "pods": "20000"},
+                    // each pod) on three nodes; node disk for extstore's emptyDirs.
+                    "allocatable": {"cpu": "4000", "memory": "32Ti", "pods": "20000",
+                                    "ephemeral-storage": "1Pi"},
+                    "capacity": {"cpu": "4000", "memory": "32Ti", "pods": "20000",
+                                 "ephemeral-storage": "1Pi"},
                 },
             }))
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
