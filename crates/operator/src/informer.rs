@@ -179,7 +179,7 @@ where
     /// (drop what no reader needs, to keep memory small).
     pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K)) -> Self {
         let (store, writer) = reflector::store::<K>();
-        Self::spawn(api, config, slim, store, writer, None)
+        Self::spawn(watcher(api, config), slim, store, writer, None)
     }
 
     /// [`Informer::start`], also keeping an [`Index`] of the cache by `key`.
@@ -191,13 +191,18 @@ where
     ) -> (Self, Index<K>) {
         let (store, writer) = reflector::store::<K>();
         let index = Index::new(store.clone(), key);
-        let informer = Self::spawn(api, config, slim, store, writer, Some(index.clone()));
+        let informer = Self::spawn(
+            watcher(api, config),
+            slim,
+            store,
+            writer,
+            Some(index.clone()),
+        );
         (informer, index)
     }
 
     fn spawn(
-        api: Api<K>,
-        config: watcher::Config,
+        watch: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
         slim: fn(&mut K),
         store: Store<K>,
         writer: reflector::store::Writer<K>,
@@ -208,11 +213,7 @@ where
         let kind = K::kind(&()).into_owned();
         let store_for_task = store.clone();
         let task = tokio::spawn(async move {
-            let mut events = watcher(api, config)
-                .default_backoff()
-                .modify(slim)
-                .reflect(writer)
-                .boxed();
+            let mut events = watch.default_backoff().modify(slim).reflect(writer).boxed();
             // The cache as it was when a re-list started (the store swaps at its end).
             let mut before_relist: Vec<Arc<K>> = Vec::new();
             while let Some(event) = events.next().await {
