@@ -54,7 +54,7 @@ lint: ## Lint the code (clippy, warnings are errors).
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: controlplane memcached-proxy tools ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, helm and operator-sdk, then every test, the real-server suites included.
+test: controlplane memcached-proxy tools previous-release ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, helm and operator-sdk, then every test, the real-server suites included.
 	$(CARGO) test --workspace --locked
 
 ##@ Control plane (a real Kubernetes without a cluster)
@@ -66,6 +66,10 @@ tools: ## Build the pinned helm and operator-sdk into bin/ (Go; only when a pin 
 .PHONY: controlplane
 controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok into bin/ (Go; only when a pin changed).
 	hack/controlplane/build.sh
+
+.PHONY: previous-release
+previous-release: ## Build the operator of the last release (hack/previous-release/COMMIT) into bin/, for the upgrade test (tests/upgrade.rs; only when missing).
+	hack/previous-release/build.sh
 
 .PHONY: memcached-proxy
 memcached-proxy: ## Build memcached with its built-in proxy from Debian's source package into bin/ (for tests/real_proxy.rs; only when missing).

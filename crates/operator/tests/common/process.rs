@@ -104,10 +104,22 @@ impl Operator {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Operator {
+        Self::spawn_program(&bin(), kubeconfig, log_dir, name, args, env)
+    }
+
+    /// [`Operator::spawn`] of another build of the operator (an earlier release's).
+    pub fn spawn_program(
+        program: &Path,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Operator {
         let log = log_dir.join(format!("{name}.log"));
         let log_file = std::fs::File::create(&log).expect("log file");
         let log_file_too = log_file.try_clone().expect("log file");
-        let mut cmd = Command::new(bin());
+        let mut cmd = Command::new(program);
         cmd.arg("run")
             .args(args)
             .env("KUBECONFIG", kubeconfig)
