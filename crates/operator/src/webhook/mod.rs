@@ -21,7 +21,9 @@
 //!   [`limits::MAX_REQUEST_BYTES`]) get 413, always with an AdmissionReview body whose
 //!   `response.status.message` says what is wrong. Nothing here panics on input.
 //! - **Floods** get 429 with `Retry-After` at once, in the same shape, beyond the bounds of
-//!   [`limits`]: memory held for requests across connections, dry runs in flight.
+//!   [`limits`]: memory held for requests across connections, dry runs in flight. The server
+//!   runs on a thread and runtime of its own ([`WebhookServer::spawn`]), so what it does
+//!   never delays the renewal of the operator's Lease.
 //!
 //! The module is split by concern: `server` the HTTPS server, `decode` the decoding of
 //! requests, `admission` the answers, [`dry_run`] the server-side dry run of the children
@@ -43,8 +45,8 @@ pub use configuration::webhook_configurations;
 pub use decode::{BadRequest, DecodedReview, decode_memcached, decode_review, decoded_size};
 pub use schema::{apply_schema_defaults, schema_defaults};
 pub use server::{
-    WebhookConfig, WebhookError, WebhookServer, check_certificate, review_json, router,
-    router_with, serve,
+    WebhookConfig, WebhookError, WebhookServer, WebhookThread, check_certificate, review_json,
+    router, router_with, serve,
 };
 
 /// Path of the mutating (defaulting) webhook, as Kubebuilder names it.

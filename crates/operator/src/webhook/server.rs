@@ -1,6 +1,7 @@
 //! The HTTPS server of the webhooks: the listener, TLS with a reloaded certificate, the
 //! axum router, the checks on headers and body (type, size, deadline, the memory it may
-//! hold) and the handler that turns a request into an AdmissionReview on the wire.
+//! hold) and the handler that turns a request into an AdmissionReview on the wire; and the
+//! thread of its own the operator runs it on ([`WebhookServer::spawn`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,9 @@ pub enum WebhookError {
     /// Serving failed.
     #[error("serving admission webhooks: {0}")]
     Serve(#[source] std::io::Error),
+    /// The webhook server's thread or runtime could not be started, or stopped unexpectedly.
+    #[error("the webhook server's thread: {0}")]
+    Thread(String),
 }
 
 /// Checks that `cert_dir` holds a usable key pair (`tls.crt`, `tls.key`). The operator
@@ -126,6 +130,29 @@ pub struct WebhookServer {
     memory: MemoryBudget,
 }
 
+/// A webhook server running on a thread of its own ([`WebhookServer::spawn`]).
+pub struct WebhookThread {
+    addr: SocketAddr,
+    done: tokio::sync::oneshot::Receiver<Result<(), WebhookError>>,
+}
+
+impl WebhookThread {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Waits until the server has stopped (after its shutdown token was cancelled: requests
+    /// in progress finished, connections closed) and the thread ends.
+    pub async fn stopped(self) -> Result<(), WebhookError> {
+        self.done.await.unwrap_or_else(|_| {
+            Err(WebhookError::Thread(
+                "it ended without saying why (a panic: see the log)".to_string(),
+            ))
+        })
+    }
+}
+
 impl WebhookServer {
     /// Loads the certificate (failing as [`check_certificate`] does), checks the default
     /// image, and binds `config.bind` (port 0 picks a free port).
@@ -150,6 +177,68 @@ impl WebhookServer {
             limits: ConnectionLimits::default(),
             memory: MemoryBudget::default(),
         })
+    }
+
+    /// Binds and serves on a new thread named `webhook`, with a single-threaded Tokio
+    /// runtime of its own, until `shutdown`. Nothing the server does (TLS handshakes,
+    /// reading and decoding bodies, dry runs) then runs on the caller's runtime, which in
+    /// the operator renews the Lease: a flood of the webhook port takes one core at most
+    /// and never delays a renewal, even with `--worker-threads 0`.
+    ///
+    /// `setup` runs on the new runtime before serving: what holds connections, such as the
+    /// `kube::Client` of a [`ChildrenCheck`], must be made there, since a client's pooled
+    /// connections are driven by tasks of the runtime that opened them. Returns once the
+    /// server listens, or with why it cannot.
+    pub async fn spawn<F>(
+        config: WebhookConfig,
+        setup: F,
+        shutdown: CancellationToken,
+    ) -> Result<WebhookThread, WebhookError>
+    where
+        F: FnOnce(WebhookServer) -> Result<WebhookServer, WebhookError> + Send + 'static,
+    {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("webhook".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(WebhookError::Thread(format!(
+                            "cannot start its runtime: {e}"
+                        ))));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let server = match WebhookServer::bind(config).await.and_then(setup) {
+                        Ok(server) => server,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    if started_tx.send(server.local_addr()).is_err() {
+                        return;
+                    }
+                    let result = server.run(shutdown).await;
+                    if let Err(e) = &result {
+                        tracing::error!(error = %e, "webhook server stopped");
+                    }
+                    let _ = done_tx.send(result);
+                });
+            })
+            .map_err(|e| WebhookError::Thread(format!("cannot start it: {e}")))?;
+        let addr = started_rx.await.unwrap_or_else(|_| {
+            Err(WebhookError::Thread(
+                "it ended while starting (a panic: see the log)".to_string(),
+            ))
+        })?;
+        Ok(WebhookThread { addr, done })
     }
 
     /// How often the certificate files are re-read (default 5 s).
