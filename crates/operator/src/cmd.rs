@@ -363,7 +363,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
                         ChildrenCheck::new(client, settings).with_policy(policy),
                     )
                 })
-                .map_err(|e| webhook::WebhookError::Thread(format!("the dry runs' client: {e}"))),
+                .map_err(|e| webhook::WebhookError::Client(e.to_string())),
         };
         let thread = WebhookServer::spawn(config, setup, shutdown.clone()).await?;
         info!(addr = %thread.local_addr(), "serving admission webhooks");

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Memory all requests may hold at once: their bodies as they are read, then what decoding
 /// them takes (see [`HELD_PER_BODY_BYTE`]). 32 MiB: the manager's memory limit is 128 MiB,
-/// the operator's caches take 34 MiB with 1,000 Memcacheds, and 256 connections' TLS and
-/// HTTP buffers about 10 MiB (BENCHMARKS.md; README "Webhook limits").
+/// the operator takes 12 MiB idle and 34 MiB with 1,000 Memcacheds cached (BENCHMARKS.md),
+/// and under the flood of `tests/webhook_flood.rs` (256 connections busy, this budget in
+/// use) it peaks 15–26 MiB above idle.
 pub const MEMORY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
-/// Requests holding more than this are large. A Memcached's review is 2–20 KiB of JSON
-/// and holds under 200 KiB with its decoded forms.
+/// Requests holding more than this are large. A Memcached's review is a few KiB of JSON
+/// and holds some 50 KiB with its decoded forms (`tests/decode_cost.rs`).
 pub const SMALL_REQUEST_BYTES: usize = 256 * 1024;
 /// Large requests share at most this part of [`MEMORY_BUDGET_BYTES`], so that a flood of
 /// large bodies leaves the other half to reviews of ordinary size.

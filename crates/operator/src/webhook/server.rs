@@ -97,6 +97,9 @@ pub enum WebhookError {
     /// The webhook server's thread or runtime could not be started, or stopped unexpectedly.
     #[error("the webhook server's thread: {0}")]
     Thread(String),
+    /// The API client of the dry runs could not be made.
+    #[error("cannot make the API client for the webhook's dry runs: {0}")]
+    Client(String),
 }
 
 /// Checks that `cert_dir` holds a usable key pair (`tls.crt`, `tls.key`). The operator
