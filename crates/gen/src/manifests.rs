@@ -621,7 +621,8 @@ fn network_policy(name: &str, from: Value, port: i32) -> Value {
 }
 
 /// The NetworkPolicies: metrics from namespaces labelled `metrics: enabled`, and the
-/// webhook port from anywhere.
+/// webhook port from anywhere (the API server's address is the cluster's own: README says
+/// how to narrow it with a patch, the chart with `networkPolicy.webhookFrom`).
 pub(crate) fn network_policies()
 -> Result<[k8s_openapi::api::networking::v1::NetworkPolicy; 2], Error> {
     Ok([
@@ -652,6 +653,9 @@ fn network_policy_files() -> Result<Vec<File>, Error> {
         Doc::new("network-policy/allow-webhook-traffic.yaml")
             .comment("The API server calls the webhook; it is not a pod a namespaceSelector can")
             .comment("match, so the webhook port is open to all sources (and only that port).")
+            .comment("Narrow it to the API server's addresses, which only your cluster knows,")
+            .comment("with a patch adding spec.ingress[0].from: [{ipBlock: {cidr: ...}}]")
+            .comment("(README: \"Who may call the webhooks\").")
             .object(&webhook)?
             .finish(),
         Doc::new("network-policy/kustomization.yaml")

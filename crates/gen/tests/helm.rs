@@ -1,8 +1,9 @@
 //! The Helm chart (`charts/memcached-operator`) with the pinned helm (`make tools`): it is
 //! what `memcached-operator-gen helm-chart` writes, `helm lint` passes, bad values are
 //! refused naming the value, the rendered objects equal what `kubectl kustomize` builds
-//! from `config/`, and `helm install` / `upgrade` / `uninstall` work against the real
-//! control plane (the operator's pod need not run: kwok nodes run no containers).
+//! from `config/` (the README's narrowing of the webhook port included), and `helm install`
+//! / `upgrade` / `uninstall` work against the real control plane (the operator's pod need
+//! not run: kwok nodes run no containers).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::process::{Command, Output};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -172,6 +174,10 @@ fn bad_values_are_refused_naming_the_value() {
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("watchNamespaces={team-a,team-a}", "watchNamespaces"),
         ("watchNamespaces={\"\"}", "watchNamespaces"),
+        (
+            "networkPolicy.webhookFrom[0].ipBlock.except={10.0.0.0/8}",
+            "cidr",
+        ),
         ("serviceAccount.create=false", "serviceAccount.name"),
         (
             "metrics.enabled=false,metrics.serviceMonitor.enabled=true",
@@ -351,6 +357,99 @@ fn rendered_objects_equal_kustomizes() {
             );
         }
     }
+}
+
+/// The README's kustomize overlay narrowing the webhook port to the API server's
+/// addresses: the YAML block that patches `/spec/ingress/0/from`.
+fn readme_overlay() -> String {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(yaml, _)| yaml.to_string()))
+        .find(|yaml| yaml.contains("path: /spec/ingress/0/from"))
+        .expect("README.md shows the kustomize patch of the webhook's NetworkPolicy")
+}
+
+/// The webhook port narrowed to the API server's addresses as the README says: its
+/// kustomize overlay and the chart's `networkPolicy.webhookFrom` give the same
+/// NetworkPolicy, admitting only that peer to the webhook port and leaving the metrics
+/// policy as it was; the real API server accepts it.
+#[tokio::test]
+async fn the_webhook_port_narrows_to_the_api_server_with_kustomize_and_helm() {
+    let tmp = TempDir::new("helm-webhook-from");
+    let config = tmp.path().join("config");
+    manifests::write(&config).expect("writes config/");
+    // As the README says: ../network-policy added to config/default's resources.
+    let default = config.join("default/kustomization.yaml");
+    let mut kustomization: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&default).expect("read")).expect("YAML");
+    kustomization["resources"]
+        .as_array_mut()
+        .expect("resources")
+        .push(json!("../network-policy"));
+    std::fs::write(
+        &default,
+        serde_yaml::to_string(&kustomization).expect("YAML"),
+    )
+    .expect("write");
+    let overlay = tmp.path().join("overlay");
+    std::fs::create_dir_all(&overlay).expect("mkdir");
+    std::fs::write(overlay.join("kustomization.yaml"), readme_overlay()).expect("write");
+    let built = by_kind_and_name(kustomize(&overlay));
+
+    let mut cmd = helm(tmp.path());
+    cmd.args(["template", "memcached-operator"])
+        .arg(chart_dir())
+        .args(["--namespace", "memcached-operator-system"])
+        .args(["--set", "networkPolicy.enabled=true"])
+        .args([
+            "--set-json",
+            r#"networkPolicy.webhookFrom=[{"ipBlock":{"cidr":"10.0.0.10/32"}}]"#,
+        ]);
+    let rendered = by_kind_and_name(yaml_objects(&ok(&mut cmd)));
+
+    for name in [
+        "memcached-operator-allow-webhook-traffic",
+        "memcached-operator-allow-metrics-traffic",
+    ] {
+        let key = ("NetworkPolicy".to_string(), name.to_string());
+        let (helm, kustomize) = (&rendered[&key], &built[&key]);
+        if let Some(path) = first_difference(helm, kustomize, String::new()) {
+            panic!(
+                "{name} differs at {path}:\nhelm: {}\nkustomize: {}",
+                pointer(helm, &path),
+                pointer(kustomize, &path)
+            );
+        }
+    }
+    let webhook = &rendered[&(
+        "NetworkPolicy".to_string(),
+        "memcached-operator-allow-webhook-traffic".to_string(),
+    )];
+    assert_eq!(
+        webhook["spec"]["ingress"],
+        json!([{
+            "from": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+            "ports": [{"port": 9443, "protocol": "TCP"}],
+        }])
+    );
+
+    let cp = envtest::ControlPlane::shared(envtest::Kube::Newest).unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.expect("client");
+    let ns = cp.namespace("netpol").await.expect("namespace");
+    let mut policy: NetworkPolicy = serde_json::from_value(webhook.clone()).expect("NetworkPolicy");
+    policy.metadata.namespace = Some(ns.clone());
+    Api::<NetworkPolicy>::namespaced(client, &ns)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &policy,
+        )
+        .await
+        .expect("the API server accepts the narrowed NetworkPolicy");
 }
 
 fn pointer(v: &Value, path: &str) -> String {

@@ -1,7 +1,8 @@
 //! `memcached-operator run`: the controller manager. Wires the Memcached controller into the
 //! runtime pieces of `crates/manager` the way controller-runtime's `main.go` does: logging,
 //! signals, health probes, secured metrics, informers started before leader election (so a
-//! standby's cache is warm), controllers only while leading, bounded graceful shutdown.
+//! standby's cache is warm), controllers only while leading, bounded graceful shutdown; and
+//! the admission webhooks on a thread of their own, away from the Lease's renewals.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -237,9 +238,9 @@ const READ_TIMEOUT: Duration = Duration::from_secs(90);
 /// Longest wait for a request to be written out.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A client from the kubeconfig or the in-cluster config, naming itself [`USER_AGENT`], with
-/// time limits on connecting, writing and reading.
-async fn client_from_environment() -> Result<Client, RunError> {
+/// The kubeconfig or the in-cluster config, naming itself [`USER_AGENT`], with time limits
+/// on connecting, writing and reading.
+async fn config_from_environment() -> Result<kube::Config, RunError> {
     let mut config = kube::Config::infer()
         .await
         .map_err(|e| RunError::Config(e.to_string()))?;
@@ -252,7 +253,7 @@ async fn client_from_environment() -> Result<Client, RunError> {
     // Counted from the request, not from when its pooled connection last went quiet.
     config.reset_reader_on_write = true;
     config.write_timeout = Some(WRITE_TIMEOUT);
-    Client::try_from(config).map_err(|e| RunError::Config(e.to_string()))
+    Ok(config)
 }
 
 /// Runs the operator until SIGTERM/SIGINT (or, with leader election, until leadership is
@@ -299,7 +300,9 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         webhook::check_certificate(&args.webhook_cert_dir)?;
     }
 
-    let client = client_from_environment().await?;
+    let kube_config = config_from_environment().await?;
+    let client =
+        Client::try_from(kube_config.clone()).map_err(|e| RunError::Config(e.to_string()))?;
     let scopes = watch_scopes(&args.namespaces);
     crd::check_version(&client, args.allow_unsupported_kubernetes).await?;
     for scope in &scopes {
@@ -336,35 +339,43 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         }));
     }
 
+    let mut webhooks = None;
     if args.enable_webhooks {
-        // Every replica serves the webhooks, leader or not (as controller-runtime does).
+        // Every replica serves the webhooks, leader or not (as controller-runtime does), on
+        // a thread and runtime of their own, so that no flood of the webhook port delays the
+        // renewal of the Lease on this one.
         let config = WebhookConfig {
             bind: manager::serve::any_address(args.webhook_port),
             cert_dir: args.webhook_cert_dir.clone(),
             default_image: args.memcached_image.clone(),
         };
-        let mut server = WebhookServer::bind(config).await?;
-        if args.webhook_dry_run_children {
+        let dry_run = args.webhook_dry_run_children.then(|| {
             let settings = BuildSettings {
                 default_image: args.memcached_image.clone(),
                 default_exporter_image: args.exporter_image.clone(),
                 tls_agent_image: args.tls_agent_image.clone(),
             };
-            server = server.with_children_check(
-                ChildrenCheck::new(client.clone(), settings)
-                    .with_policy(args.webhook_dry_run_failure_policy),
-            );
-        }
-        if let Ok(addr) = server.local_addr() {
-            info!(%addr, "serving admission webhooks");
-        }
+            (
+                kube_config.clone(),
+                settings,
+                args.webhook_dry_run_failure_policy,
+            )
+        });
+        let setup = move |server: WebhookServer| match dry_run {
+            None => Ok(server),
+            // A client of the webhook's runtime: its connections live there.
+            Some((config, settings, policy)) => Client::try_from(config)
+                .map(|client| {
+                    server.with_children_check(
+                        ChildrenCheck::new(client, settings).with_policy(policy),
+                    )
+                })
+                .map_err(|e| webhook::WebhookError::Client(e.to_string())),
+        };
+        let thread = WebhookServer::spawn(config, setup, shutdown.clone()).await?;
+        info!(addr = %thread.local_addr(), "serving admission webhooks");
         health.set_ready("webhook-started", true);
-        let shutdown = shutdown.clone();
-        servers.push(tokio::spawn(async move {
-            if let Err(e) = server.run(shutdown).await {
-                error!(error = %e, "webhook server stopped");
-            }
-        }));
+        webhooks = Some(thread);
     }
 
     // Informers start before the election, so a standby takes over with a warm cache.
@@ -453,6 +464,9 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     if !lost {
         for server in servers {
             let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+        }
+        if let Some(webhooks) = webhooks {
+            let _ = tokio::time::timeout(Duration::from_secs(2), webhooks.stopped()).await;
         }
     }
     info!("stopped");

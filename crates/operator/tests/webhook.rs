@@ -1,8 +1,9 @@
 //! The admission webhooks end to end: the real server over TLS on 127.0.0.1:0 with a
 //! self-signed certificate in a temporary directory, AdmissionReview requests posted with
 //! a rustls client; bad objects rejected with messages that name the problem, good ones
-//! admitted with the exact defaulting patch and warnings, certificate rotation, and a
-//! proptest fuzz of the decoder and handlers.
+//! admitted with the exact defaulting patch and warnings, certificate rotation, the bounds
+//! on memory and dry runs in flight (429 beyond them), and a proptest fuzz of the decoder
+//! and handlers.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -14,6 +15,10 @@ use manager::ConnectionLimits;
 use manager::webhook_tls::{self, CERT_FILE, KEY_FILE};
 use memcached_api::{Memcached, MemcachedSpec, validation};
 use memcached_operator::builders::{self, BuildSettings};
+use memcached_operator::webhook::dry_run::ChildrenCheck;
+use memcached_operator::webhook::limits::{
+    HELD_PER_BODY_BYTE, LARGE_REQUESTS_BYTES, MAX_DRY_RUNS_IN_FLIGHT, MemoryBudget,
+};
 use memcached_operator::webhook::{
     self, Endpoint, MAX_BODY_BYTES, MUTATE_PATH, VALIDATE_PATH, WebhookConfig, WebhookError,
     WebhookServer,
@@ -23,9 +28,11 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 mod common;
 use common::process::TempDir;
+use common::wait_for;
 
 const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -55,6 +62,10 @@ impl Server {
     }
 
     async fn start_with(limits: ConnectionLimits) -> Server {
+        Self::start_within(limits, MemoryBudget::default()).await
+    }
+
+    async fn start_within(limits: ConnectionLimits, memory: MemoryBudget) -> Server {
         let dir = TempDir::new("server");
         let cert = write_cert(dir.path());
         let server = WebhookServer::bind(WebhookConfig {
@@ -65,7 +76,8 @@ impl Server {
         .await
         .expect("webhook server binds")
         .with_reload_interval(Duration::from_millis(100))
-        .with_limits(limits);
+        .with_limits(limits)
+        .with_memory_budget(memory);
         let addr = server.local_addr().expect("local addr");
         let stop = CancellationToken::new();
         let task = tokio::spawn(server.run(stop.clone()));
@@ -96,6 +108,8 @@ impl Server {
 #[derive(Debug)]
 struct Reply {
     status: u16,
+    /// The status line and headers.
+    head: String,
     body: String,
     cert: Option<CertificateDer<'static>>,
 }
@@ -296,6 +310,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Send + 'static>(
     };
     Reply {
         status,
+        head: head.to_string(),
         body,
         cert: None,
     }
@@ -433,6 +448,15 @@ fn bad_cases() -> Vec<Bad> {
     big["request"]["object"]["metadata"]["annotations"] =
         json!({"filler": "x".repeat(MAX_BODY_BYTES)});
     let big = serde_json::to_vec(&big).expect("encode");
+    // 100 KB of one-key objects: some 10 MiB as JSON values, more than a request may take.
+    let mut dense = create(memcached("cache", json!({"size": 1})));
+    dense["request"]["object"]["metadata"]["annotations"] = json!({"a": ""});
+    let dense = serde_json::to_string(&dense).expect("encode").replacen(
+        r#"{"a":""}"#,
+        &format!("{{\"a\":[{}]}}", vec![r#"{"a":0}"#; 12_500].join(",")),
+        1,
+    );
+    let dense = dense.into_bytes();
 
     vec![
         spec_case("negative size", json!({"size": -1}), &["spec.size: Invalid value: -1: must be between 0 and 100"], false),
@@ -493,7 +517,8 @@ fn bad_cases() -> Vec<Bad> {
         raw("AdmissionReview without request", "application/json", br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"x","allowed":true}}"#.to_vec(), &["has no request"]),
         raw("request without uid", "application/json", serde_json::to_vec(&no_uid).expect("encode"), &["malformed AdmissionReview request", "uid"]),
         raw("wrong content type", "text/plain", br#"{}"#.to_vec(), &["contentType=\"text/plain\", expected application/json"]),
-        raw("oversized body", "application/json", big.clone(), &["request body too large", "3 MiB"]),
+        raw("oversized body", "application/json", big.clone(), &["request body too large", "1 MiB"]),
+        raw("dense JSON", "application/json", dense.clone(), &["request too costly", "MiB"]),
         Bad {
             what: "oversized chunked body",
             send: Sent::Raw("application/json", big, BodyMode::Chunked),
@@ -558,7 +583,7 @@ async fn bad_objects_and_requests_are_rejected_naming_the_problem() {
                     "{what}: uid echoed"
                 );
             }
-            if case.what.starts_with("oversized") {
+            if case.what.starts_with("oversized") || case.what == "dense JSON" {
                 assert_eq!(reply.status, 413, "{what}");
             }
         }
@@ -906,6 +931,182 @@ async fn stalled_clients_beyond_the_cap_are_disconnected() {
     );
     assert_eq!(closed, (4, 4), "stalled connections closed by the server");
     server.shutdown().await;
+}
+
+/// Large requests may hold half the memory budget. With it held by clients that declared
+/// 1 MiB bodies and send them slowly, a large review is answered at once with 429, a
+/// Retry-After and an AdmissionReview saying why; a review of ordinary size is still
+/// admitted; once a holder leaves, large reviews are admitted again.
+#[tokio::test]
+async fn large_bodies_beyond_their_share_of_memory_are_answered_429_at_once() {
+    let budget = MemoryBudget::default();
+    let server = Server::start_within(ConnectionLimits::default(), budget.clone()).await;
+    let each = MAX_BODY_BYTES * HELD_PER_BODY_BYTE;
+    let mut holders = Vec::new();
+    for _ in 0..LARGE_REQUESTS_BYTES / each {
+        let mut s = tls_connect(server.addr).await;
+        let head = format!(
+            "POST {VALIDATE_PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+             Content-Length: {MAX_BODY_BYTES}\r\n\r\n{{\"apiVersion\":"
+        );
+        s.write_all(head.as_bytes()).await.expect("write");
+        s.flush().await.expect("flush");
+        holders.push(s);
+    }
+    wait_for(
+        "the slow clients hold the large requests' share",
+        || async { (budget.held() == LARGE_REQUESTS_BYTES).then_some(()) },
+    )
+    .await;
+
+    let mut large = create(memcached("cache", json!({"size": 1})));
+    large["request"]["object"]["metadata"]["annotations"] =
+        json!({"filler": "x".repeat(MAX_BODY_BYTES / 2)});
+    let reply = server.post(VALIDATE_PATH, &large).await;
+    assert_eq!(reply.status, 429, "{}", reply.body);
+    assert!(
+        reply
+            .head
+            .to_ascii_lowercase()
+            .contains("\r\nretry-after: 1\r\n"),
+        "{}",
+        reply.head
+    );
+    assert!(!reply.allowed(), "{}", reply.body);
+    let status = &reply.response()["status"];
+    assert_eq!(
+        (status["code"].as_u64(), status["reason"].as_str()),
+        (Some(429), Some("TooManyRequests"))
+    );
+    let message = reply.message();
+    assert!(
+        message.contains("busy") && message.contains("large requests") && message.contains("retry"),
+        "{message}"
+    );
+
+    let small = server
+        .post(
+            VALIDATE_PATH,
+            &create(memcached("cache", json!({"size": 3}))),
+        )
+        .await;
+    assert!(small.allowed(), "{}", small.body);
+
+    drop(holders.pop());
+    wait_for("a holder's share given back", || async {
+        (budget.held() == LARGE_REQUESTS_BYTES - each).then_some(())
+    })
+    .await;
+    let reply = server.post(VALIDATE_PATH, &large).await;
+    assert!(reply.allowed(), "{} {}", reply.status, reply.body);
+    drop(holders);
+    wait_for("every share given back", || async {
+        (budget.held() == 0).then_some(())
+    })
+    .await;
+    server.shutdown().await;
+}
+
+/// POSTs `review` to `path` of `app` (no TLS): the HTTP status, the Retry-After header and
+/// the AdmissionReview's `response`.
+async fn call(app: &axum::Router, path: &str, review: &Value) -> (u16, Option<String>, Value) {
+    let request = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(review.to_string()))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("answered");
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    let answer: Value = serde_json::from_slice(&body).expect("JSON");
+    (status, retry_after, answer["response"].clone())
+}
+
+/// At most MAX_DRY_RUNS_IN_FLIGHT reviews dry-run their children at once. With that many
+/// waiting on an API server that does not answer, the next review that needs a dry run is
+/// answered 429 at once (Retry-After, its uid echoed); reviews that need none (an invalid
+/// object, the defaulting webhook) are answered as ever; and once the waiting ones end,
+/// dry runs start again.
+#[tokio::test]
+async fn reviews_beyond_the_dry_runs_in_flight_are_answered_429_at_once() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let client =
+        kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    let check =
+        ChildrenCheck::new(client, BuildSettings::default()).with_budget(Duration::from_secs(3600));
+    let app = webhook::router_with(memcached_api::DEFAULT_IMAGE, Some(check.clone()));
+    let waiting: Vec<_> = (0..MAX_DRY_RUNS_IN_FLIGHT)
+        .map(|i| {
+            let (app, review) = (
+                app.clone(),
+                create(memcached(&format!("cache-{i}"), json!({"size": 1}))),
+            );
+            tokio::spawn(async move { call(&app, VALIDATE_PATH, &review).await })
+        })
+        .collect();
+    wait_for("every dry-run slot taken", || async {
+        (check.in_flight() == MAX_DRY_RUNS_IN_FLIGHT).then_some(())
+    })
+    .await;
+
+    let review = create(memcached("one-more", json!({"size": 1})));
+    let (status, retry_after, response) = call(&app, VALIDATE_PATH, &review).await;
+    assert_eq!(status, 429, "{response}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["uid"], review["request"]["uid"], "{response}");
+    assert_eq!(response["status"]["code"], 429, "{response}");
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("busy") && message.contains("retry"),
+        "{message}"
+    );
+    // No dry run needed: answered as ever.
+    let invalid = create(memcached("bad", json!({"size": -1})));
+    let (status, _, response) = call(&app, VALIDATE_PATH, &invalid).await;
+    assert_eq!(
+        (status, response["status"]["code"].as_u64()),
+        (200, Some(422)),
+        "{response}"
+    );
+    let (status, _, response) = call(&app, MUTATE_PATH, &review).await;
+    assert_eq!(
+        (status, response["allowed"].as_bool()),
+        (200, Some(true)),
+        "{response}"
+    );
+
+    // The waiting reviews end (the API server went away): dry runs are tried again, and
+    // fail fast against a closed port (503 in the answer, as the failure policy says).
+    for w in &waiting {
+        w.abort();
+    }
+    held.abort();
+    wait_for("the dry-run slots given back", || async {
+        (check.in_flight() == 0).then_some(())
+    })
+    .await;
+    let (status, _, response) = call(&app, VALIDATE_PATH, &review).await;
+    assert_eq!(
+        (status, response["status"]["code"].as_u64()),
+        (200, Some(503)),
+        "{response}"
+    );
 }
 
 /// The webhook server's default address listens on IPv4 and IPv6 alike: the API server

@@ -554,6 +554,12 @@ fn network_policy_template() -> Result<Template, Error> {
         .set("port", tpl("{{ $.Values.metrics.port }}"));
     let mut webhook = T::from(to_value("NetworkPolicy", &webhook)?);
     release_meta(&mut webhook, true);
+    // Only the API server, where the user can say who that is.
+    webhook.at(&["spec", "ingress", "0"]).set_when(
+        "from",
+        T::Yaml(".".into()),
+        Cond::With("$.Values.networkPolicy.webhookFrom".into()),
+    );
     Ok(Template {
         path: "templates/networkpolicy.yaml",
         comment: "NetworkPolicies of the operator's pod (config/network-policy).",

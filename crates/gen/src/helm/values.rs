@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, PodSecurityContext, ResourceRequirements, SecurityContext,
     Toleration, TopologySpreadConstraint,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -143,8 +144,13 @@ pub struct ServiceMonitor {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct NetworkPolicy {
     /// NetworkPolicies admitting only metrics scrapers from namespaces labelled
-    /// `metrics: enabled`, and the API server to the webhook port.
+    /// `metrics: enabled` to the metrics port, and `webhookFrom` to the webhook port.
     pub enabled: bool,
+    /// Who may reach the webhook port, as NetworkPolicy peers: the API server's addresses,
+    /// which only the cluster knows (`[{ipBlock: {cidr: 10.0.0.10/32}}]`; on kubeadm the
+    /// control-plane nodes' addresses). Empty: every source, since the API server is no
+    /// pod a selector can match.
+    pub webhook_from: Vec<NetworkPolicyPeer>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -187,7 +193,10 @@ impl Default for Values {
                 port: manifests::METRICS_PORT,
                 service_monitor: ServiceMonitor { enabled: false },
             },
-            network_policy: NetworkPolicy { enabled: false },
+            network_policy: NetworkPolicy {
+                enabled: false,
+                webhook_from: vec![],
+            },
             service_account: ServiceAccount {
                 create: true,
                 name: String::new(),

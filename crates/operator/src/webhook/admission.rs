@@ -1,7 +1,9 @@
 //! The answers of the two webhooks: defaulting (the CRD schema's defaults as a JSON
 //! patch), validation (denials in kube-apiserver's shape, warnings) and, for the
-//! validating webhook, the dry run of the children through [`crate::webhook::dry_run`].
+//! validating webhook, the dry run of the children through [`crate::webhook::dry_run`]
+//! (a 429 when as many dry runs as may run at once are running).
 
+use axum::http::StatusCode;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
@@ -11,6 +13,7 @@ use serde_json::Value;
 
 use super::decode::{BadRequest, DecodedReview, decode_body, decode_memcached};
 use super::dry_run::{ChildrenCheck, FailurePolicy, Verdict};
+use super::limits::RETRY_AFTER_SECONDS;
 use super::schema::apply_schema_defaults;
 
 /// Which webhook a request is for.
@@ -38,7 +41,8 @@ pub fn handle(
 }
 
 /// [`handle`], and for an object the validating webhook admits, the dry run of its
-/// children through `children` (see [`crate::webhook::dry_run`]).
+/// children through `children` (see [`crate::webhook::dry_run`]); `Err` 429 when as many
+/// dry runs as may run at once are running.
 pub async fn handle_checked(
     endpoint: Endpoint,
     body: &[u8],
@@ -51,7 +55,7 @@ pub async fn handle_checked(
         Endpoint::Validate => {
             let response = validate(&review, default_image);
             match children {
-                Some(check) if response.allowed => check_children(&review, response, check).await,
+                Some(check) if response.allowed => check_children(&review, response, check).await?,
                 _ => response,
             }
         }
@@ -63,30 +67,31 @@ pub async fn handle_checked(
 /// object's children: refused with the Memcached's field paths when the API server would
 /// refuse a child, and when the check cannot be done, refused or admitted with a warning
 /// as the check's failure policy says. Not checked: requests the webhook does not look
-/// at, objects being deleted, and updates that leave the spec as it was.
+/// at, objects being deleted, and updates that leave the spec as it was. `Err` (429) when
+/// the check was not started because as many as may run at once were running.
 async fn check_children(
     review: &DecodedReview,
     mut response: AdmissionResponse,
     check: &ChildrenCheck,
-) -> AdmissionResponse {
+) -> Result<AdmissionResponse, BadRequest> {
     let req = &review.request;
     if !matches!(check_target(req), Ok(true)) {
-        return response;
+        return Ok(response);
     }
     let Some(object) = review.object.as_ref() else {
-        return response;
+        return Ok(response);
     };
     let Ok(mut mc) = decode_memcached(object) else {
-        return response;
+        return Ok(response);
     };
     if mc.metadata.deletion_timestamp.is_some() {
-        return response;
+        return Ok(response);
     }
     if req.operation == Operation::Update
         && let Some(Ok(old)) = review.old_object.as_ref().map(decode_memcached)
         && old.spec == mc.spec
     {
-        return response;
+        return Ok(response);
     }
     let mut name = object_name(req, object);
     if name.is_empty() {
@@ -108,9 +113,21 @@ async fn check_children(
     {
         mc.metadata.namespace = req.namespace.clone();
     }
-    match check.check(&mc).await {
+    Ok(match check.check(&mc).await {
         Verdict::Accepted => response,
         Verdict::Refused(errors) => deny_invalid(req, &name, &errors),
+        Verdict::Busy => {
+            return Err(BadRequest {
+                uid: req.uid.clone(),
+                ..BadRequest::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "the webhook is busy: it is checking the children of {} Memcacheds with the API server already, as many as it checks at once; retry in {RETRY_AFTER_SECONDS} s",
+                        check.max_in_flight()
+                    ),
+                )
+            });
+        }
         Verdict::Unchecked(why) => match check.policy() {
             FailurePolicy::Fail => {
                 let message = format!(
@@ -129,7 +146,7 @@ async fn check_children(
                 response
             }
         },
-    }
+    })
 }
 
 fn answer(

@@ -16,8 +16,9 @@ use super::schema::spec_fields;
 /// Longest JSON value quoted back in a message.
 const MAX_QUOTED: usize = 120;
 
-/// A request that is not a usable AdmissionReview: answered with this HTTP status (400,
-/// 408 or 413) and the message, inside an AdmissionReview body.
+/// A request that is not a usable AdmissionReview, or that came when the webhook could not
+/// take it: answered with this HTTP status (400, 408, 413 or 429) and the message, inside an
+/// AdmissionReview body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BadRequest {
     pub status: StatusCode,
@@ -42,6 +43,7 @@ impl BadRequest {
         let reason = match self.status {
             StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
             StatusCode::REQUEST_TIMEOUT => "Timeout",
+            StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
             _ => "BadRequest",
         };
         response.result = Status::failure(&self.message, reason).with_code(self.status.as_u16());
@@ -143,9 +145,64 @@ pub(super) fn too_large(length: u64) -> BadRequest {
     BadRequest::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         format!(
-            "request body too large: {length} bytes or more, the limit is {MAX_BODY_BYTES} bytes (3 MiB, as the API server's)"
+            "request body too large: {length} bytes or more, the limit is {MAX_BODY_BYTES} bytes (1 MiB: a Memcached's review needs well under that)"
         ),
     )
+}
+
+/// An upper estimate of the memory `body` takes once decoded into `serde_json::Value`s,
+/// from one pass over its bytes, so that it can be refused before it is decoded: JSON of
+/// tiny values packed densely takes up to 90 times its size (each one-key object is a
+/// B-tree node of some 600 bytes), ordinary JSON about 2–4 times.
+pub fn decoded_size(body: &[u8]) -> usize {
+    // What serde_json allocates, rounded up: a Value is 32 bytes, in a Vec whose capacity
+    // may be twice its length; a string's bytes take a heap block of at least 32; an
+    // object's entry costs its key (24) and value in B-tree nodes at least half full; a
+    // non-empty object's first node holds 11 of each.
+    const VALUE: usize = 64;
+    const STRING: usize = 32;
+    const ENTRY: usize = 64;
+    const OBJECT: usize = 640;
+    let (mut strings, mut commas, mut containers, mut entries, mut objects) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                strings += 1;
+            }
+            b'{' => {
+                containers += 1;
+                objects += 1;
+            }
+            b'[' => containers += 1,
+            b',' => commas += 1,
+            b':' => entries += 1,
+            _ => {}
+        }
+    }
+    // Every value but the first of a container follows a comma.
+    let values = commas + containers + 1;
+    [
+        body.len(),
+        strings.saturating_mul(STRING),
+        values.saturating_mul(VALUE),
+        entries.saturating_mul(ENTRY),
+        objects.saturating_mul(OBJECT),
+    ]
+    .into_iter()
+    .fold(0usize, usize::saturating_add)
 }
 
 /// Turns a raw object into a Memcached, field by field, collecting every structural

@@ -19,6 +19,10 @@
 //!   Memcached admitted while the webhook was off is never blocked by its children.
 //! - The identity needs what the dry run needs: `patch` on the children's kinds in the
 //!   Memcached's namespace, which the reconciler needs anyway (`config/rbac`).
+//! - At most [`MAX_DRY_RUNS_IN_FLIGHT`] checks run at once (per [`ChildrenCheck`] and its
+//!   clones); beyond that a check is not started ([`Verdict::Busy`]) and the webhook answers
+//!   429, which the API server retries after a second, so a flood of reviews cannot turn
+//!   into a flood of requests under the operator's identity.
 //! - The check gets [`DEFAULT_BUDGET`] (the API server waits [`super::TIMEOUT_SECONDS`]
 //!   for the whole answer). When it cannot finish (timeout, the API server unreachable or
 //!   overloaded, the dry run forbidden to our identity), the answer follows the
@@ -27,6 +31,7 @@
 //!   warning saying the children were not checked. The reconciler's `Degraded` condition
 //!   stays the safety net for whatever was admitted unchecked.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{DynamicObject, Patch, PatchParams};
@@ -35,7 +40,9 @@ use kube::{Api, Client};
 use memcached_api::Memcached;
 use memcached_api::validation::{FieldError, ValidationErrors};
 use serde_json::Value;
+use tokio::sync::Semaphore;
 
+use super::limits::MAX_DRY_RUNS_IN_FLIGHT;
 use crate::builders::{BuildSettings, FIELD_MANAGER, SecretVersions};
 use crate::children::{self, Child, Inputs, origins};
 
@@ -63,6 +70,10 @@ pub struct ChildrenCheck {
     children: &'static [Child],
     policy: FailurePolicy,
     budget: Duration,
+    /// One permit per check that may run at once, shared by the clones.
+    in_flight: Arc<Semaphore>,
+    /// The number of those permits.
+    limit: usize,
 }
 
 /// The outcome of a check.
@@ -74,6 +85,8 @@ pub enum Verdict {
     Refused(ValidationErrors),
     /// The children could not be checked (why); the policy decides.
     Unchecked(String),
+    /// Not checked: as many checks as may run at once were running.
+    Busy,
 }
 
 impl ChildrenCheck {
@@ -86,7 +99,17 @@ impl ChildrenCheck {
             children: children::CHILDREN,
             policy: FailurePolicy::default(),
             budget: DEFAULT_BUDGET,
+            in_flight: Arc::new(Semaphore::new(MAX_DRY_RUNS_IN_FLIGHT)),
+            limit: MAX_DRY_RUNS_IN_FLIGHT,
         }
+    }
+
+    /// How many checks may run at once (at least 1; [`MAX_DRY_RUNS_IN_FLIGHT`] unless
+    /// set), shared with the clones made after this call.
+    pub fn with_max_in_flight(mut self, checks: usize) -> Self {
+        self.limit = checks.max(1);
+        self.in_flight = Arc::new(Semaphore::new(self.limit));
+        self
     }
 
     /// What to answer when the check cannot be completed.
@@ -113,9 +136,24 @@ impl ChildrenCheck {
         self.policy
     }
 
+    /// How many checks may run at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.limit
+    }
+
+    /// Checks running now (this one's and its clones').
+    pub fn in_flight(&self) -> usize {
+        // Permits are only taken out, one per running check, and given back.
+        self.limit - self.in_flight.available_permits()
+    }
+
     /// Dry-runs every child of `mc` (which must have a name and a namespace) and says
-    /// whether the API server would accept them all.
+    /// whether the API server would accept them all; [`Verdict::Busy`] at once when as
+    /// many checks as may run at once are running.
     pub async fn check(&self, mc: &Memcached) -> Verdict {
+        let Ok(_slot) = self.in_flight.clone().try_acquire_owned() else {
+            return Verdict::Busy;
+        };
         let started = Instant::now();
         let verdict = match tokio::time::timeout(self.budget, self.dry_run_children(mc)).await {
             Ok(verdict) => verdict,

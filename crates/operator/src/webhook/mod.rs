@@ -17,29 +17,36 @@
 //!   does this first), wrong types, unknown fields, a missing spec and a wrong
 //!   apiVersion/kind. No field is immutable. Risky but legal choices get warnings.
 //! - **Bad requests** (not JSON, not an `admission.k8s.io/v1` AdmissionReview, no request)
-//!   get HTTP 400, bodies over [`MAX_BODY_BYTES`] get 413, always with an AdmissionReview
-//!   body whose `response.status.message` says what is wrong. Nothing here panics on input.
+//!   get HTTP 400, bodies over [`MAX_BODY_BYTES`] (or whose decoding would take more than
+//!   [`limits::MAX_REQUEST_BYTES`]) get 413, always with an AdmissionReview body whose
+//!   `response.status.message` says what is wrong. Nothing here panics on input.
+//! - **Floods** get 429 with `Retry-After` at once, in the same shape, beyond the bounds of
+//!   [`limits`]: memory held for requests across connections, dry runs in flight. The server
+//!   runs on a thread and runtime of its own ([`WebhookServer::spawn`]), so what it does
+//!   never delays the renewal of the operator's Lease.
 //!
 //! The module is split by concern: `server` the HTTPS server, `decode` the decoding of
 //! requests, `admission` the answers, [`dry_run`] the server-side dry run of the children
-//! the reconciler would apply (walking the same list, [`crate::children`]), `schema` what
-//! the CRD schema says and `configuration` the webhook configurations; all that is public
-//! is re-exported here, so callers name everything `webhook::...`.
+//! the reconciler would apply (walking the same list, [`crate::children`]), [`limits`] what
+//! requests may hold at once, `schema` what the CRD schema says and `configuration` the
+//! webhook configurations; all that is public is re-exported here, so callers name
+//! everything `webhook::...`.
 
 mod admission;
 mod configuration;
 mod decode;
 pub mod dry_run;
+pub mod limits;
 mod schema;
 mod server;
 
 pub use admission::{Endpoint, handle, handle_checked, mutate, validate};
 pub use configuration::webhook_configurations;
-pub use decode::{BadRequest, DecodedReview, decode_memcached, decode_review};
+pub use decode::{BadRequest, DecodedReview, decode_memcached, decode_review, decoded_size};
 pub use schema::{apply_schema_defaults, schema_defaults};
 pub use server::{
-    WebhookConfig, WebhookError, WebhookServer, check_certificate, review_json, router,
-    router_with, serve,
+    WebhookConfig, WebhookError, WebhookServer, WebhookThread, check_certificate, review_json,
+    router, router_with, serve,
 };
 
 /// Path of the mutating (defaulting) webhook, as Kubebuilder names it.
@@ -50,8 +57,12 @@ pub const VALIDATE_PATH: &str = "/validate-memcached-cache-example-com-v1-memcac
 pub const DEFAULT_PORT: u16 = 9443;
 /// controller-runtime's default certificate directory.
 pub const DEFAULT_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
-/// Largest request body accepted: Kubernetes' own limit on a request (3 MiB).
-pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+/// Largest request body accepted (413 beyond): 1 MiB. A review carries the Memcached twice
+/// on update (`object` and `oldObject`), and a Memcached stays far below 512 KiB: the API
+/// server caps its annotations at 256 KiB in all, and its spec, status and managedFields
+/// take a few KiB to tens of KiB. Kubernetes' own limit on a request (3 MiB) would let
+/// each connection make the operator hold three times that for nothing a Memcached needs.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Name of the mutating webhook inside its configuration.
 pub const MUTATING_WEBHOOK_NAME: &str = "mmemcached-v1.kb.io";
 /// Name of the validating webhook inside its configuration.

@@ -1,10 +1,12 @@
 //! The HTTPS server of the webhooks: the listener, TLS with a reloaded certificate, the
-//! axum router, the checks on headers and body (type, size, deadline) and the handler that
-//! turns a request into an AdmissionReview on the wire.
+//! axum router, the checks on headers and body (type, size, deadline, the memory it may
+//! hold) and the handler that turns a request into an AdmissionReview on the wire; and the
+//! thread of its own the operator runs it on ([`WebhookServer::spawn`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -23,8 +25,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{Endpoint, handle_checked};
-use super::decode::{BadRequest, too_large};
+use super::decode::{BadRequest, decoded_size, too_large};
 use super::dry_run::ChildrenCheck;
+use super::limits::{
+    HELD_PER_BODY_BYTE, Held, MAX_REQUEST_BYTES, MemoryBudget, RETRY_AFTER_SECONDS, Refusal,
+};
 use super::{
     DEFAULT_CERT_DIR, DEFAULT_PORT, MAX_BODY_BYTES, MUTATE_PATH, TIMEOUT_SECONDS, VALIDATE_PATH,
 };
@@ -89,6 +94,12 @@ pub enum WebhookError {
     /// Serving failed.
     #[error("serving admission webhooks: {0}")]
     Serve(#[source] std::io::Error),
+    /// The webhook server's thread or runtime could not be started, or stopped unexpectedly.
+    #[error("the webhook server's thread: {0}")]
+    Thread(String),
+    /// The API client of the dry runs could not be made.
+    #[error("cannot make the API client for the webhook's dry runs: {0}")]
+    Client(String),
 }
 
 /// Checks that `cert_dir` holds a usable key pair (`tls.crt`, `tls.key`). The operator
@@ -119,6 +130,30 @@ pub struct WebhookServer {
     children: Option<ChildrenCheck>,
     reload_interval: Duration,
     limits: ConnectionLimits,
+    memory: MemoryBudget,
+}
+
+/// A webhook server running on a thread of its own ([`WebhookServer::spawn`]).
+pub struct WebhookThread {
+    addr: SocketAddr,
+    done: tokio::sync::oneshot::Receiver<Result<(), WebhookError>>,
+}
+
+impl WebhookThread {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Waits until the server has stopped (after its shutdown token was cancelled: requests
+    /// in progress finished, connections closed) and the thread ends.
+    pub async fn stopped(self) -> Result<(), WebhookError> {
+        self.done.await.unwrap_or_else(|_| {
+            Err(WebhookError::Thread(
+                "it ended without saying why (a panic: see the log)".to_string(),
+            ))
+        })
+    }
 }
 
 impl WebhookServer {
@@ -143,7 +178,70 @@ impl WebhookServer {
             children: None,
             reload_interval: webhook_tls::DEFAULT_POLL_INTERVAL,
             limits: ConnectionLimits::default(),
+            memory: MemoryBudget::default(),
         })
+    }
+
+    /// Binds and serves on a new thread named `webhook`, with a single-threaded Tokio
+    /// runtime of its own, until `shutdown`. Nothing the server does (TLS handshakes,
+    /// reading and decoding bodies, dry runs) then runs on the caller's runtime, which in
+    /// the operator renews the Lease: a flood of the webhook port takes one core at most
+    /// and never delays a renewal, even with `--worker-threads 0`.
+    ///
+    /// `setup` runs on the new runtime before serving: what holds connections, such as the
+    /// `kube::Client` of a [`ChildrenCheck`], must be made there, since a client's pooled
+    /// connections are driven by tasks of the runtime that opened them. Returns once the
+    /// server listens, or with why it cannot.
+    pub async fn spawn<F>(
+        config: WebhookConfig,
+        setup: F,
+        shutdown: CancellationToken,
+    ) -> Result<WebhookThread, WebhookError>
+    where
+        F: FnOnce(WebhookServer) -> Result<WebhookServer, WebhookError> + Send + 'static,
+    {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("webhook".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(WebhookError::Thread(format!(
+                            "cannot start its runtime: {e}"
+                        ))));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let server = match WebhookServer::bind(config).await.and_then(setup) {
+                        Ok(server) => server,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    if started_tx.send(server.local_addr()).is_err() {
+                        return;
+                    }
+                    let result = server.run(shutdown).await;
+                    if let Err(e) = &result {
+                        tracing::error!(error = %e, "webhook server stopped");
+                    }
+                    let _ = done_tx.send(result);
+                });
+            })
+            .map_err(|e| WebhookError::Thread(format!("cannot start it: {e}")))?;
+        let addr = started_rx.await.unwrap_or_else(|_| {
+            Err(WebhookError::Thread(
+                "it ended while starting (a panic: see the log)".to_string(),
+            ))
+        })?;
+        Ok(WebhookThread { addr, done })
     }
 
     /// How often the certificate files are re-read (default 5 s).
@@ -166,6 +264,13 @@ impl WebhookServer {
         self
     }
 
+    /// Holds request bodies and their decoded forms within `memory` instead of the default
+    /// budget ([`MemoryBudget::default`]).
+    pub fn with_memory_budget(mut self, memory: MemoryBudget) -> Self {
+        self.memory = memory;
+        self
+    }
+
     /// The bound address (the real port when bound to port 0).
     pub fn local_addr(&self) -> Result<SocketAddr, WebhookError> {
         self.listener.local_addr().map_err(WebhookError::Serve)
@@ -181,10 +286,36 @@ impl WebhookServer {
         );
         let addr = self.local_addr()?;
         tracing::info!(%addr, mutate = MUTATE_PATH, validate = VALIDATE_PATH, "serving admission webhooks");
-        let app = router_with(self.default_image, self.children);
+        let state = HandlerState::new(self.default_image, self.children, self.memory);
+        let report = tokio::spawn(report_busy(state.busy.clone(), shutdown.clone()));
+        let app = router_with_state(state);
         manager::serve::serve(self.listener, Some(tls), app, self.limits, shutdown).await;
         watch.abort();
+        report.abort();
         Ok(())
+    }
+}
+
+/// How often the count of requests answered 429 is logged (when there were any): one line
+/// rather than one per request, which a flood would turn into a flood of logs.
+const BUSY_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+async fn report_busy(busy: Arc<AtomicU64>, shutdown: CancellationToken) {
+    let mut ticks = tokio::time::interval(BUSY_REPORT_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let refused = busy.swap(0, Ordering::Relaxed);
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                seconds = BUSY_REPORT_INTERVAL.as_secs(),
+                "the webhooks answered 429 (busy) to requests beyond their bounds on memory and dry runs; the API server retries them"
+            );
+        }
     }
 }
 
@@ -194,12 +325,17 @@ pub fn router(default_image: impl Into<String>) -> Router {
 }
 
 /// The two webhook routes, the validating one also dry-running children when `children`
-/// is given.
+/// is given (within the default memory budget).
 pub fn router_with(default_image: impl Into<String>, children: Option<ChildrenCheck>) -> Router {
-    let state = Arc::new(HandlerState {
-        default_image: default_image.into(),
+    router_with_state(HandlerState::new(
+        default_image.into(),
         children,
-    });
+        MemoryBudget::default(),
+    ))
+}
+
+fn router_with_state(state: HandlerState) -> Router {
+    let state = Arc::new(state);
     Router::new()
         .route(
             MUTATE_PATH,
@@ -225,6 +361,20 @@ pub fn router_with(default_image: impl Into<String>, children: Option<ChildrenCh
 struct HandlerState {
     default_image: String,
     children: Option<ChildrenCheck>,
+    memory: MemoryBudget,
+    /// Requests answered 429 since the last report.
+    busy: Arc<AtomicU64>,
+}
+
+impl HandlerState {
+    fn new(default_image: String, children: Option<ChildrenCheck>, memory: MemoryBudget) -> Self {
+        Self {
+            default_image,
+            children,
+            memory,
+            busy: Arc::new(AtomicU64::new(0)),
+        }
+    }
 }
 
 async fn http_handler(
@@ -233,30 +383,13 @@ async fn http_handler(
     headers: &HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let result = match check_headers(headers) {
-        Err(bad) => Err(bad),
-        Ok(()) => match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
-            Err(_) => Err(BadRequest::new(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {} s",
-                    BODY_TIMEOUT.as_secs()
-                ),
-            )),
-            Ok(Err(bad)) => Err(bad),
-            Ok(Ok(bytes)) => {
-                handle_checked(
-                    endpoint,
-                    &bytes,
-                    &state.default_image,
-                    state.children.as_ref(),
-                )
-                .await
-            }
-        },
-    };
-    match result {
+    match answer(endpoint, state, headers, body).await {
         Ok(review) => json_response(StatusCode::OK, &review),
+        Err(bad) if bad.status == StatusCode::TOO_MANY_REQUESTS => {
+            state.busy.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(message = %bad.message, "refused an admission request: busy");
+            json_response(bad.status, &bad.to_review())
+        }
         Err(bad) => {
             tracing::info!(status = %bad.status, message = %bad.message, "rejected a malformed admission request");
             json_response(bad.status, &bad.to_review())
@@ -264,15 +397,102 @@ async fn http_handler(
     }
 }
 
-fn json_response(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
-    match review_json(review) {
-        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot encode the AdmissionReview response: {e}\n"),
-        )
-            .into_response(),
+/// The answer to one request, holding what it needs of the memory budget from its header
+/// (as its declared length says) until the answer is made.
+async fn answer(
+    endpoint: Endpoint,
+    state: &HandlerState,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
+    let declared = check_headers(headers)?;
+    let mut held = state
+        .memory
+        .hold(declared.unwrap_or(0).saturating_mul(HELD_PER_BODY_BYTE))
+        .map_err(refused)?;
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, read_body(body, declared, &mut held)).await
+    {
+        Err(_) => {
+            return Err(BadRequest::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+        Ok(read) => read?,
+    };
+    // The body and what decoding it takes, known now: three times the estimate of its
+    // JSON tree (the tree, the typed Memcached, the defaulted copy), refused before any of
+    // it is made when it is more than a request may hold.
+    held.resize(
+        decoded_size(&bytes)
+            .saturating_mul(HELD_PER_BODY_BYTE - 1)
+            .saturating_add(bytes.len()),
+    )
+    .map_err(refused)?;
+    handle_checked(
+        endpoint,
+        &bytes,
+        &state.default_image,
+        state.children.as_ref(),
+    )
+    .await
+}
+
+/// The answer when a request cannot hold what it needs: 413 for more than any request
+/// may, 429 for more than the budget has left now.
+fn refused(refusal: Refusal) -> BadRequest {
+    const MIB: f64 = 1024.0 * 1024.0;
+    match refusal {
+        Refusal::TooLarge { wanted } => BadRequest::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request too costly: its body and decoding it would take about {:.1} MiB, and a request may take {:.0} MiB (a Memcached's review takes well under 1 MiB)",
+                wanted as f64 / MIB,
+                MAX_REQUEST_BYTES as f64 / MIB
+            ),
+        ),
+        Refusal::Busy {
+            wanted,
+            held,
+            limit,
+            large,
+        } => BadRequest::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the webhook is busy: requests in progress hold {:.1} MiB of the {:.0} MiB {} requests may hold, too much to hold {:.1} MiB for this one; retry in {RETRY_AFTER_SECONDS} s",
+                held as f64 / MIB,
+                limit as f64 / MIB,
+                if large { "large" } else { "all" },
+                wanted as f64 / MIB
+            ),
+        ),
     }
+}
+
+fn json_response(status: StatusCode, review: &AdmissionReview<DynamicObject>) -> Response {
+    let body = match review_json(review) {
+        Ok(body) => body,
+        Err(e) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode the AdmissionReview response: {e}\n"),
+            )
+                .into_response();
+        }
+    };
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        // The API server's client waits this long and retries (up to 10 times within the
+        // webhook's timeout); without it, a 429 would fail the write at once.
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            header::HeaderValue::from(RETRY_AFTER_SECONDS),
+        );
+    }
+    response
 }
 
 /// The AdmissionReview as sent on the wire. `response.patch` is a Go `[]byte`, which is
@@ -314,7 +534,9 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-fn check_headers(headers: &HeaderMap) -> Result<(), BadRequest> {
+/// Checks the content type and the declared length, returned when there is one (a
+/// chunked body has none).
+fn check_headers(headers: &HeaderMap) -> Result<Option<usize>, BadRequest> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -326,20 +548,29 @@ fn check_headers(headers: &HeaderMap) -> Result<(), BadRequest> {
             format!("contentType={content_type:?}, expected application/json"),
         ));
     }
-    if let Some(length) = headers
+    let Some(length) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
-        && length > MAX_BODY_BYTES as u64
-    {
-        return Err(too_large(length));
+    else {
+        return Ok(None);
+    };
+    match usize::try_from(length) {
+        Ok(length) if length <= MAX_BODY_BYTES => Ok(Some(length)),
+        _ => Err(too_large(length)),
     }
-    Ok(())
 }
 
-async fn read_body(body: axum::body::Body) -> Result<Vec<u8>, BadRequest> {
+/// Reads the body into a buffer of the declared length, or for a chunked body one that
+/// doubles as it fills, holding [`HELD_PER_BODY_BYTE`] per byte of its capacity before it
+/// grows.
+async fn read_body(
+    body: axum::body::Body,
+    declared: Option<usize>,
+    held: &mut Held,
+) -> Result<Vec<u8>, BadRequest> {
     let mut stream = body.into_data_stream();
-    let mut bytes = Vec::new();
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
             BadRequest::new(
@@ -347,8 +578,15 @@ async fn read_body(body: axum::body::Body) -> Result<Vec<u8>, BadRequest> {
                 format!("cannot read the request body: {e}"),
             )
         })?;
-        if bytes.len() + chunk.len() > MAX_BODY_BYTES {
-            return Err(too_large((bytes.len() + chunk.len()) as u64));
+        let length = bytes.len() + chunk.len();
+        if length > MAX_BODY_BYTES {
+            return Err(too_large(length as u64));
+        }
+        if length > bytes.capacity() {
+            let capacity = length.max(bytes.capacity() * 2).min(MAX_BODY_BYTES);
+            held.resize(capacity.saturating_mul(HELD_PER_BODY_BYTE))
+                .map_err(refused)?;
+            bytes.reserve_exact(capacity - bytes.len());
         }
         bytes.extend_from_slice(&chunk);
     }

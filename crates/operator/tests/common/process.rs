@@ -151,6 +151,11 @@ impl Operator {
         assert_eq!(rc, 0, "kill({pid}, {signal})");
     }
 
+    /// The process's id (to read its /proc entries; signal it with [`Operator::signal`]).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The exit status, if it has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().expect("try_wait")

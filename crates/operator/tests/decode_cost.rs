@@ -1,0 +1,189 @@
+//! What answering a review costs in memory, measured: the peak of what the webhooks'
+//! handlers allocate for a body (counted by this binary's allocator) stays within what the
+//! webhook server holds for that body in its memory budget beyond the body itself, three
+//! times `webhook::decoded_size` (`webhook::limits::HELD_PER_BODY_BYTE`), for ordinary
+//! reviews and for JSON built to cost the most per byte.
+//!
+//! A test binary of its own: it replaces the global allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use memcached_operator::webhook::limits::HELD_PER_BODY_BYTE;
+use memcached_operator::webhook::{self, Endpoint};
+use serde_json::{Value, json};
+
+/// Counts the bytes allocated by the thread that turned counting on.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static NOW: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(delta: isize) {
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let now = NOW.with(|n| {
+                n.set(n.get() + delta);
+                n.get()
+            });
+            PEAK.with(|p| p.set(p.get().max(now)));
+        }
+    });
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged; the counting touches
+// only const-initialized thread-locals, which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(-(layout.size() as isize));
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // Both blocks may exist at once while the bytes are copied.
+        count(new_size as isize);
+        count(-(layout.size() as isize));
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The most `f` had allocated at once on this thread, beyond what was allocated before.
+fn peak_of(f: impl FnOnce()) -> usize {
+    NOW.with(|n| n.set(0));
+    PEAK.with(|p| p.set(0));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    PEAK.with(|p| p.get()).max(0) as usize
+}
+
+fn memcached(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "memcached.cache.example.com/v1",
+        "kind": "Memcached",
+        "metadata": {"name": name, "namespace": "default", "uid": "6d9b2a4e-0000-4000-8000-000000000001"},
+        "spec": spec,
+    })
+}
+
+fn review(operation: &str, object: Value, old: Value) -> Vec<u8> {
+    let gvk = json!({"group": "memcached.cache.example.com", "version": "v1", "kind": "Memcached"});
+    let gvr =
+        json!({"group": "memcached.cache.example.com", "version": "v1", "resource": "memcacheds"});
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+            "name": object["metadata"]["name"].clone(),
+            "namespace": "default",
+            "operation": operation,
+            "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+        }
+    });
+    serde_json::to_vec(&review).expect("JSON")
+}
+
+/// Bodies from an ordinary review to JSON packed to cost the most per byte.
+fn bodies() -> Vec<(&'static str, Vec<u8>)> {
+    let ordinary = memcached("cache", json!({"size": 3, "containerPort": 11211}));
+    let mut annotated = ordinary.clone();
+    annotated["metadata"]["annotations"] = json!({
+        "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(250 * 1024),
+    });
+    let mut resized = annotated.clone();
+    resized["spec"]["size"] = json!(5);
+    let mut many = ordinary.clone();
+    many["metadata"]["annotations"] = (0..8_000)
+        .map(|i| (format!("example.com/a{i}"), json!("")))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let mut tolerations = ordinary.clone();
+    tolerations["spec"]["tolerations"] = (0..2_000)
+        .map(|i| json!({"key": format!("k{i}"), "operator": "Exists", "effect": "NoSchedule"}))
+        .collect::<Vec<_>>()
+        .into();
+    let mut escaped = ordinary.clone();
+    escaped["metadata"]["annotations"] = json!({"quotes": "\"".repeat(200 * 1024)});
+    let dense_in = |filler: &str, items: usize| {
+        let mut object = ordinary.clone();
+        object["dense"] = json!("FILLER");
+        let text = String::from_utf8(review("CREATE", object, Value::Null)).expect("UTF-8");
+        text.replace(
+            "\"FILLER\"",
+            &format!("[{}]", vec![filler; items].join(",")),
+        )
+        .into_bytes()
+    };
+    vec![
+        (
+            "an ordinary create",
+            review("CREATE", ordinary.clone(), Value::Null),
+        ),
+        (
+            "an update with 250 KiB of annotations",
+            review("UPDATE", resized, annotated),
+        ),
+        ("8,000 annotations", review("CREATE", many, Value::Null)),
+        (
+            "2,000 tolerations",
+            review("CREATE", tolerations, Value::Null),
+        ),
+        (
+            "200 KiB of escaped quotes",
+            review("CREATE", escaped, Value::Null),
+        ),
+        ("one-key objects", dense_in(r#"{"a":0}"#, 100_000)),
+        ("empty arrays", dense_in("[]", 200_000)),
+        ("zeros", dense_in("0", 300_000)),
+        ("one-character strings", dense_in(r#""a""#, 200_000)),
+    ]
+}
+
+#[test]
+fn answering_a_review_takes_no_more_than_the_budget_holds_for_it() {
+    // What is made once per process (the CRD schema's defaults, read on first use) is not a
+    // request's.
+    for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
+        let body = review("CREATE", memcached("warm", json!({"size": 1})), Value::Null);
+        let _ = webhook::handle(endpoint, &body, memcached_api::DEFAULT_IMAGE);
+    }
+    for (what, body) in bodies() {
+        let estimate = webhook::decoded_size(&body);
+        let held = estimate * (HELD_PER_BODY_BYTE - 1);
+        for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
+            let peak = peak_of(|| {
+                let answer = webhook::handle(endpoint, &body, memcached_api::DEFAULT_IMAGE);
+                drop(answer);
+            });
+            println!(
+                "{what} ({endpoint:?}): body {} KiB, decoded-size estimate {} KiB, peak {} KiB, held {} KiB ({:.2} of it)",
+                body.len() / 1024,
+                estimate / 1024,
+                peak / 1024,
+                held / 1024,
+                peak as f64 / held as f64
+            );
+            assert!(
+                peak <= held,
+                "{what} ({endpoint:?}): answering took {peak} bytes, more than the {held} held for it"
+            );
+        }
+    }
+}
