@@ -455,12 +455,20 @@ impl Apply<'_> {
         let pool = self.owner.object.clone();
         if image_moves {
             if ctx.config.rollout_slots.try_take(&pool) {
-                let applied = self.write(fresh).await?;
-                if let Applied::Updated { after, .. } = &applied {
-                    ctx.config
-                        .rollout_slots
-                        .started(pool, after.metadata.generation.unwrap_or(0));
-                }
+                let applied = match self.write(fresh).await {
+                    Ok(applied) => applied,
+                    Err(e) => {
+                        ctx.config.rollout_slots.give_back(&pool);
+                        return Err(e);
+                    }
+                };
+                let generation = match &applied {
+                    Applied::Updated { after, .. } | Applied::Created(after) => {
+                        after.metadata.generation.unwrap_or(0)
+                    }
+                    Applied::Unchanged(live) => live.metadata.generation.unwrap_or(0),
+                };
+                ctx.config.rollout_slots.started(pool, generation);
                 return Ok((applied, None));
             }
         } else if kept_unchanged {

@@ -10,7 +10,7 @@
 //! itself, so it rolls, but only a few pools at a time across the fleet ([`RolloutSlots`]):
 //! an operator upgrade never flushes every cache at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -163,6 +163,18 @@ impl RolloutSlots {
 
     /// How many pools other than `pool` are rolling now.
     pub fn rolling(&self, pool: &ObjectRef<Memcached>) -> usize {
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        self.count(&mut started, pool)
+    }
+
+    /// Pools other than `pool` rolling: their cached Deployment's rollout is not done, or
+    /// this process started (or is starting) one the cache does not show yet. Forgets the
+    /// starts the cache shows.
+    fn count(
+        &self,
+        started: &mut HashMap<ObjectRef<Memcached>, i64>,
+        pool: &ObjectRef<Memcached>,
+    ) -> usize {
         let stores: Vec<_> = self
             .stores
             .lock()
@@ -170,33 +182,38 @@ impl RolloutSlots {
             .values()
             .cloned()
             .collect();
-        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
-        let mut rolling = 0;
-        let mut pools = std::collections::HashSet::new();
+        let mut rolling = HashSet::new();
+        let mut pools = HashSet::new();
         for d in stores.iter().flat_map(Store::state) {
             let Some(other) = pool_of(&d) else { continue };
-            if other == *pool {
-                continue;
-            }
             let seen = started
                 .get(&other)
                 .is_none_or(|g| d.metadata.generation.unwrap_or(0) >= *g);
             if seen {
                 started.remove(&other);
             }
-            if !seen || !rollout_done(&d) {
-                rolling += 1;
+            if other != *pool && (!seen || !rollout_done(&d)) {
+                rolling.insert(other.clone());
             }
             pools.insert(other);
         }
-        // Pools gone since they started.
-        started.retain(|p, _| p == pool || pools.contains(p));
-        rolling
+        // A start of a pool whose Deployment is gone is forgotten; those the cache does not
+        // show yet (being written now) count.
+        started.retain(|p, _| pools.contains(p));
+        rolling.extend(started.keys().filter(|p| *p != pool).cloned());
+        rolling.len()
     }
 
-    /// Takes a slot for `pool` if one is free.
+    /// Takes a slot for `pool` if one is free: the pool counts as rolling from now on, until
+    /// [`RolloutSlots::started`] says which generation of its Deployment rolls (or
+    /// [`RolloutSlots::give_back`] says the write failed).
     pub fn try_take(&self, pool: &ObjectRef<Memcached>) -> bool {
-        self.rolling(pool) < self.max
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        if self.count(&mut started, pool) >= self.max {
+            return false;
+        }
+        started.insert(pool.clone(), i64::MAX);
+        true
     }
 
     /// Records that `pool`'s rollout was started by a write leaving its Deployment at
@@ -206,6 +223,14 @@ impl RolloutSlots {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(pool, generation);
+    }
+
+    /// Gives `pool`'s slot back: the write that would have started its rollout failed.
+    pub fn give_back(&self, pool: &ObjectRef<Memcached>) {
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(pool);
     }
 
     /// The most pools rolling at once.
