@@ -714,6 +714,17 @@ async fn proxy_routes_to_the_ready_pods(env: &Env, name: &str, size: usize) -> S
     .await
 }
 
+/// `status.proxy`'s backends as `(slot, pod)` (one copy), and the configuration's version.
+async fn proxy_slots(env: &Env, name: &str) -> Option<(Vec<(i32, String)>, String)> {
+    let proxy = env.api::<Memcached>().get(name).await.ok()?.status?.proxy?;
+    let slots = proxy
+        .backends
+        .iter()
+        .map(|b| (b.slot, b.pod.clone()))
+        .collect();
+    Some((slots, proxy.config_version))
+}
+
 on_every_server! {
 async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: Server) {
     let env = start(server, "the_proxy_routes_to_the_ready_", Duration::from_millis(20), false).await;
@@ -762,8 +773,10 @@ async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: S
     let after = deployments.get("pooled-proxy").await.expect("proxy Deployment");
     assert_eq!(after.spec.expect("spec").template, template_before, "no proxy rollout for a new backend");
 
-    // A pool pod replaced: the configuration drops it and lists its successor.
+    // A pool pod replaced: the configuration drops it and lists its successor, in its slot.
     let gone = ready_pool_pods(&env, "pooled", 11211).await[0].0.clone();
+    let (slots, _) = proxy_slots(&env, "pooled").await.expect("status.proxy");
+    let slot = slots.iter().find(|(_, pod)| *pod == gone).map(|(slot, _)| *slot);
     env.api::<Pod>().delete(&gone, &Default::default()).await.expect("delete pod");
     let config = wait_for("the deleted pod leaves the configuration", || async {
         let config = proxy_routes_to_the_ready_pods(&env, "pooled", 4).await;
@@ -771,6 +784,11 @@ async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: S
     })
     .await;
     assert_eq!(config.matches("label = ").count(), 4);
+    let (after, _) = proxy_slots(&env, "pooled").await.expect("status.proxy");
+    let others = |slots: &[(i32, String)]| -> Vec<(i32, String)> {
+        slots.iter().filter(|(s, _)| Some(*s) != slot).cloned().collect()
+    };
+    assert_eq!(others(&after), others(&slots), "the other pods kept their slots");
 
     // Off again: the proxy's objects go, the pool stays.
     env.apply("pooled", json!({"size": 4, "proxy": {"enabled": false}})).await;

@@ -13,7 +13,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 use manager::ReconcileResult;
-use memcached_api::{Memcached, MemcachedStatus, ProxyBackend, validation};
+use memcached_api::{Memcached, MemcachedStatus, validation};
 use tracing::{Instrument, debug, warn};
 
 use super::apply::{self, Owner};
@@ -142,7 +142,10 @@ async fn reconcile_inner(
 
     // 3. The children, from the list: planned (pure), then applied, unwanted ones deleted.
     let pods = observed_pods(&ctx.pod_index, &namespace, &name);
-    let backends = proxy_backends(ctx, mc, &owner, &pods);
+    let proxy::Membership {
+        backends,
+        deletion_costs: _,
+    } = proxy_backends(ctx, mc, &owner, &pods);
     let inputs = Inputs {
         settings: &ctx.config.build,
         secrets: &secrets,
@@ -217,35 +220,40 @@ fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<Ob
         .collect()
 }
 
-/// The proxy's backends: the Ready pods of `pods`, each staying in the copy the
-/// configuration in place (our ConfigMap) gives it. None without the proxy.
+/// The proxy's rings: the live pods of `pods` in their slots, as the configuration in place
+/// (our ConfigMap) records them, newcomers joining once Ready (see [`proxy::membership`]);
+/// and the deletion cost each pod in them should carry. None without the proxy.
 fn proxy_backends(
     ctx: &Context,
     mc: &Memcached,
     owner: &Owner,
     pods: &[ObservedPod],
-) -> Vec<ProxyBackend> {
+) -> proxy::Membership {
     let Some(spec) = mc.spec.proxy_enabled() else {
-        return Vec::new();
+        return proxy::Membership::default();
     };
     let namespace = mc.namespace().unwrap_or_default();
-    let previous = ctx
+    let recorded = ctx
         .config_maps
         .get(&ObjectRef::new(&proxy::proxy_name(&mc.name_any())).within(&namespace))
         .filter(|cm| owner.controls(cm.as_ref()))
         .map(|cm| proxy::recorded_backends(cm.spec_json()))
         .unwrap_or_default();
-    let ready: Vec<proxy::ReadyPod> = pods
+    let live: Vec<proxy::PoolPod> = pods
         .iter()
-        .filter(|p| p.ready)
-        .filter_map(|p| {
-            Some(proxy::ReadyPod {
-                name: p.name.clone(),
-                ip: p.ip.clone()?,
-            })
+        .map(|p| proxy::PoolPod {
+            name: p.name.clone(),
+            ip: p.ip.clone(),
+            ready: p.ready,
         })
         .collect();
-    proxy::assign(&previous, &ready, spec.copies, mc.spec.container_port)
+    proxy::membership(
+        &recorded,
+        &live,
+        mc.spec.size,
+        spec.copies,
+        mc.spec.container_port,
+    )
 }
 
 /// When to look again so that `ProxyReady` leaves `Propagating` on time.
