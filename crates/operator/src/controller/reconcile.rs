@@ -1,8 +1,9 @@
 //! One reconcile of one Memcached, top to bottom: check the spec, read the Secrets its pods
 //! mount, plan its children from the list (pure), apply them through the one apply path,
-//! compute the status (pure) and write it if it changed, then restart a pod whose
-//! certificate reload failed. Idempotent and level-triggered: everything is read from the
-//! caches; the API server is only written to.
+//! compute the status (pure) and write it if it changed, then mark the proxy's slots on the
+//! pods (their deletion costs) and restart a pod whose certificate reload failed.
+//! Idempotent and level-triggered: everything is read from the caches; the API server is
+//! only written to.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use tracing::{Instrument, debug, warn};
 use super::apply::{self, Owner};
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
-use super::{restart_gate, secrets};
+use super::{deletion_costs, restart_gate, secrets};
 use crate::cached::CachedPod;
 use crate::children::{self, Inputs};
 use crate::informer::Index;
@@ -144,7 +145,7 @@ async fn reconcile_inner(
     let pods = observed_pods(&ctx.pod_index, &namespace, &name);
     let proxy::Membership {
         backends,
-        deletion_costs: _,
+        deletion_costs,
     } = proxy_backends(ctx, mc, &owner, &pods);
     let inputs = Inputs {
         settings: &ctx.config.build,
@@ -199,7 +200,10 @@ async fn reconcile_inner(
         }
     }
 
-    // 5. Reported in the status first (above), then restarted.
+    // 5. The proxy's slots on the pods, so that a scale-down removes the last ones.
+    deletion_costs::annotate(ctx, &namespace, &name, &deletion_costs).await?;
+
+    // 6. Reported in the status first (above), then restarted.
     restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
     Ok(Action::requeue(
         recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
