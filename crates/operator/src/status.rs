@@ -132,7 +132,7 @@ fn proxy_status(
         )
     } else if answering == 0 {
         let message = if n == 0 {
-            "no memcached pod has been Ready yet: the proxy answers every request with an error"
+            "no memcached pod is in the proxy's routes (a pod joins when it is first Ready): the proxy answers every request with an error"
                 .to_string()
         } else {
             format!(
