@@ -49,7 +49,8 @@ pub struct ProxyStatus {
     #[serde(default)]
     pub ready_replicas: i32,
     /// The backends in the proxy configuration last written (the ConfigMap `NAME-proxy`):
-    /// the pool's Ready pods, sorted by copy and pod name.
+    /// the pool's pods in the proxy's rings, sorted by copy and slot. A pod joins when it is
+    /// first Ready and stays until it is deleted or has ended, Ready or not.
     #[serde(default)]
     pub backends: Vec<ProxyBackend>,
     /// Version of that configuration (a hash of it, on its first line).
@@ -69,10 +70,22 @@ pub struct ProxyStatus {
 pub struct ProxyBackend {
     /// The copy (group of pods) it belongs to, from 1 to `spec.proxy.copies`.
     pub copy: i32,
+    /// Its place in its copy's ring, from 0: the keys it serves belong to the slot, not to
+    /// the pod, so the pod that replaces it takes the same slot and the same keys.
+    #[serde(default)]
+    pub slot: i32,
     /// The memcached pod.
     pub pod: String,
     /// Its `ip:port`.
     pub address: String,
+}
+
+impl ProxyBackend {
+    /// A slot whose pod is gone, kept (routing nowhere) until a new pod takes it: the
+    /// ConfigMap records it with no pod; `status.proxy.backends` lists only pods.
+    pub fn is_vacant(&self) -> bool {
+        self.pod.is_empty()
+    }
 }
 
 /// Condition types reported in `status.conditions`.

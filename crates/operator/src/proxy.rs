@@ -1,6 +1,7 @@
 //! memcached's built-in proxy in front of a pool (`spec.proxy`): the desired Deployment,
-//! Service, PodDisruptionBudget and ConfigMap, and the route configuration rendered into the
-//! ConfigMap. Pure, like [`crate::builders`].
+//! Service, PodDisruptionBudget and ConfigMap, the route configuration rendered into the
+//! ConfigMap, and which pod holds which slot of the routes with the deletion cost that
+//! follows from it. Pure, like [`crate::builders`].
 //!
 //! **One endpoint.** Clients connect to the Service `NAME-proxy`. The client Service `NAME`
 //! keeps selecting the memcached pods, so turning the proxy on changes nothing for the
@@ -8,14 +9,24 @@
 //! again breaks no one who did not move.
 //!
 //! **Routes.** The configuration uses the route library built into memcached
-//! (`-o proxy_config=routelib,proxy_arg=FILE`). The pool's Ready pods are the backends of a
-//! consistent-hash ring (`mcp.dist_ring_hash` in `ketama` mode: 160 points per backend
-//! hashed from its `ip:port`, so a backend's place on the ring does not depend on the others or on their
-//! order, and growing 3 pods to 4 moves about a quarter of the keys; libketama's ring, so a
-//! client hashing with libketama over `status.endpoints` would agree). With `copies` of 2
-//! or 3 the pods are split into that many rings; writes go to every ring and answer with
-//! the first success (`route_allfastest`), reads go to one ring and fall over to the next
-//! on a miss or an error (`route_failover`).
+//! (`-o proxy_config=routelib,proxy_arg=FILE`). Each copy of the keys is one ring of
+//! slots, hashed with jump consistent hashing (`mcp.dist_jump_hash`): a key's slot depends
+//! on the key and the ring's length only, so the keys belong to the slot, not to the pod in
+//! it. With `copies` of 2 or 3 there are that many rings; writes go to every ring and
+//! answer with the first success (`route_allfastest`), reads go to one ring and fall over
+//! to the next on a miss or an error (`route_failover`).
+//!
+//! **Membership** ([`membership`]) follows a pod's life, not its readiness: a pod joins
+//! when it is first Ready and leaves when it is deleted or has ended. A pod that stops
+//! answering for a while (a slow probe, a paused process) keeps its slot: the writes and
+//! deletes of its keys meanwhile fail, and the client knows, where a ring without it would
+//! have sent them to another pod and then, once it is back, served the values they
+//! replaced. The proxy's own failure detection answers for it meanwhile. A pod that leaves
+//! leaves its slot vacant (its keys miss) until a new pod takes it; no other key moves. The
+//! slots are recorded with the routes in the ConfigMap ([`BACKENDS_KEY`]), so they survive
+//! an operator restart, and the pool's pods carry a deletion cost by slot
+//! ([`DELETION_COST_ANNOTATION`]), so that a scale-down removes the last slots, whose keys
+//! are the only ones that move.
 //!
 //! **Reload without restart.** memcached's proxy reloads its configuration on SIGHUP, or
 //! when its own Lua asks (`mcp.schedule_config_reload`). The rendered file registers a
@@ -45,6 +56,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use memcached_api::{Memcached, ProxyBackend, ProxySpec};
+use serde::Deserialize;
 
 use crate::builders::{
     self, BuildError, BuildSettings, CONTAINER_NAME, LABEL_COMPONENT, LABEL_INSTANCE,
@@ -62,8 +74,8 @@ pub const PROXY_CONTAINER: &str = "proxy";
 pub const CONFIG_DIR: &str = "/etc/memcached/proxy";
 /// The route configuration's key in the ConfigMap (and file name in [`CONFIG_DIR`]).
 pub const CONFIG_KEY: &str = "config.lua";
-/// The backends as JSON in the ConfigMap: which pod is in which copy, so the next
-/// rendering keeps every pod in its copy (see [`assign`]).
+/// The rings as JSON in the ConfigMap: which pod is in which slot of which copy, vacant
+/// slots included, so the next rendering keeps every pod in its slot (see [`membership`]).
 pub const BACKENDS_KEY: &str = "backends.json";
 /// How often the proxy looks at its configuration file.
 pub const RELOAD_CHECK_SECONDS: u32 = 1;
@@ -274,88 +286,189 @@ pub fn desired_proxy_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, 
     }))
 }
 
-/// A Ready pod of the pool, as the proxy needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReadyPod {
+/// The annotation the ReplicaSet controller reads to choose which pods go first when it
+/// scales down: the lower the cost, the sooner (after pods that are not Ready, which always
+/// go first).
+pub const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// The deletion cost of the member in the first slot; each later slot costs one less, so
+/// every member costs more than a pod outside the rings (no annotation: 0).
+const DELETION_COST_TOP: i32 = 1000;
+/// Slots read back from a ConfigMap beyond this are ignored (the pool never has more pods).
+const MAX_SLOT: i32 = memcached_api::MAX_SIZE;
+
+/// A live pod of the pool (neither being deleted nor ended), as membership needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolPod {
     pub name: String,
-    pub ip: String,
+    pub ip: Option<String>,
+    pub ready: bool,
 }
 
-/// The backends of the proxy: every Ready pod of `ready` in one of `copies` copies, each
-/// pod that was in `previous` staying in its copy (so a change of the pool moves only the
-/// keys of the pods that came or went), each new pod (in name order) joining the copy with
-/// the fewest pods, the lowest copy on a tie. With fewer Ready pods than copies, some
-/// copies are empty. Sorted by copy, then pod.
-pub fn assign(
-    previous: &[ProxyBackend],
-    ready: &[ReadyPod],
+/// The proxy's rings, and the deletion cost each of their pods should carry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Every slot of every copy's ring, sorted by copy and slot: a pod, or vacant
+    /// ([`ProxyBackend::is_vacant`]).
+    pub backends: Vec<ProxyBackend>,
+    /// `controller.kubernetes.io/pod-deletion-cost` of each pod in the rings, by name.
+    pub deletion_costs: BTreeMap<String, i32>,
+}
+
+/// How many slots `copy` has in a pool of `size` pods: the pods are dealt to the copies in
+/// [`rank`] order (slot 0 of every copy, then slot 1, ...), so copies differ by one pod at
+/// most, and the lower copies get the extra ones.
+pub fn capacity(size: i32, copies: i32, copy: i32) -> i32 {
+    let copies = copies.max(1);
+    ((size - (copy - 1) + copies - 1) / copies).max(0)
+}
+
+/// The order in which slots are filled as the pool grows, and emptied as it shrinks.
+pub fn rank(copy: i32, slot: i32, copies: i32) -> i32 {
+    slot * copies.max(1) + (copy - 1)
+}
+
+/// The proxy's rings for a pool of `size` pods in `copies` copies, from the rings recorded
+/// in the ConfigMap (`recorded`, vacancies included) and the pool's live `pods`.
+///
+/// - A pod joins when it is first Ready, into the vacant slot of lowest [`rank`] below
+///   its copy's [`capacity`]; with none (a rolling update's extra pod), it waits.
+/// - It stays in its slot as long as it lives, Ready or not: a pod that stops answering
+///   for a while comes back with the values it holds, and any write or delete of its keys
+///   meanwhile must not have gone to another pod (the proxy fails over by itself).
+/// - It leaves when it is deleted or has ended; its slot stays, vacant, until a new pod
+///   takes it, so its replacement serves exactly its keys and no other key moves.
+/// - A ring is as long as it was, but no longer than its capacity, unless a pod holds a
+///   later slot; so a scale-down that removed the last slots' pods shortens it, and a
+///   scale-up lengthens it only as the new pods join.
+/// - When the pool has shrunk and a pod beyond its copy's capacity remains while a slot
+///   below it is vacant (the ReplicaSet removed another pod than the last, or `copies`
+///   changed), the pod of highest rank moves into the vacancy of lowest rank; only once
+///   the pool has no more pods than `size`, so a scale-down still under way moves nobody.
+///
+/// The deletion costs make the ReplicaSet remove the pod of highest rank first.
+pub fn membership(
+    recorded: &[ProxyBackend],
+    pods: &[PoolPod],
+    size: i32,
     copies: i32,
     port: i32,
-) -> Vec<ProxyBackend> {
+) -> Membership {
     let copies = copies.clamp(1, memcached_api::MAX_PROXY_COPIES);
-    let was: BTreeMap<&str, i32> = previous
+    let size = size.clamp(0, memcached_api::MAX_SIZE);
+    let caps: Vec<i32> = (1..=copies).map(|c| capacity(size, copies, c)).collect();
+    let cap = |copy: i32| caps.get((copy - 1) as usize).copied().unwrap_or(0);
+    let mut live: BTreeMap<&str, &PoolPod> = BTreeMap::new();
+    for pod in pods {
+        live.entry(pod.name.as_str()).or_insert(pod);
+    }
+
+    // The recorded rings: each live pod keeps its slot (the first record of a pod or a slot
+    // wins); each ring's recorded length, vacancies included.
+    let mut recorded_len = vec![0i32; copies as usize];
+    let mut slots: BTreeMap<(i32, i32), (&str, String)> = BTreeMap::new();
+    let mut placed: BTreeSet<&str> = BTreeSet::new();
+    let mut ordered: Vec<&ProxyBackend> = recorded
         .iter()
-        .filter(|b| (1..=copies).contains(&b.copy))
-        .map(|b| (b.pod.as_str(), b.copy))
+        .filter(|b| b.copy >= 1 && (0..MAX_SLOT).contains(&b.slot))
         .collect();
-    let mut sizes = vec![0usize; copies as usize];
-    let mut out = Vec::with_capacity(ready.len());
-    let mut newcomers: Vec<&ReadyPod> = Vec::new();
-    let mut seen = BTreeSet::new();
-    for pod in ready {
-        if !seen.insert(pod.name.as_str()) {
+    ordered.sort();
+    for b in ordered {
+        if let Some(len) = recorded_len.get_mut((b.copy - 1) as usize) {
+            *len = (*len).max(b.slot + 1);
+        }
+        let Some(pod) = live.get(b.pod.as_str()) else {
+            continue;
+        };
+        if placed.contains(pod.name.as_str()) || slots.contains_key(&(b.copy, b.slot)) {
             continue;
         }
-        match was.get(pod.name.as_str()) {
-            Some(&copy) => {
-                sizes[(copy - 1) as usize] += 1;
-                out.push((copy, pod));
+        placed.insert(pod.name.as_str());
+        let address = pod
+            .ip
+            .as_deref()
+            .map(|ip| crate::status::endpoint(ip, port))
+            .unwrap_or_else(|| b.address.clone());
+        slots.insert((b.copy, b.slot), (pod.name.as_str(), address));
+    }
+
+    let holes = |slots: &BTreeMap<(i32, i32), (&str, String)>| {
+        let mut holes: Vec<(i32, i32)> = (1..=copies)
+            .flat_map(|c| (0..cap(c)).map(move |s| (c, s)))
+            .filter(|at| !slots.contains_key(at))
+            .collect();
+        holes.sort_by_key(|&(c, s)| rank(c, s, copies));
+        holes
+    };
+
+    // Pods beyond their copy's capacity move into vacancies, the last first.
+    if live.len() <= size as usize {
+        let mut beyond: Vec<(i32, i32)> = slots
+            .keys()
+            .copied()
+            .filter(|&(c, s)| c > copies || s >= cap(c))
+            .collect();
+        beyond.sort_by_key(|&(c, s)| std::cmp::Reverse(rank(c, s, copies)));
+        for (hole, from) in holes(&slots).into_iter().zip(beyond) {
+            if let Some(member) = slots.remove(&from) {
+                slots.insert(hole, member);
             }
-            None => newcomers.push(pod),
         }
     }
-    newcomers.sort_by(|a, b| a.name.cmp(&b.name));
-    for pod in newcomers {
-        let (index, _) = sizes
-            .iter()
-            .enumerate()
-            .min_by_key(|&(i, n)| (*n, i))
-            .unwrap_or((0, &0));
-        sizes[index] += 1;
-        out.push((index as i32 + 1, pod));
-    }
-    // Copies that differ by more than one pod (`copies` was raised, or the pods of one copy
-    // went) are evened out by moving as few pods as possible: the last by name of the
-    // biggest copy to the smallest.
-    loop {
-        let big = (0..sizes.len())
-            .max_by_key(|&i| (sizes[i], usize::MAX - i))
-            .unwrap_or(0);
-        let small = (0..sizes.len()).min_by_key(|&i| (sizes[i], i)).unwrap_or(0);
-        if sizes[big] <= sizes[small] + 1 {
-            break;
+    // Pods of copies that no longer exist and found no place leave the rings, and are
+    // newcomers again.
+    slots.retain(|&(c, _), (name, _)| {
+        if c > copies {
+            placed.remove(*name);
         }
-        let moved = out
-            .iter()
-            .enumerate()
-            .filter(|(_, (copy, _))| *copy == big as i32 + 1)
-            .max_by(|a, b| a.1.1.name.cmp(&b.1.1.name))
-            .map(|(at, _)| at);
-        let Some(at) = moved else { break };
-        out[at].0 = small as i32 + 1;
-        sizes[big] -= 1;
-        sizes[small] += 1;
-    }
-    let mut backends: Vec<ProxyBackend> = out
-        .into_iter()
-        .map(|(copy, pod)| ProxyBackend {
-            copy,
-            pod: pod.name.clone(),
-            address: crate::status::endpoint(&pod.ip, port),
-        })
+        c <= copies
+    });
+
+    // Newcomers: Ready pods in no ring, in name order, into the remaining vacancies.
+    let newcomers: Vec<&PoolPod> = live
+        .values()
+        .filter(|p| p.ready && p.ip.is_some() && !placed.contains(p.name.as_str()))
+        .copied()
         .collect();
-    backends.sort();
-    backends
+    for (hole, pod) in holes(&slots).into_iter().zip(newcomers) {
+        let ip = pod.ip.as_deref().unwrap_or_default();
+        slots.insert(hole, (pod.name.as_str(), crate::status::endpoint(ip, port)));
+    }
+
+    let mut backends = Vec::new();
+    let mut deletion_costs = BTreeMap::new();
+    for copy in 1..=copies {
+        let last = slots
+            .range((copy, 0)..(copy + 1, 0))
+            .map(|(&(_, s), _)| s + 1)
+            .max()
+            .unwrap_or(0);
+        let kept = recorded_len[(copy - 1) as usize].min(cap(copy));
+        for slot in 0..last.max(kept) {
+            match slots.get(&(copy, slot)) {
+                Some((pod, address)) => {
+                    deletion_costs.insert(
+                        pod.to_string(),
+                        (DELETION_COST_TOP - rank(copy, slot, copies)).max(1),
+                    );
+                    backends.push(ProxyBackend {
+                        copy,
+                        slot,
+                        pod: pod.to_string(),
+                        address: address.clone(),
+                    });
+                }
+                None => backends.push(ProxyBackend {
+                    copy,
+                    slot,
+                    ..ProxyBackend::default()
+                }),
+            }
+        }
+    }
+    Membership {
+        backends,
+        deletion_costs,
+    }
 }
 
 /// A Lua string literal of `s`.
@@ -387,32 +500,56 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
     let _ = writeln!(
         body,
         "-- Proxy routes of the Memcached {owner}, written by memcached-operator from the\n\
-         -- pool's Ready pods. Edits are overwritten."
+         -- pool's pods in their slots. Edits are overwritten."
     );
     let _ = writeln!(body, "local path = {}", lua_string(file));
-    let groups: Vec<Vec<&ProxyBackend>> = (1..=copies.max(1))
-        .map(|copy| backends.iter().filter(|b| b.copy == copy).collect())
-        .filter(|group: &Vec<&ProxyBackend>| !group.is_empty())
+    // Each copy's ring, position by position: the slot's pod, or nothing (vacant).
+    let groups: Vec<(i32, Vec<Option<&ProxyBackend>>)> = (1..=copies.max(1))
+        .map(|copy| {
+            let mut ring: Vec<Option<&ProxyBackend>> = Vec::new();
+            for b in backends
+                .iter()
+                .filter(|b| b.copy == copy && (0..MAX_SLOT).contains(&b.slot))
+            {
+                let at = b.slot as usize;
+                if ring.len() <= at {
+                    ring.resize(at + 1, None);
+                }
+                if !b.is_vacant() && ring[at].is_none() {
+                    ring[at] = Some(b);
+                }
+            }
+            (copy, ring)
+        })
+        .filter(|(_, ring)| !ring.is_empty())
         .collect();
-    let pool = |out: &mut String, indent: &str, group: &[&ProxyBackend]| {
-        // libketama's ring (`omode = "ketama"`: 160 points per backend from MD5 of
-        // `ip:port-N`, keys hashed with MD5 too). memcached 1.6.38's default ring mode
-        // writes every point of a backend into one slot, which sends nearly every key to one
-        // backend (`tests/real_proxy.rs` caught it).
-        let _ = writeln!(
-            out,
-            "{indent}options = {{ dist = mcp.dist_ring_hash, omode = \"ketama\", hash = mcp.dist_ring_hash.hash }},"
-        );
+    let pool = |out: &mut String, indent: &str, copy: i32, ring: &[Option<&ProxyBackend>]| {
+        // Jump consistent hashing (memcached's `mcp.dist_jump_hash`, keys hashed with
+        // XXH3): a key's backend is its position in this list, and the position depends
+        // on the key and the list's length only, never on an address. So the pod that
+        // takes a slot serves exactly that slot's keys, and a ring grown by one slot at
+        // its end moves 1/(n+1) of the keys, all to the new slot.
+        let _ = writeln!(out, "{indent}options = {{ dist = mcp.dist_jump_hash }},");
         let _ = writeln!(out, "{indent}backends = {{");
-        if group.is_empty() {
-            // No Ready pod: one backend marked down, so the proxy starts and answers
+        if ring.is_empty() {
+            // No pod at all: one backend marked down, so the proxy starts and answers
             // every request with an error instead of refusing the configuration.
             let _ = writeln!(
                 out,
                 "{indent}    {{ label = \"no-ready-pods\", host = \"127.0.0.1\", port = \"1\", down = true }},"
             );
         }
-        for b in group {
+        for (slot, b) in ring.iter().enumerate() {
+            let Some(b) = b else {
+                // A vacant slot keeps its position (so no other slot's keys move), marked
+                // down: its reads miss and its writes fail until a new pod takes it. The
+                // label cannot be a pod's (no `:` in pod names).
+                let _ = writeln!(
+                    out,
+                    "{indent}    {{ label = \"vacant:{copy}:{slot}\", host = \"127.0.0.1\", port = \"1\", down = true }},"
+                );
+                continue;
+            };
             let (host, port) = b.address.rsplit_once(':').unwrap_or((&b.address, ""));
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let _ = writeln!(
@@ -440,19 +577,18 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
     body.push_str("pools{\n");
     if groups.len() <= 1 {
         body.push_str("    pool = {\n");
-        pool(
-            &mut body,
-            "        ",
-            groups.first().map(Vec::as_slice).unwrap_or_default(),
-        );
+        let (copy, ring) = groups
+            .first()
+            .map_or((1, &[][..]), |(c, r)| (*c, r.as_slice()));
+        pool(&mut body, "        ", copy, ring);
         body.push_str("    },\n}\nroutes{\n");
         reads(&mut body, "route_direct{ child = \"pool\" }");
         body.push_str("    default = route_direct{ child = \"pool\" },\n}\n");
     } else {
         body.push_str("    set_copies = {\n");
-        for group in &groups {
+        for (copy, ring) in &groups {
             body.push_str("        {\n");
-            pool(&mut body, "            ", group);
+            pool(&mut body, "            ", *copy, ring);
             body.push_str("        },\n");
         }
         body.push_str("    },\n}\nroutes{\n");
@@ -540,12 +676,42 @@ pub fn routes_version(mc: &Memcached, backends: &[ProxyBackend]) -> Option<Strin
         .map(|(_, version)| version)
 }
 
-/// The backends recorded in a ConfigMap's data (its JSON text as cached), or none.
+/// A backend as recorded in a ConfigMap: written before slots existed, it has none.
+#[derive(Deserialize)]
+struct Recorded {
+    copy: i32,
+    slot: Option<i32>,
+    #[serde(default)]
+    pod: String,
+    #[serde(default)]
+    address: String,
+}
+
+/// The backends recorded in a ConfigMap's data (its JSON text as cached), or none. A record
+/// written before slots existed (one list of Ready pods per copy, sorted by name) gets
+/// them in its order.
 pub fn recorded_backends(data_json: &str) -> Vec<ProxyBackend> {
-    serde_json::from_str::<BTreeMap<String, String>>(data_json)
+    let recorded: Vec<Recorded> = serde_json::from_str::<BTreeMap<String, String>>(data_json)
         .ok()
         .and_then(|data| serde_json::from_str(data.get(BACKENDS_KEY)?).ok())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let mut next: BTreeMap<i32, i32> = BTreeMap::new();
+    recorded
+        .into_iter()
+        .map(|r| {
+            let slot = r.slot.unwrap_or_else(|| {
+                let n = next.entry(r.copy).or_insert(0);
+                *n += 1;
+                *n - 1
+            });
+            ProxyBackend {
+                copy: r.copy,
+                slot,
+                pod: r.pod,
+                address: r.address,
+            }
+        })
+        .collect()
 }
 
 /// `spec.proxy`'s copies, 1 when unset.
@@ -557,71 +723,227 @@ pub fn copies(proxy: Option<&ProxySpec>) -> i32 {
 mod tests {
     use super::*;
 
-    fn pods(names: &[&str]) -> Vec<ReadyPod> {
-        names
+    const PORT: i32 = 11211;
+
+    /// A pod with an IP of its own.
+    fn pod(name: &str, ready: bool) -> PoolPod {
+        let n: u32 = name.bytes().map(u32::from).sum();
+        PoolPod {
+            name: name.to_string(),
+            ip: Some(format!("10.0.{}.{}", n / 250, n % 250 + 1)),
+            ready,
+        }
+    }
+
+    fn ready(names: &[&str]) -> Vec<PoolPod> {
+        names.iter().map(|n| pod(n, true)).collect()
+    }
+
+    /// Copy `copy`'s ring, slot by slot ("" for a vacant slot).
+    fn ring(m: &Membership, copy: i32) -> Vec<&str> {
+        let slots: Vec<i32> = m
+            .backends
             .iter()
-            .enumerate()
-            .map(|(i, n)| ReadyPod {
-                name: n.to_string(),
-                ip: format!("10.0.0.{}", i + 1),
-            })
+            .filter(|b| b.copy == copy)
+            .map(|b| b.slot)
+            .collect();
+        assert_eq!(slots, (0..slots.len() as i32).collect::<Vec<_>>(), "{m:?}");
+        m.backends
+            .iter()
+            .filter(|b| b.copy == copy)
+            .map(|b| b.pod.as_str())
             .collect()
     }
 
-    fn copy_of(backends: &[ProxyBackend], pod: &str) -> Option<i32> {
-        backends.iter().find(|b| b.pod == pod).map(|b| b.copy)
+    fn cost(m: &Membership, pod: &str) -> Option<i32> {
+        m.deletion_costs.get(pod).copied()
+    }
+
+    /// The next membership from `m`'s record, and that computing it again changes nothing.
+    fn next(m: &Membership, pods: &[PoolPod], size: i32, copies: i32) -> Membership {
+        let next = membership(&m.backends, pods, size, copies, PORT);
+        assert_eq!(
+            membership(&next.backends, pods, size, copies, PORT),
+            next,
+            "stable"
+        );
+        next
     }
 
     #[test]
-    fn pods_keep_their_copy_and_newcomers_fill_the_smallest() {
-        let first = assign(&[], &pods(&["c", "a", "d", "b"]), 2, 11211);
-        // In name order, alternating: a→1, b→2, c→1, d→2.
-        assert_eq!(copy_of(&first, "a"), Some(1));
-        assert_eq!(copy_of(&first, "b"), Some(2));
-        assert_eq!(copy_of(&first, "c"), Some(1));
-        assert_eq!(copy_of(&first, "d"), Some(2));
-        // "b" is replaced by "0new", which sorts first: the others stay where they were,
-        // and the newcomer takes the copy "b" left.
-        let second = assign(&first, &pods(&["a", "c", "d", "0new"]), 2, 11211);
-        assert_eq!(copy_of(&second, "a"), Some(1));
-        assert_eq!(copy_of(&second, "c"), Some(1));
-        assert_eq!(copy_of(&second, "d"), Some(2));
-        assert_eq!(copy_of(&second, "0new"), Some(2));
-        // Copies raised from 1 to 2 on a running pool: half the pods move, the last by name.
-        let single = assign(&[], &pods(&["a", "b", "c", "d"]), 1, 11211);
-        let raised = assign(&single, &pods(&["a", "b", "c", "d"]), 2, 11211);
-        let copies: Vec<i32> = ["a", "b", "c", "d"]
+    fn a_pod_keeps_its_slot_until_it_is_gone_ready_or_not() {
+        let empty = Membership::default();
+        let first = next(&empty, &ready(&["c", "a", "b"]), 3, 1);
+        assert_eq!(ring(&first, 1), ["a", "b", "c"], "newcomers in name order");
+        assert_eq!(
+            (cost(&first, "a"), cost(&first, "b"), cost(&first, "c")),
+            (Some(1000), Some(999), Some(998)),
+            "the last slot is the cheapest"
+        );
+
+        // b stops being Ready, even loses its IP: nothing changes, not even its address.
+        let mut flapping = vec![pod("a", true), pod("b", false), pod("c", true)];
+        assert_eq!(next(&first, &flapping, 3, 1), first);
+        flapping[1].ip = None;
+        assert_eq!(next(&first, &flapping, 3, 1), first);
+
+        // b is deleted: its slot stays, vacant; a pod that is not Ready yet does not join.
+        let gone = next(
+            &first,
+            &[pod("a", true), pod("c", true), pod("d", false)],
+            3,
+            1,
+        );
+        assert_eq!(ring(&gone, 1), ["a", "", "c"]);
+        assert_eq!(cost(&gone, "d"), None);
+        assert!(gone.backends[1].is_vacant() && gone.backends[1].address.is_empty());
+        // Once Ready, the replacement takes b's slot and b's cost.
+        let replaced = next(&gone, &ready(&["a", "c", "d"]), 3, 1);
+        assert_eq!(ring(&replaced, 1), ["a", "d", "c"]);
+        assert_eq!(cost(&replaced, "d"), Some(999));
+        assert_eq!(replaced.backends[1].address, "10.0.0.101:11211");
+        // The last slot's pod is replaced: the ring keeps its length meanwhile.
+        let last_gone = next(&replaced, &ready(&["a", "d"]), 3, 1);
+        assert_eq!(ring(&last_gone, 1), ["a", "d", ""]);
+        let last_back = next(&last_gone, &ready(&["a", "d", "0new"]), 3, 1);
+        assert_eq!(ring(&last_back, 1), ["a", "d", "0new"]);
+        // An ended or deleted pod is not among the live pods: same as gone.
+        let all_gone = next(&last_back, &[], 3, 1);
+        assert_eq!(ring(&all_gone, 1), ["", "", ""]);
+        assert!(all_gone.deletion_costs.is_empty());
+    }
+
+    #[test]
+    fn the_ring_grows_as_pods_join_and_shrinks_by_its_last_slots() {
+        let three = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        // 3 → 4: no slot until the new pod is Ready, then the fourth.
+        let mut pods = vec![
+            pod("a", true),
+            pod("b", true),
+            pod("c", true),
+            pod("d", false),
+        ];
+        assert_eq!(ring(&next(&three, &pods, 4, 1), 1), ["a", "b", "c"]);
+        pods[3].ready = true;
+        let four = next(&three, &pods, 4, 1);
+        assert_eq!(ring(&four, 1), ["a", "b", "c", "d"]);
+        assert_eq!(cost(&four, "d"), Some(997));
+        // 4 → 3: the ring stays as long as d lives, and loses its last slot when d goes.
+        assert_eq!(next(&four, &pods, 3, 1), four);
+        let back = next(&four, &ready(&["a", "b", "c"]), 3, 1);
+        assert_eq!(ring(&back, 1), ["a", "b", "c"]);
+
+        // A rolling update's extra pod waits for a slot, and takes the one freed.
+        let surge = next(&back, &ready(&["a", "b", "c", "e"]), 3, 1);
+        assert_eq!(surge, back);
+        let rolled = next(&surge, &ready(&["a", "b", "e"]), 3, 1);
+        assert_eq!(ring(&rolled, 1), ["a", "b", "e"]);
+
+        // 4 → 2, the ReplicaSet removing b (not Ready, say) and d. While it is under way
+        // nobody moves; then c, beyond the capacity, moves into b's slot.
+        let halfway = next(&four, &ready(&["a", "c", "d"]), 2, 1);
+        assert_eq!(ring(&halfway, 1), ["a", "", "c", "d"]);
+        let two = next(&halfway, &ready(&["a", "c"]), 2, 1);
+        assert_eq!(ring(&two, 1), ["a", "c"]);
+        assert_eq!(cost(&two, "c"), Some(999));
+    }
+
+    #[test]
+    fn copies_are_filled_slot_by_slot_and_a_change_of_copies_moves_few_pods() {
+        let four = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 4, 2);
+        assert_eq!(
+            (ring(&four, 1), ring(&four, 2)),
+            (vec!["a", "c"], vec!["b", "d"])
+        );
+        let costs: Vec<_> = ["a", "b", "c", "d"]
             .iter()
-            .filter_map(|p| copy_of(&raised, p))
+            .map(|p| cost(&four, p))
             .collect();
-        assert_eq!(copies, [1, 1, 2, 2], "{raised:?}");
-        // Both pods of copy 2 go: one of copy 1 moves over, so each copy has a pod.
-        let survivors = assign(&raised, &pods(&["a", "b"]), 2, 11211);
-        let mut per_copy: Vec<i32> = survivors.iter().map(|b| b.copy).collect();
-        per_copy.sort();
-        assert_eq!(per_copy, [1, 2], "{survivors:?}");
-        // Stable: assigning again changes nothing.
-        assert_eq!(assign(&survivors, &pods(&["a", "b"]), 2, 11211), survivors);
-        // One copy: everyone in copy 1, whatever came before.
-        let one = assign(&second, &pods(&["a", "c"]), 1, 11211);
-        assert!(one.iter().all(|b| b.copy == 1), "{one:?}");
+        assert_eq!(costs, [Some(1000), Some(999), Some(998), Some(997)]);
+        // A fifth pod: the third slot of copy 1, the cheapest.
+        let five = next(&four, &ready(&["a", "b", "c", "d", "e"]), 5, 2);
+        assert_eq!(
+            (ring(&five, 1), ring(&five, 2)),
+            (vec!["a", "c", "e"], vec!["b", "d"])
+        );
+        assert_eq!(cost(&five, "e"), Some(996));
+        // A pod of copy 2 replaced: the replacement goes to copy 2, same slot.
+        let replaced = next(&five, &ready(&["a", "b", "c", "e", "f"]), 5, 2);
+        assert_eq!(ring(&replaced, 2), ["b", "f"]);
+
+        // copies 1 → 2 on 4 pods: the last two move to copy 2, the rest stay.
+        let single = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 4, 1);
+        let raised = next(&single, &ready(&["a", "b", "c", "d"]), 4, 2);
+        assert_eq!(
+            (ring(&raised, 1), ring(&raised, 2)),
+            (vec!["a", "b"], vec!["d", "c"])
+        );
+        // 2 → 1: copy 2's pods go to the end of copy 1.
+        let lowered = next(&four, &ready(&["a", "b", "c", "d"]), 4, 1);
+        assert_eq!(ring(&lowered, 1), ["a", "c", "d", "b"]);
+        // More copies than pods: the empty copies have no ring.
+        let thin = next(&Membership::default(), &ready(&["a"]), 1, 3);
+        assert_eq!((ring(&thin, 1), ring(&thin, 2)), (vec!["a"], vec![]));
     }
 
     #[test]
-    fn the_rendering_depends_on_the_backends_not_on_their_order() {
-        let a = assign(&[], &pods(&["a", "b", "c"]), 1, 11211);
-        let mut shuffled = pods(&["a", "b", "c"]);
+    fn records_from_before_slots_get_them_in_order() {
+        let data = serde_json::json!({
+            BACKENDS_KEY: r#"[{"copy":1,"pod":"a","address":"10.0.0.1:11211"},
+                             {"copy":1,"pod":"b","address":"10.0.0.2:11211"},
+                             {"copy":2,"pod":"c","address":"10.0.0.3:11211"}]"#,
+        })
+        .to_string();
+        let slots: Vec<(i32, i32, String)> = recorded_backends(&data)
+            .into_iter()
+            .map(|b| (b.copy, b.slot, b.pod))
+            .collect();
+        assert_eq!(
+            slots,
+            [(1, 0, "a".into()), (1, 1, "b".into()), (2, 0, "c".into())]
+        );
+        // And a record with slots reads back as written.
+        let m = next(&Membership::default(), &ready(&["a", "b"]), 3, 1);
+        let gone = next(&m, &ready(&["a"]), 3, 1);
+        let written = serde_json::json!({
+            BACKENDS_KEY: serde_json::to_string(&gone.backends).unwrap_or_default(),
+        })
+        .to_string();
+        assert_eq!(recorded_backends(&written), gone.backends);
+        assert_eq!(recorded_backends("not json"), []);
+    }
+
+    #[test]
+    fn the_rendering_follows_the_slots_not_the_order_given() {
+        let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        let mut shuffled = m.backends.clone();
         shuffled.reverse();
-        let b = assign(&[], &shuffled, 1, 11211);
-        let (_, va) = render("ns/x", &a, 1, "/f");
-        let (text, vb) = render("ns/x", &b, 1, "/f");
-        assert_eq!(va, vb);
-        assert_eq!(va.len(), 16);
-        assert!(text.starts_with(&format!("-- version {vb}\n")), "{text}");
-        // The addresses are the same, the IPs differ by pod: only names and IPs matter.
-        let mut other = a.clone();
+        let (text, version) = render("ns/x", &m.backends, 1, "/f");
+        assert_eq!(render("ns/x", &shuffled, 1, "/f").1, version);
+        assert_eq!(version.len(), 16);
+        assert!(
+            text.starts_with(&format!("-- version {version}\n")),
+            "{text}"
+        );
+        assert!(text.contains("dist = mcp.dist_jump_hash"), "{text}");
+        let order: Vec<usize> = ["\"a\"", "\"b\"", "\"c\""]
+            .iter()
+            .filter_map(|label| text.find(&format!("label = {label}")))
+            .collect();
+        assert!(order.len() == 3 && order.is_sorted(), "slot order: {text}");
+        // Another address is another configuration.
+        let mut other = m.backends.clone();
         other[0].address = "10.9.9.9:11211".into();
-        assert_ne!(render("ns/x", &other, 1, "/f").1, va);
+        assert_ne!(render("ns/x", &other, 1, "/f").1, version);
+        // A vacant slot keeps its place, down.
+        let gone = next(&m, &ready(&["a", "c"]), 3, 1);
+        let (text, _) = render("ns/x", &gone.backends, 1, "/f");
+        let vacant = text.find("label = \"vacant:1:1\"").unwrap_or_default();
+        assert!(
+            text.find("label = \"a\"") < Some(vacant) && Some(vacant) < text.find("label = \"c\""),
+            "{text}"
+        );
+        assert!(text.contains("\"vacant:1:1\", host = \"127.0.0.1\", port = \"1\", down = true"));
     }
 
     fn memcached(proxy: Option<ProxySpec>) -> Memcached {

@@ -65,11 +65,12 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     },
     // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness;
     // controller::restart_gate deletes a pod whose TLS reload agent reported a refused
-    // certificate (its Deployment replaces it).
+    // certificate (its Deployment replaces it); controller::deletion_costs merge-patches
+    // the `controller.kubernetes.io/pod-deletion-cost` annotation of a proxied pool's pods.
     Rule {
         api_groups: &[""],
         resources: &["pods"],
-        verbs: &["delete", "list", "watch"],
+        verbs: &["delete", "list", "patch", "watch"],
     },
     // controller::events (kube-runtime Recorder): creates events.k8s.io/v1 Events in the
     // Memcached's namespace, and patches them to count repeats.

@@ -3,6 +3,8 @@
 //! `lastTransitionTime` unless their status flips, so an unchanged world gives an
 //! identical status and no write.
 
+use std::fmt::Write as _;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use memcached_api::{Memcached, MemcachedStatus, ProxyBackend, ProxyStatus, condition};
@@ -81,7 +83,7 @@ pub struct ReloadFailure {
 #[derive(Clone, Debug, Default)]
 pub struct ObservedProxy<'a> {
     pub deployment: Option<&'a Deployment>,
-    /// The backends of the configuration written.
+    /// The backends of the configuration written, vacant slots included.
     pub backends: Vec<ProxyBackend>,
     /// Its version.
     pub version: String,
@@ -94,6 +96,7 @@ pub const PROXY_PROPAGATING: &str = "Propagating";
 fn proxy_status(
     mc: &Memcached,
     observed: &ObservedProxy<'_>,
+    pods: &[ObservedPod],
     now: jiff::Timestamp,
 ) -> (ProxyStatus, Condition) {
     let wanted = mc.spec.proxy_enabled().map_or(0, |p| p.replicas);
@@ -114,7 +117,14 @@ fn proxy_status(
     let propagating = changed_at
         .as_ref()
         .is_some_and(|t| now.duration_since(t.0) < window);
-    let n = observed.backends.len();
+    let (vacant, members): (Vec<&ProxyBackend>, Vec<&ProxyBackend>) =
+        observed.backends.iter().partition(|b| b.is_vacant());
+    let n = members.len();
+    // Pods stay in the rings while not Ready (the proxy fails over from them by itself).
+    let answering = members
+        .iter()
+        .filter(|b| pods.iter().any(|p| p.name == b.pod && p.ready))
+        .count();
     let version = &observed.version;
     let condition = if ready == 0 {
         cond(
@@ -123,13 +133,16 @@ fn proxy_status(
             "ProxyUnavailable",
             format!("0 of {wanted} proxy pods ready"),
         )
-    } else if n == 0 {
-        cond(
-            condition::PROXY_READY,
-            false,
-            "NoBackends",
-            "no memcached pod is Ready: the proxy answers every request with an error".into(),
-        )
+    } else if answering == 0 {
+        let message = if n == 0 {
+            "no memcached pod is in the proxy's routes (a pod joins when it is first Ready): the proxy answers every request with an error"
+                .to_string()
+        } else {
+            format!(
+                "none of the {n} memcached pods in the proxy's routes is Ready: the proxy answers every request with an error or a miss"
+            )
+        };
+        cond(condition::PROXY_READY, false, "NoBackends", message)
     } else if propagating {
         cond(
             condition::PROXY_READY,
@@ -141,20 +154,30 @@ fn proxy_status(
             ),
         )
     } else {
-        cond(
-            condition::PROXY_READY,
-            true,
-            "Configured",
-            format!(
-                "{ready} of {wanted} proxy pods ready, routing to {n} backends (configuration {version})"
-            ),
-        )
+        let mut message = format!(
+            "{ready} of {wanted} proxy pods ready, routing to {n} backends (configuration {version})"
+        );
+        if answering < n {
+            let _ = write!(
+                message,
+                "; {} not Ready (their keys fail or miss until they answer again)",
+                n - answering
+            );
+        }
+        if !vacant.is_empty() {
+            let _ = write!(
+                message,
+                "; {} slots vacant (their keys miss until a new pod takes them)",
+                vacant.len()
+            );
+        }
+        cond(condition::PROXY_READY, true, "Configured", message)
     };
     (
         ProxyStatus {
             replicas,
             ready_replicas: ready,
-            backends: observed.backends.clone(),
+            backends: members.into_iter().cloned().collect(),
             config_version: observed.version.clone(),
             config_changed_at: changed_at,
         },
@@ -370,7 +393,7 @@ pub fn desired_status(
     let (proxy, proxy_cond) = match (mc.spec.proxy_enabled(), &observed.proxy) {
         (None, _) => (None, None),
         (Some(_), Some(seen)) => {
-            let (status, cond) = proxy_status(mc, seen, now);
+            let (status, cond) = proxy_status(mc, seen, &observed.pods, now);
             (Some(status), Some(cond))
         }
         (Some(_), None) => (
@@ -703,13 +726,31 @@ mod tests {
         m.spec.proxy = Some(memcached_api::ProxySpec::default());
         let backend = |pod: &str| ProxyBackend {
             copy: 1,
+            slot: pod.len() as i32 - 1,
             pod: pod.into(),
             address: format!("10.0.0.{}:11211", pod.len()),
         };
-        let at = |m: &Memcached, proxy: &Deployment, backends: Vec<ProxyBackend>, v: &str, now| {
+        // The pods of the backends, Ready unless named in `not_ready`.
+        let pods_of = |backends: &[ProxyBackend], not_ready: &[&str]| -> Vec<ObservedPod> {
+            backends
+                .iter()
+                .filter(|b| !b.is_vacant())
+                .map(|b| ObservedPod {
+                    name: b.pod.clone(),
+                    ip: Some("10.0.0.1".into()),
+                    ready: !not_ready.contains(&b.pod.as_str()),
+                })
+                .collect()
+        };
+        let at_with = |m: &Memcached,
+                       proxy: &Deployment,
+                       backends: Vec<ProxyBackend>,
+                       not_ready: &[&str],
+                       v: &str,
+                       now| {
             let observed = Observed {
                 deployment: Some(&pool),
-                pods: vec![],
+                pods: pods_of(&backends, not_ready),
                 problem: None,
                 proxy: Some(ObservedProxy {
                     deployment: Some(proxy),
@@ -720,6 +761,9 @@ mod tests {
                 rollout_waiting: None,
             };
             desired_status(m, &observed, now)
+        };
+        let at = |m: &Memcached, proxy: &Deployment, backends: Vec<ProxyBackend>, v: &str, now| {
+            at_with(m, proxy, backends, &[], v, now)
         };
         let starting = deployment(1, 1, 2, 2, 0);
         let up = deployment(1, 1, 2, 2, 2);
@@ -798,6 +842,52 @@ mod tests {
         assert_eq!(
             status_of(&carried, condition::PROXY_READY),
             ("True", "Configured")
+        );
+
+        // A pod in the routes that is not Ready stays there, and is told; with none Ready,
+        // the proxy has nothing to answer with.
+        m.status = Some(done.clone());
+        let two = vec![backend("a"), backend("bb")];
+        let flapping = at_with(&m, &up, two.clone(), &["bb"], "v2", t(1000));
+        assert_eq!(
+            status_of(&flapping, condition::PROXY_READY),
+            ("True", "Configured")
+        );
+        assert_eq!(
+            flapping.proxy.as_ref().map(|p| p.backends.clone()),
+            Some(two.clone())
+        );
+        let message = &flapping
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::PROXY_READY);
+        assert!(
+            message.is_some_and(|c| c.message.contains("1 not Ready")),
+            "{message:?}"
+        );
+        let none = at_with(&m, &up, two, &["a", "bb"], "v2", t(1000));
+        assert_eq!(
+            status_of(&none, condition::PROXY_READY),
+            ("False", "NoBackends")
+        );
+        // A vacant slot is in the routes, not in status.proxy.backends.
+        let vacant = ProxyBackend {
+            copy: 1,
+            slot: 1,
+            ..ProxyBackend::default()
+        };
+        let with_vacancy = at(&m, &up, vec![backend("a"), vacant], "v2", t(1000));
+        assert_eq!(
+            with_vacancy.proxy.as_ref().map(|p| p.backends.clone()),
+            Some(vec![backend("a")])
+        );
+        let message = &with_vacancy
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::PROXY_READY);
+        assert!(
+            message.is_some_and(|c| c.message.contains("1 slots vacant")),
+            "{message:?}"
         );
 
         // Switched off: no proxy status, no condition.

@@ -14,6 +14,7 @@ use kube::api::{
 use kube::{Api, Client};
 use memcached_api::{Memcached, condition};
 use memcached_operator::controller::{self, ControllerConfig};
+use memcached_operator::proxy;
 use serde_json::{Value, json};
 
 mod common;
@@ -714,6 +715,120 @@ async fn proxy_routes_to_the_ready_pods(env: &Env, name: &str, size: usize) -> S
     .await
 }
 
+/// `status.proxy`'s backends as `(slot, pod)` (one copy), and the configuration's version.
+async fn proxy_slots(env: &Env, name: &str) -> Option<(Vec<(i32, String)>, String)> {
+    let proxy = env.api::<Memcached>().get(name).await.ok()?.status?.proxy?;
+    let slots = proxy
+        .backends
+        .iter()
+        .map(|b| (b.slot, b.pod.clone()))
+        .collect();
+    Some((slots, proxy.config_version))
+}
+
+/// Sets a pod's `Ready` condition, as its kubelet would after its probe.
+async fn set_ready(env: &Env, pod: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    env.api::<Pod>()
+        .patch_status(
+            pod,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": status}]}})),
+        )
+        .await
+        .expect("the pod's status is patched");
+}
+
+on_every_server! {
+/// The proxy's routes follow the pods' lives, not their readiness. A pod that is not Ready
+/// for a while keeps its slot and the configuration does not change; a replacement takes
+/// the slot of the pod it replaces; a scale-down removes the pod of the last slot, which
+/// carries the lowest deletion cost. The pods of a pool without the proxy carry none.
+async fn the_proxys_slots_follow_the_pods_lives(server: Server) {
+    let env = start(server, "the_proxys_slots_follow_the_p", Duration::from_millis(20), false).await;
+    env.apply("plain", json!({"size": 2})).await;
+    env.converged("plain", 2).await;
+    env.apply("slotted", json!({"size": 3, "proxy": {"enabled": true}})).await;
+    env.converged("slotted", 3).await;
+    proxy_routes_to_the_ready_pods(&env, "slotted", 3).await;
+    let pods = env.api::<Pod>();
+    let cost_of = |pod: Pod| {
+        pod.metadata
+            .annotations
+            .and_then(|a| a.get(proxy::DELETION_COST_ANNOTATION).cloned())
+    };
+    let slots = wait_for("each pod's deletion cost by its slot", || async {
+        let (slots, _) = proxy_slots(&env, "slotted").await?;
+        for (slot, pod) in &slots {
+            let cost = cost_of(pods.get(pod).await.ok()?)?;
+            if cost != (1000 - slot).to_string() {
+                return None;
+            }
+        }
+        Some(slots)
+    })
+    .await;
+    assert_eq!(slots.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0, 1, 2]);
+    let plain = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/instance=plain"))
+        .await
+        .expect("pods");
+    assert_eq!(plain.items.len(), 2);
+    assert!(
+        plain.items.into_iter().all(|p| cost_of(p).is_none()),
+        "no deletion cost without the proxy"
+    );
+
+    // Not Ready for a while: seen by the operator, and still in its slot; the configuration
+    // has not changed, so the proxies have nothing new to load.
+    let before = env.api::<Memcached>().get("slotted").await.expect("get");
+    let changed_at = before.status.as_ref().and_then(|s| s.proxy.as_ref()?.config_changed_at.clone());
+    let (_, version) = proxy_slots(&env, "slotted").await.expect("status.proxy");
+    let flapping = slots[1].1.clone();
+    set_ready(&env, &flapping, false).await;
+    let api = env.api::<Memcached>();
+    let seen = wait_for("the operator sees the pod not Ready", || async {
+        let mc = api.get("slotted").await.ok()?;
+        (mc.status.as_ref()?.endpoints.len() == 2).then_some(mc)
+    })
+    .await;
+    let proxy = seen.status.as_ref().and_then(|s| s.proxy.clone()).expect("status.proxy");
+    let during: Vec<(i32, String)> = proxy.backends.iter().map(|b| (b.slot, b.pod.clone())).collect();
+    assert_eq!(
+        (during, proxy.config_version, proxy.config_changed_at),
+        (slots.clone(), version, changed_at),
+        "the routes did not change"
+    );
+    let ready = seen.condition(condition::PROXY_READY).expect("ProxyReady");
+    assert_ne!(ready.reason, "NoBackends", "{}", ready.message);
+    set_ready(&env, &flapping, true).await;
+    env.converged("slotted", 3).await;
+
+    // Replaced: the new pod takes the slot, the others keep theirs.
+    let replaced = slots[0].1.clone();
+    pods.delete(&replaced, &Default::default()).await.expect("delete pod");
+    let after = wait_for("a new pod in slot 0", || async {
+        let (s, _) = proxy_slots(&env, "slotted").await?;
+        (s.len() == 3 && s[0].1 != replaced && s[1..] == slots[1..]).then_some(s)
+    })
+    .await;
+
+    // Scaled down: the pod of the last slot goes, the ring loses that slot only.
+    env.apply("slotted", json!({"size": 2, "proxy": {"enabled": true}})).await;
+    env.converged("slotted", 2).await;
+    wait_for("two slots, the last one gone", || async {
+        let (s, _) = proxy_slots(&env, "slotted").await?;
+        (s == after[..2]).then_some(())
+    })
+    .await;
+    let last = pods.get_opt(&after[2].1).await.expect("get");
+    assert!(
+        last.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "the last slot's pod was the one removed"
+    );
+}
+}
+
 on_every_server! {
 async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: Server) {
     let env = start(server, "the_proxy_routes_to_the_ready_", Duration::from_millis(20), false).await;
@@ -762,8 +877,10 @@ async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: S
     let after = deployments.get("pooled-proxy").await.expect("proxy Deployment");
     assert_eq!(after.spec.expect("spec").template, template_before, "no proxy rollout for a new backend");
 
-    // A pool pod replaced: the configuration drops it and lists its successor.
+    // A pool pod replaced: the configuration drops it and lists its successor, in its slot.
     let gone = ready_pool_pods(&env, "pooled", 11211).await[0].0.clone();
+    let (slots, _) = proxy_slots(&env, "pooled").await.expect("status.proxy");
+    let slot = slots.iter().find(|(_, pod)| *pod == gone).map(|(slot, _)| *slot);
     env.api::<Pod>().delete(&gone, &Default::default()).await.expect("delete pod");
     let config = wait_for("the deleted pod leaves the configuration", || async {
         let config = proxy_routes_to_the_ready_pods(&env, "pooled", 4).await;
@@ -771,6 +888,11 @@ async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: S
     })
     .await;
     assert_eq!(config.matches("label = ").count(), 4);
+    let (after, _) = proxy_slots(&env, "pooled").await.expect("status.proxy");
+    let others = |slots: &[(i32, String)]| -> Vec<(i32, String)> {
+        slots.iter().filter(|(s, _)| Some(*s) != slot).cloned().collect()
+    };
+    assert_eq!(others(&after), others(&slots), "the other pods kept their slots");
 
     // Off again: the proxy's objects go, the pool stays.
     env.apply("pooled", json!({"size": 4, "proxy": {"enabled": false}})).await;

@@ -21,13 +21,15 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
 };
 use kube::{Api, Client, CustomResourceExt};
 use manager::leader::{self, LeaderElectionConfig};
 use manager::metrics_server::{CachingAuthorizer, Decision, KubeAuthorizer};
 use memcached_api::Memcached;
 use memcached_operator::controller::{self, ControllerConfig};
+use memcached_operator::proxy;
 use memcached_operator::samples::SEED_SAMPLE;
 use memcached_operator::{crd, rbac};
 use memcached_operator_gen::manifests;
@@ -365,9 +367,10 @@ async fn scenario(driver: &Client) {
         .await;
     }
 
-    // The proxy switched on (its Deployment, Service, budget and ConfigMap) and off again
-    // (all four deleted).
+    // The proxy switched on (its Deployment, Service, budget and ConfigMap, and the
+    // deletion costs of the pool's pods) and off again (all four deleted).
     let config_maps: Api<ConfigMap> = Api::default_namespaced(driver.clone());
+    let pool_pods: Api<Pod> = Api::default_namespaced(driver.clone());
     for enabled in [true, false] {
         let proxied: Memcached = serde_json::from_value(json!({
             "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
@@ -390,6 +393,22 @@ async fn scenario(driver: &Client) {
             (d == enabled && c == enabled && s == enabled).then_some(())
         })
         .await;
+        if enabled {
+            wait_for("the pool's pods carry their deletion cost", || async {
+                let pods = pool_pods
+                    .list(&ListParams::default().labels("app.kubernetes.io/instance=proxied"))
+                    .await
+                    .ok()?;
+                let costs = pods
+                    .items
+                    .iter()
+                    .filter_map(|p| p.metadata.annotations.as_ref())
+                    .filter(|a| a.contains_key(proxy::DELETION_COST_ANNOTATION))
+                    .count();
+                (costs == 2).then_some(())
+            })
+            .await;
+        }
     }
 
     // A pod whose TLS reload agent reports a refused certificate is restarted (deleted).

@@ -2,7 +2,7 @@
 //! loopback: memcached 1.6.38 built with its proxy from Debian's source package
 //! (`make memcached-proxy`, which `make test` and `.ci/run` run; Debian's binary package
 //! has no proxy). Backends and proxy are that binary; the configuration is
-//! `proxy::render` of `proxy::assign`, exactly what the ConfigMap holds, and it is
+//! `proxy::render` of `proxy::membership`, exactly what the ConfigMap holds, and it is
 //! replaced the way the kubelet replaces a mounted ConfigMap (a new file renamed over the
 //! old), so the reload the proxy does by itself is the one that runs in the pods.
 
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use memcached_api::ProxyBackend;
-use memcached_operator::proxy::{self, ReadyPod};
+use memcached_operator::proxy::{self, PoolPod};
 
 const VERSION: &str = "1.6.38";
 
@@ -135,32 +135,51 @@ fn set_mode(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
-fn pods(ports: &[u16]) -> Vec<ReadyPod> {
-    // One pod per port; the pod names sort in port order.
-    ports
-        .iter()
-        .map(|p| ReadyPod {
-            name: format!("cache-{p}"),
-            ip: "127.0.0.1".into(),
-        })
-        .collect()
+/// The pod of the backend on `port`.
+fn pod(port: u16, ready: bool) -> PoolPod {
+    PoolPod {
+        name: format!("cache-{port}"),
+        ip: Some("127.0.0.1".into()),
+        ready,
+    }
 }
 
-/// The rendered configuration for backends on `ports`, keeping `previous`'s copies.
+fn ready(ports: &[u16]) -> Vec<PoolPod> {
+    ports.iter().map(|p| pod(*p, true)).collect()
+}
+
+/// The rings the operator computes from `previous` for a pool of `size` with `pods`,
+/// rendered and written as the kubelet updates the ConfigMap.
 fn configure(
     dir: &ConfigDir,
     previous: &[ProxyBackend],
-    ports: &[u16],
+    pods: &[PoolPod],
+    size: i32,
     copies: i32,
 ) -> Vec<ProxyBackend> {
+    let mut backends = proxy::membership(previous, pods, size, copies, 0).backends;
     // The backends differ by port only, as pods differ by IP in a cluster.
-    let mut backends = proxy::assign(previous, &pods(ports), copies, 0);
-    for b in &mut backends {
+    for b in backends.iter_mut().filter(|b| !b.is_vacant()) {
         b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
     }
     let file = dir.file();
     let (text, _) = proxy::render("test/pool", &backends, copies, &file.to_string_lossy());
     dir.write(&text);
+    backends
+}
+
+/// `configure`, then waits until the proxy on `port` has loaded it.
+fn reconfigure(
+    dir: &ConfigDir,
+    port: u16,
+    previous: &[ProxyBackend],
+    pods: &[PoolPod],
+    size: i32,
+    copies: i32,
+) -> Vec<ProxyBackend> {
+    let before = stat(port, "proxy_config_reloads");
+    let backends = configure(dir, previous, pods, size, copies);
+    wait_for_reload(port, before);
     backends
 }
 
@@ -212,6 +231,12 @@ impl Conn {
         // peer's delayed acknowledgement (Nagle), 40 ms each.
         let request = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
         self.writer.write_all(request.as_bytes())?;
+        self.line()
+    }
+
+    fn delete(&mut self, key: &str) -> std::io::Result<String> {
+        self.writer
+            .write_all(format!("delete {key}\r\n").as_bytes())?;
         self.line()
     }
 
@@ -300,12 +325,29 @@ fn hits(port: u16) -> (usize, usize, usize) {
     (hit, miss, error)
 }
 
+/// Which backend (by port) holds each key, read from the backends directly.
+fn homes(ports: &[u16]) -> Vec<Option<u16>> {
+    let mut conns: Vec<(u16, Conn)> = ports.iter().map(|p| (*p, Conn::open(*p))).collect();
+    (0..KEYS)
+        .map(|i| {
+            let mut home = None;
+            for (port, conn) in conns.iter_mut() {
+                if matches!(conn.get(&key(i)).expect("get"), Reply::Hit(_)) {
+                    assert_eq!(home, None, "{} on two backends", key(i));
+                    home = Some(*port);
+                }
+            }
+            home
+        })
+        .collect()
+}
+
 #[test]
-fn keys_are_sharded_evenly_and_mostly_stay_when_the_pool_grows() {
+fn keys_are_sharded_evenly_and_only_the_new_slots_keys_move_when_the_pool_grows() {
     let backends: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
     let ports: Vec<u16> = backends.iter().map(|b| b.port).collect();
     let dir = ConfigDir::new();
-    let first = configure(&dir, &[], &ports[..3], 1);
+    let first = configure(&dir, &[], &ready(&ports[..3]), 3, 1);
     let proxy = start_proxy(&dir);
 
     set_all(proxy.port);
@@ -326,19 +368,208 @@ fn keys_are_sharded_evenly_and_mostly_stay_when_the_pool_grows() {
     println!("3 backends hold {items:?} of {KEYS} keys");
 
     // Grow to 4 the way the operator does: re-render, the kubelet swaps the file.
-    let reloads = stat(proxy.port, "proxy_config_reloads");
-    configure(&dir, &first, &ports, 1);
-    wait_for_reload(proxy.port, reloads);
+    reconfigure(&dir, proxy.port, &first, &ready(&ports), 4, 1);
     let (hit, miss, error) = hits(proxy.port);
     assert_eq!(error, 0);
-    let kept = hit as f64 / KEYS as f64;
+    // Set again, the keys that moved land on the new backend: all of them, and no other.
+    set_all(proxy.port);
+    let landed = stat(ports[3], "curr_items") as usize;
     println!(
-        "after growing 3 → 4: {hit} of {KEYS} keys still hit ({:.1} %)",
-        kept * 100.0
+        "after growing 3 → 4: {hit} of {KEYS} keys still hit ({:.1} %); the {miss} that moved all went to the new backend ({landed} there)",
+        hit as f64 * 100.0 / KEYS as f64
+    );
+    assert_eq!(landed, miss, "a key that moved went to the new slot");
+    assert!(
+        (0.2..=0.3).contains(&(miss as f64 / KEYS as f64)),
+        "{miss} of {KEYS} keys moved, not about a quarter"
+    );
+}
+
+fn signal(r: &Running, sig: i32) {
+    // SAFETY: kill(2) sends a signal to our own child; no memory is involved.
+    let rc = unsafe { libc::kill(r.child.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "signal {sig} to memcached on {}", r.port);
+}
+
+/// Keys deleted or overwritten while a backend is paused.
+const MODIFIED: usize = 900;
+
+/// Through the proxy on `port`, deletes the even keys of the first [`MODIFIED`] and
+/// overwrites the odd ones; whether the proxy acknowledged each.
+fn modify(port: u16) -> Vec<bool> {
+    let mut conn = Conn::open(port);
+    (0..MODIFIED)
+        .map(|i| {
+            let reply = if i % 2 == 0 {
+                conn.delete(&key(i))
+            } else {
+                conn.set(&key(i), &format!("new{i}"))
+            };
+            let reply = reply.unwrap_or_else(|e| panic!("{}: {e}", key(i)));
+            matches!(reply.as_str(), "DELETED" | "NOT_FOUND" | "STORED")
+        })
+        .collect()
+}
+
+/// Reads the modified keys back through the proxy on `port`: how many acknowledged
+/// changes do not show, as `(stale, lost)` (stale: the value from before; lost: an
+/// overwrite that misses).
+fn unseen_changes(port: u16, acked: &[bool]) -> (usize, usize) {
+    let mut conn = Conn::open(port);
+    let (mut stale, mut lost) = (0, 0);
+    for i in (0..acked.len()).filter(|i| acked[*i]) {
+        match conn.get(&key(i)).expect("get") {
+            Reply::Hit(v) if v == format!("v{i}") => stale += 1,
+            Reply::Miss if i % 2 == 1 => lost += 1,
+            Reply::Error(e) => panic!("{}: {e}", key(i)),
+            Reply::Hit(_) | Reply::Miss => {}
+        }
+    }
+    (stale, lost)
+}
+
+/// Waits until the proxy on `port` reads `key(i)` from its backend again.
+fn wait_until_read(port: u16, i: usize) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Conn::open(port).get(&key(i)).expect("get") != Reply::Hit(format!("v{i}")) {
+        assert!(
+            Instant::now() < deadline,
+            "the proxy did not read {} from its backend again",
+            key(i)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_backend_that_stops_answering_for_a_while_serves_no_stale_value() {
+    let backends: Vec<Running> = (0..3).map(|_| backend(free_port())).collect();
+    let ports: Vec<u16> = backends.iter().map(|b| b.port).collect();
+    let dir = ConfigDir::new();
+    let rings = configure(&dir, &[], &ready(&ports), 3, 1);
+    let proxy = start_proxy(&dir);
+    set_all(proxy.port);
+    let home = homes(&ports);
+    let paused = &backends[1];
+    let on_paused = |i: &usize| home[*i] == Some(paused.port);
+    let probe = (MODIFIED..KEYS)
+        .find(on_paused)
+        .expect("a key on the paused backend");
+    let modified_there = (0..MODIFIED).filter(on_paused).count();
+
+    // Paused (SIGSTOP: it accepts connections and answers nothing, as a pod whose probe
+    // times out). Its pod is no longer Ready but lives: the rings do not change.
+    signal(paused, libc::SIGSTOP);
+    let not_ready = [
+        pod(ports[0], true),
+        pod(ports[1], false),
+        pod(ports[2], true),
+    ];
+    assert_eq!(configure(&dir, &rings, &not_ready, 3, 1), rings);
+    let acked = modify(proxy.port);
+    let failed = acked.iter().filter(|a| !**a).count();
+    signal(paused, libc::SIGCONT);
+    wait_until_read(proxy.port, probe);
+    let (stale, lost) = unseen_changes(proxy.port, &acked);
+    println!(
+        "a backend paused: {MODIFIED} keys deleted or overwritten through the proxy meanwhile, {modified_there} of them on it; {failed} requests failed; after: {stale} stale reads, {lost} lost writes"
+    );
+    assert_eq!(
+        (stale, lost),
+        (0, 0),
+        "an acknowledged change does not show"
     );
     assert!(
-        kept >= 0.65,
-        "only {hit} of {KEYS} keys still hit after 3 → 4 ({miss} misses)"
+        failed <= modified_there,
+        "only requests for the paused backend's keys fail ({failed})"
+    );
+    assert!(
+        (0..MODIFIED).filter(|i| !on_paused(i)).all(|i| acked[i]),
+        "every request for another backend's keys succeeds"
+    );
+
+    // The check sees stale values when there are some: the same pause under a ring of
+    // the Ready pods only (what the operator did before), rebuilt when the pod is Ready
+    // again. The keys of the paused pod are written to another pod meanwhile, and read
+    // from the paused one after.
+    set_all(proxy.port);
+    signal(paused, libc::SIGSTOP);
+    let ready_only = [pod(ports[0], true), pod(ports[2], true)];
+    reconfigure(&dir, proxy.port, &[], &ready_only, 2, 1);
+    let acked = modify(proxy.port);
+    signal(paused, libc::SIGCONT);
+    reconfigure(&dir, proxy.port, &[], &ready(&ports), 3, 1);
+    wait_until_read(proxy.port, probe);
+    let (stale, lost) = unseen_changes(proxy.port, &acked);
+    println!(
+        "the same with a ring of the Ready pods only: {stale} stale reads, {lost} lost writes"
+    );
+    assert!(
+        stale > 0,
+        "a ring that follows readiness serves stale values"
+    );
+}
+
+#[test]
+fn a_replaced_backend_takes_its_slot_and_no_other_key_moves() {
+    let mut backends: Vec<Running> = (0..3).map(|_| backend(free_port())).collect();
+    let ports: Vec<u16> = backends.iter().map(|b| b.port).collect();
+    let dir = ConfigDir::new();
+    let rings = configure(&dir, &[], &ready(&ports), 3, 1);
+    let proxy = start_proxy(&dir);
+    set_all(proxy.port);
+    let home = homes(&ports);
+    let gone = ports[1];
+    let theirs = home.iter().filter(|h| **h == Some(gone)).count();
+    let slot = rings
+        .iter()
+        .position(|b| b.pod == format!("cache-{gone}"))
+        .expect("in the ring");
+
+    // Deleted: its slot stays, vacant, and the others' keys stay where they are.
+    drop(backends.remove(1));
+    let vacant = reconfigure(
+        &dir,
+        proxy.port,
+        &rings,
+        &ready(&[ports[0], ports[2]]),
+        3,
+        1,
+    );
+    assert!(vacant[slot].is_vacant(), "{vacant:?}");
+    let others_hit = |port: u16| {
+        let mut conn = Conn::open(port);
+        (0..KEYS)
+            .filter(|i| home[*i] != Some(gone))
+            .filter(|i| conn.get(&key(*i)).expect("get") == Reply::Hit(format!("v{i}")))
+            .count()
+    };
+    let others = KEYS - theirs;
+    let meanwhile = others_hit(proxy.port);
+    assert_eq!(meanwhile, others, "a key of another backend moved");
+    // Its replacement elsewhere, once Ready, takes the slot.
+    let newcomer = backend(free_port());
+    let replaced = reconfigure(
+        &dir,
+        proxy.port,
+        &vacant,
+        &ready(&[ports[0], newcomer.port, ports[2]]),
+        3,
+        1,
+    );
+    assert_eq!(replaced[slot].pod, format!("cache-{}", newcomer.port));
+
+    let still = others_hit(proxy.port);
+    // Set again, the replaced pod's keys all land on its replacement, and only those.
+    set_all(proxy.port);
+    let landed = stat(newcomer.port, "curr_items") as usize;
+    println!(
+        "a backend replaced by another at another address: {meanwhile} then {still} of the {others} keys of the other backends still hit (slot vacant, then taken); the {theirs} keys of the replaced one land on its replacement ({landed} there)"
+    );
+    assert_eq!(still, others, "a key of another backend moved");
+    assert_eq!(
+        landed, theirs,
+        "the replacement serves the replaced pod's keys"
     );
 }
 
@@ -347,7 +578,7 @@ fn a_lost_backend_gives_misses_and_comes_back() {
     let mut backends: Vec<Running> = (0..3).map(|_| backend(free_port())).collect();
     let ports: Vec<u16> = backends.iter().map(|b| b.port).collect();
     let dir = ConfigDir::new();
-    configure(&dir, &[], &ports, 1);
+    configure(&dir, &[], &ready(&ports), 3, 1);
     let proxy = start_proxy(&dir);
     set_all(proxy.port);
 
@@ -387,7 +618,7 @@ fn with_two_copies_keys_survive_the_loss_of_a_pod() {
     let mut backends: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
     let ports: Vec<u16> = backends.iter().map(|b| b.port).collect();
     let dir = ConfigDir::new();
-    let assigned = configure(&dir, &[], &ports, 2);
+    let assigned = configure(&dir, &[], &ready(&ports), 4, 2);
     assert_eq!(
         assigned.iter().filter(|b| b.copy == 1).count(),
         2,
@@ -408,6 +639,18 @@ fn with_two_copies_keys_survive_the_loss_of_a_pod() {
         (KEYS, 0, 0),
         "every key is still read, from its other copy"
     );
+    // The pod deleted: its slot vacant in its copy, every key is still read.
+    let vacant = reconfigure(&dir, proxy.port, &assigned, &ready(&ports[1..]), 4, 2);
+    assert_eq!(
+        vacant.iter().filter(|b| b.is_vacant()).count(),
+        1,
+        "{vacant:?}"
+    );
+    assert_eq!(
+        hits(proxy.port),
+        (KEYS, 0, 0),
+        "every key is still read past the vacant slot"
+    );
 }
 
 #[test]
@@ -415,7 +658,7 @@ fn a_reload_under_load_drops_no_connection() {
     let backends: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
     let ports: Vec<u16> = backends.iter().map(|b| b.port).collect();
     let dir = ConfigDir::new();
-    let mut current = configure(&dir, &[], &ports[..3], 1);
+    let mut current = configure(&dir, &[], &ready(&ports[..3]), 3, 1);
     let proxy = start_proxy(&dir);
     let port = proxy.port;
 
@@ -454,7 +697,7 @@ fn a_reload_under_load_drops_no_connection() {
         } else {
             &ports[..3]
         };
-        current = configure(&dir, &current, pool, 1);
+        current = configure(&dir, &current, &ready(pool), pool.len() as i32, 1);
         wait_for_reload(port, before);
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -472,7 +715,7 @@ fn a_reload_under_load_drops_no_connection() {
 fn the_proxy_adds_one_hop_of_latency() {
     let backend = backend(free_port());
     let dir = ConfigDir::new();
-    configure(&dir, &[], &[backend.port], 1);
+    configure(&dir, &[], &ready(&[backend.port]), 1, 1);
     let proxy = start_proxy(&dir);
     let mut direct = Conn::open(backend.port);
     let mut through = Conn::open(proxy.port);

@@ -3,7 +3,8 @@
 //! operator (which may only ask the server, with dry runs, what it would store). Run on
 //! apisim and on the real kube-apiserver at both pinned versions, for the feature matrix:
 //! the seed's sample, resources written in a non-canonical form, empty maps and lists, the
-//! exporter with its ServiceMonitor, TLS and SASL with their Secrets, a PodDisruptionBudget.
+//! exporter with its ServiceMonitor, TLS and SASL with their Secrets, a PodDisruptionBudget,
+//! the proxy (its ConfigMap of routes, and the deletion costs of the pool's pods).
 //!
 //! The writes are counted by the server: on a real one by its own `apiserver_request_total`
 //! (which tells dry runs apart), with its audit log naming what the operator wrote; on apisim
@@ -57,6 +58,8 @@ fn matrix() -> Vec<(&'static str, usize, Value)> {
                 "exporter": {"enabled": true},
             }),
         ),
+        // The proxy: its routes, and the deletion cost of each pod by its slot.
+        ("proxied", 3, json!({"size": 3, "proxy": {"enabled": true}})),
         // TLS and SASL with their Secrets mounted (the exporter can use neither).
         (
             "secured",
@@ -70,12 +73,16 @@ fn matrix() -> Vec<(&'static str, usize, Value)> {
     ]
 }
 
-/// Children per Memcached of the matrix: Deployment, two Services, budget (size ≥ 2), and
-/// the ServiceMonitor when the exporter runs.
+/// Children per Memcached of the matrix: Deployment, two Services, budget (size ≥ 2), the
+/// ServiceMonitor when the exporter runs, and the proxy's Deployment, Service, budget and
+/// ConfigMap when it runs.
 fn children() -> usize {
     matrix()
         .iter()
-        .map(|(_, _, spec)| 4 + usize::from(spec["exporter"]["enabled"] == json!(true)))
+        .map(|(_, _, spec)| {
+            4 + usize::from(spec["exporter"]["enabled"] == json!(true))
+                + 4 * usize::from(spec["proxy"]["enabled"] == json!(true))
+        })
         .sum()
 }
 
@@ -106,11 +113,14 @@ async fn apply_memcached(api: &Api<Memcached>, name: &str, spec: &Value) {
 }
 
 /// Waits until `name` reports `size` ready pods, named in `status.nodes`, for its current
-/// generation, Available and no longer Progressing.
+/// generation, Available and no longer Progressing; with the proxy, `ProxyReady` too (past
+/// the window in which the proxies load a new configuration, so its end writes no status
+/// in the steady phase).
 async fn converged(api: &Api<Memcached>, name: &str, size: usize) {
+    let window = memcached_operator::proxy::PROPAGATION_WINDOW;
     wait_for_within(
         &format!("{name} converged at {size}"),
-        Duration::from_secs(90),
+        Duration::from_secs(90) + window,
         || async {
             let mc = api.get_opt(name).await.ok().flatten()?;
             if let Some(invalid) = mc
@@ -122,10 +132,13 @@ async fn converged(api: &Api<Memcached>, name: &str, size: usize) {
             let status = mc.status.as_ref()?;
             let available = mc.condition(condition::AVAILABLE)?.status == "True";
             let settled = mc.condition(condition::PROGRESSING)?.status == "False";
+            let proxy_ready = mc.spec.proxy_enabled().is_none()
+                || mc.condition(condition::PROXY_READY)?.status == "True";
             (status.nodes.len() == size
                 && status.ready_replicas as usize == size
                 && available
                 && settled
+                && proxy_ready
                 && status.observed_generation == mc.metadata.generation)
                 .then_some(())
         },

@@ -93,6 +93,14 @@ fn pod_ready(p: &Value) -> bool {
     })
 }
 
+/// A pod's `controller.kubernetes.io/pod-deletion-cost` (0 when unset or not a number).
+fn deletion_cost(p: &Value) -> i32 {
+    p["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"]
+        .as_str()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Resolve an int-or-percent against a total.
 fn resolve(v: &Value, total: i64, round_up: bool, default_pct: i64) -> i64 {
     let pct = |p: i64| {
@@ -293,10 +301,12 @@ impl Sim {
                 let _ = st.create(prt, Some(&ns), pod, ctx);
             }
         } else if pods.len() > want {
-            // delete not-ready first, then newest
+            // delete not-ready first, then the lowest pod-deletion-cost, then newest (as
+            // kube-controller-manager ranks them)
             pods.sort_by(|a, b| {
                 pod_ready(a)
                     .cmp(&pod_ready(b))
+                    .then_with(|| deletion_cost(a).cmp(&deletion_cost(b)))
                     .then_with(|| {
                         meta_str(b, "creationTimestamp").cmp(meta_str(a, "creationTimestamp"))
                     })

@@ -3,8 +3,9 @@
 //! A `k8s_openapi` `Pod` is 2,176 bytes before any of its strings, lists or maps, because
 //! every optional field of its spec and status is inline; with a real pod's spec that was
 //! about 5 KiB per cached pod. The controller reads a pod's name, uid, namespace, instance label,
-//! deletion state, IP, readiness and the TLS reload agent's failure, so [`CachedPod`] is deserialized straight from the
-//! watch with only those: the spec is skipped while parsing, never allocated.
+//! deletion state, IP, readiness, deletion cost and the TLS reload agent's failure, so
+//! [`CachedPod`] is deserialized straight from the watch with only those: the spec is skipped
+//! while parsing, never allocated.
 //!
 //! A Deployment's pod template is read only by the drift check, as JSON; deserialized into
 //! `k8s_openapi` types it took about 12 KiB per Deployment, as JSON text about 2 KiB. So

@@ -15,11 +15,12 @@ use crate::builders::{
     LABEL_INSTANCE, LABEL_NAME, TLS_AGENT_CERTIFICATE_INVALID, TLS_AGENT_NAME,
     TLS_AGENT_RELOAD_FAILED,
 };
-use crate::proxy::PROXY_APP_NAME;
+use crate::proxy::{DELETION_COST_ANNOTATION, PROXY_APP_NAME};
 
 use super::*;
 
-/// A pod of ours, as cached: identity, instance label, deletion, IP and readiness.
+/// A pod of ours, as cached: identity, instance label, deletion, IP, readiness and deletion
+/// cost.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "WirePod")]
 pub struct CachedPod {
@@ -34,6 +35,9 @@ pub struct CachedPod {
     /// Whether the pod has ended (`status.phase` `Failed`, as an evicted pod, or
     /// `Succeeded`): it stays until garbage-collected but is no longer part of the pool.
     pub ended: bool,
+    /// Its `controller.kubernetes.io/pod-deletion-cost` annotation (the proxy's slot of a
+    /// proxied pool's pod, see [`crate::proxy::membership`]).
+    pub deletion_cost: Option<String>,
     /// What the TLS reload agent reported when it last ended: its exit code
     /// ([`TLS_AGENT_RELOAD_FAILED`] or [`TLS_AGENT_CERTIFICATE_INVALID`]) and reason.
     pub tls_reload_failure: Option<(i32, String)>,
@@ -47,6 +51,7 @@ resource_as!(CachedPod, Pod);
 struct WirePodMeta {
     deletion_timestamp: Option<Time>,
     labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
@@ -134,6 +139,9 @@ impl From<WirePod> for CachedPod {
             .labels
             .filter(|l| l.get(LABEL_NAME).map(String::as_str) != Some(PROXY_APP_NAME))
             .and_then(|mut l| l.remove(LABEL_INSTANCE));
+        let deletion_cost = m
+            .annotations
+            .and_then(|mut a| a.remove(DELETION_COST_ANNOTATION));
         let metadata = ObjectMeta {
             name: m.name,
             namespace: m.namespace,
@@ -161,6 +169,7 @@ impl From<WirePod> for CachedPod {
             ip,
             ready,
             ended,
+            deletion_cost,
             tls_reload_failure: tls_reload_failure(statuses),
         }
     }

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::builders::{LABEL_INSTANCE, LABEL_NAME};
-use crate::proxy::PROXY_APP_NAME;
+use crate::proxy::{DELETION_COST_ANNOTATION, PROXY_APP_NAME};
 
 #[test]
 fn keeps_what_the_controller_reads_and_nothing_else() {
@@ -17,7 +17,7 @@ fn keeps_what_the_controller_reads_and_nothing_else() {
         "metadata": {
             "name": "m-abc", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
             "labels": {LABEL_INSTANCE: "m", "pod-template-hash": "h", "team": "a"},
-            "annotations": {"a": "b"},
+            "annotations": {"a": "b", DELETION_COST_ANNOTATION: "998"},
             "managedFields": [{"manager": "x"}],
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
                 "name": "m-1", "uid": "r"}],
@@ -44,6 +44,11 @@ fn keeps_what_the_controller_reads_and_nothing_else() {
         "a pod is restarted with its uid as a precondition"
     );
     assert_eq!(pod.tls_reload_failure, None);
+    assert_eq!(
+        pod.deletion_cost.as_deref(),
+        Some("998"),
+        "the deletion cost is compared before it is written"
+    );
     assert_eq!(pod.ip.as_deref(), Some("10.0.0.7"));
     assert!(pod.ready);
     assert_eq!(pod.resource_version().as_deref(), Some("7"));

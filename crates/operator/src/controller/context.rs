@@ -43,6 +43,12 @@ pub enum Error {
         object: String,
         errors: validation::ValidationErrors,
     },
+    #[error("patching {kind} {object}: {source}")]
+    Patch {
+        kind: &'static str,
+        object: String,
+        source: kube::Error,
+    },
     #[error("deleting {kind} {object}: {source}")]
     Delete {
         kind: String,

@@ -7,10 +7,12 @@
 //!
 //! Rooms: [`reconcile`] (the orchestration), [`apply`] (the apply, drift and ownership
 //! engine), [`events`], [`secrets`], [`restart_gate`] (in-place TLS reloads that failed),
+//! [`deletion_costs`] (the proxy's slots marked on the pods for scale-downs),
 //! [`watches`] (informers and what wakes a reconcile), [`telemetry`], [`context`].
 
 pub mod apply;
 pub mod context;
+pub mod deletion_costs;
 pub mod events;
 pub mod reconcile;
 pub mod restart_gate;

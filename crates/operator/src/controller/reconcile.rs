@@ -1,8 +1,9 @@
 //! One reconcile of one Memcached, top to bottom: check the spec, read the Secrets its pods
 //! mount, plan its children from the list (pure), apply them through the one apply path,
-//! compute the status (pure) and write it if it changed, then restart a pod whose
-//! certificate reload failed. Idempotent and level-triggered: everything is read from the
-//! caches; the API server is only written to.
+//! compute the status (pure) and write it if it changed, then mark the proxy's slots on the
+//! pods (their deletion costs) and restart a pod whose certificate reload failed.
+//! Idempotent and level-triggered: everything is read from the caches; the API server is
+//! only written to.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +14,13 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 use manager::ReconcileResult;
-use memcached_api::{Memcached, MemcachedStatus, ProxyBackend, validation};
+use memcached_api::{Memcached, MemcachedStatus, validation};
 use tracing::{Instrument, debug, warn};
 
 use super::apply::{self, Owner};
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
-use super::{restart_gate, secrets};
+use super::{deletion_costs, restart_gate, secrets};
 use crate::cached::CachedPod;
 use crate::children::{self, Inputs};
 use crate::informer::Index;
@@ -142,7 +143,10 @@ async fn reconcile_inner(
 
     // 3. The children, from the list: planned (pure), then applied, unwanted ones deleted.
     let pods = observed_pods(&ctx.pod_index, &namespace, &name);
-    let backends = proxy_backends(ctx, mc, &owner, &pods);
+    let proxy::Membership {
+        backends,
+        deletion_costs,
+    } = proxy_backends(ctx, mc, &owner, &pods);
     let inputs = Inputs {
         settings: &ctx.config.build,
         secrets: &secrets,
@@ -197,7 +201,10 @@ async fn reconcile_inner(
         }
     }
 
-    // 5. Reported in the status first (above), then restarted.
+    // 5. The proxy's slots on the pods, so that a scale-down removes the last ones.
+    deletion_costs::annotate(ctx, &namespace, &name, &deletion_costs).await?;
+
+    // 6. Reported in the status first (above), then restarted.
     restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
     // A pool waiting for a rollout slot looks again soon (a slot frees when another pool's
     // rollout is done, which does not wake this one).
@@ -228,35 +235,40 @@ fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<Ob
         .collect()
 }
 
-/// The proxy's backends: the Ready pods of `pods`, each staying in the copy the
-/// configuration in place (our ConfigMap) gives it. None without the proxy.
+/// The proxy's rings: the live pods of `pods` in their slots, as the configuration in place
+/// (our ConfigMap) records them, newcomers joining once Ready (see [`proxy::membership`]);
+/// and the deletion cost each pod in them should carry. None without the proxy.
 fn proxy_backends(
     ctx: &Context,
     mc: &Memcached,
     owner: &Owner,
     pods: &[ObservedPod],
-) -> Vec<ProxyBackend> {
+) -> proxy::Membership {
     let Some(spec) = mc.spec.proxy_enabled() else {
-        return Vec::new();
+        return proxy::Membership::default();
     };
     let namespace = mc.namespace().unwrap_or_default();
-    let previous = ctx
+    let recorded = ctx
         .config_maps
         .get(&ObjectRef::new(&proxy::proxy_name(&mc.name_any())).within(&namespace))
         .filter(|cm| owner.controls(cm.as_ref()))
         .map(|cm| proxy::recorded_backends(cm.spec_json()))
         .unwrap_or_default();
-    let ready: Vec<proxy::ReadyPod> = pods
+    let live: Vec<proxy::PoolPod> = pods
         .iter()
-        .filter(|p| p.ready)
-        .filter_map(|p| {
-            Some(proxy::ReadyPod {
-                name: p.name.clone(),
-                ip: p.ip.clone()?,
-            })
+        .map(|p| proxy::PoolPod {
+            name: p.name.clone(),
+            ip: p.ip.clone(),
+            ready: p.ready,
         })
         .collect();
-    proxy::assign(&previous, &ready, spec.copies, mc.spec.container_port)
+    proxy::membership(
+        &recorded,
+        &live,
+        mc.spec.size,
+        spec.copies,
+        mc.spec.container_port,
+    )
 }
 
 /// When to look again so that `ProxyReady` leaves `Propagating` on time.

@@ -119,10 +119,18 @@ fn pod_spec(p: &CachedPod) -> u64 {
 
 /// What `status.nodes` and `status.endpoints` are made of besides the name: the pod's IP
 /// and readiness (not restarts, container states or other conditions), and a reload the TLS
-/// agent reported as refused.
+/// agent reported as refused; whether it has ended (it then leaves the proxy's rings,
+/// Ready or not) and its deletion cost (which the proxy's slot sets).
 fn pod_status(p: &CachedPod) -> u64 {
     let mut h = DefaultHasher::new();
-    (&p.ip, p.ready, &p.tls_reload_failure).hash(&mut h);
+    (
+        &p.ip,
+        p.ready,
+        p.ended,
+        &p.deletion_cost,
+        &p.tls_reload_failure,
+    )
+        .hash(&mut h);
     h.finish()
 }
 
