@@ -44,6 +44,9 @@ pub const EXPORTER_UID: i64 = 65534;
 pub use memcached_api::validation::HEADLESS_SUFFIX;
 /// Key of the SASL password database in its Secret.
 pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
+/// The keys of the TLS Secret memcached reads (memcached verifies no client, so a `ca.crt`
+/// beside them is not mounted).
+pub const TLS_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
 const SASL_DIR: &str = "/etc/memcached/sasl";
 /// Where the TLS Secret is mounted in the memcached container and the reload agent.
 pub use memcached_tls_agent::CERT_DIR as TLS_DIR;

@@ -10,8 +10,8 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    KeyToPath, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
     SecurityContext, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
     VolumeResourceRequirements,
 };
@@ -286,7 +286,7 @@ pub fn desired_deployment_with(
     let mut mounts = Vec::new();
     let mut env = Vec::new();
     if let Some(sasl) = &spec.sasl {
-        volumes.push(secret_volume("sasl", &sasl.secret_name));
+        volumes.push(secret_volume("sasl", &sasl.secret_name, &[SASL_PWDB_KEY]));
         mounts.push(mount("sasl", SASL_DIR));
         env.push(EnvVar {
             name: "MEMCACHED_SASL_PWDB".to_string(),
@@ -295,7 +295,7 @@ pub fn desired_deployment_with(
         });
     }
     if let Some(tls) = &spec.tls {
-        volumes.push(secret_volume("tls", &tls.secret_name));
+        volumes.push(secret_volume("tls", &tls.secret_name, &TLS_KEYS));
         mounts.push(mount("tls", TLS_DIR));
     }
     if let Some(ext) = spec.extstore_enabled() {
@@ -548,12 +548,24 @@ fn extstore_volume(ext: &ExtstoreSpec) -> Volume {
     }
 }
 
-fn secret_volume(name: &str, secret: &str) -> Volume {
+/// The Secret `secret` as volume `name`, with only `keys` in it: a Secret named here may
+/// hold more than memcached needs (an Ingress's certificate Secret, say), and what the pod
+/// does not mount it cannot leak.
+fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
     Volume {
         name: name.to_string(),
         secret: Some(SecretVolumeSource {
             secret_name: Some(secret.to_string()),
             default_mode: Some(0o440),
+            items: Some(
+                keys.iter()
+                    .map(|key| KeyToPath {
+                        key: key.to_string(),
+                        path: key.to_string(),
+                        mode: None,
+                    })
+                    .collect(),
+            ),
             ..SecretVolumeSource::default()
         }),
         ..Volume::default()

@@ -989,3 +989,30 @@ fn image_pull_secrets_reach_every_pod() {
     assert_eq!(names(pod_spec(&proxy)), ["registry-credentials"]);
     assert!(names(pod_spec(&deployment(&sample(3)))).is_empty());
 }
+
+#[test]
+fn secret_volumes_mount_only_the_keys_memcached_reads() {
+    let mc = with_spec(|s| {
+        s.sasl = Some(memcached_api::SaslSpec {
+            secret_name: "auth".into(),
+        });
+        s.tls = Some(memcached_api::TlsSpec::secret("certs"));
+    });
+    let d = deployment(&mc);
+    let keys = |name: &str| {
+        pod_spec(&d)
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .and_then(|v| v.secret.as_ref())
+            .and_then(|s| s.items.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|i| (i.key, i.path))
+            .collect::<Vec<_>>()
+    };
+    let pair = |k: &str| (k.to_string(), k.to_string());
+    assert_eq!(keys("tls"), [pair("tls.crt"), pair("tls.key")]);
+    assert_eq!(keys("sasl"), [pair("sasl-pwdb")]);
+}

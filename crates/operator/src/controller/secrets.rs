@@ -27,7 +27,7 @@ pub(super) async fn referenced_secrets(
         (
             "spec.tls.secretName",
             mc.spec.tls.as_ref().map(|t| t.secret_name.as_str()),
-            &["tls.crt", "tls.key"][..],
+            &builders::TLS_KEYS[..],
         ),
     ];
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
