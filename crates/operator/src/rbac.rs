@@ -14,12 +14,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::children::{self, Child, Kind};
 
-/// One RBAC rule: these verbs on these resources of these API groups.
+/// One RBAC rule: these verbs on these resources of these API groups (only the objects
+/// named in `resource_names`, when it is not empty).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     pub api_groups: &'static [&'static str],
     pub resources: &'static [&'static str],
     pub verbs: &'static [&'static str],
+    pub resource_names: &'static [&'static str],
 }
 
 /// A rule on non-resource URLs (`/metrics`).
@@ -40,12 +42,14 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds"],
         verbs: &["list", "watch"],
+        resource_names: &[],
     },
     // controller::reconcile: merge patch of the status subresource.
     Rule {
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds/status"],
         verbs: &["patch"],
+        resource_names: &[],
     },
     // The children carry an ownerReference to the Memcached with blockOwnerDeletion=true;
     // with the OwnerReferencesPermissionEnforcement admission plugin (OpenShift and
@@ -55,13 +59,17 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds/finalizers"],
         verbs: &["update"],
+        resource_names: &[],
     },
-    // controller::secrets: reads the SASL and TLS Secrets a Memcached names (get only:
-    // Secrets are never listed or watched, so the operator holds none in memory).
+    // controller::watches: the Secrets' metadata (list + watch, metadata-only requests: the
+    // cache holds names and resourceVersions, no data); controller::secrets: reads the data
+    // of a SASL or TLS Secret a Memcached names (get) when its version moved. RBAC cannot
+    // grant metadata alone: list and watch would also allow reading data.
     Rule {
         api_groups: &[""],
         resources: &["secrets"],
-        verbs: &["get"],
+        verbs: &["get", "list", "watch"],
+        resource_names: &[],
     },
     // controller::run: Pod watcher (list + watch) for `status.nodes` and readiness;
     // controller::restart_gate deletes a pod whose TLS reload agent reported a refused
@@ -71,6 +79,16 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         api_groups: &[""],
         resources: &["pods"],
         verbs: &["delete", "list", "patch", "watch"],
+        resource_names: &[],
+    },
+    // informer::WhileServed: whether the Prometheus Operator's ServiceMonitor kind is
+    // served, from a metadata-only watch of its one CustomResourceDefinition (list + watch
+    // with a field selector on the name, which RBAC checks against resourceNames).
+    Rule {
+        api_groups: &["apiextensions.k8s.io"],
+        resources: &["customresourcedefinitions"],
+        verbs: &["list", "watch"],
+        resource_names: &[crate::children::SERVICE_MONITOR_CRD],
     },
     // controller::events (kube-runtime Recorder): creates events.k8s.io/v1 Events in the
     // Memcached's namespace, and patches them to count repeats.
@@ -78,6 +96,7 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         api_groups: &["events.k8s.io"],
         resources: &["events"],
         verbs: &["create", "patch"],
+        resource_names: &[],
     },
 ];
 
@@ -110,6 +129,7 @@ pub const LEADER_ELECTION_RULES: &[Rule] = &[
         api_groups: &["coordination.k8s.io"],
         resources: &["leases"],
         verbs: &["create", "get", "list", "patch", "update", "watch"],
+        resource_names: &[],
     },
     // Leader-election events (LeaderElection "became leader"), recorded in the manager's
     // namespace as core/v1 Events, as controller-runtime does.
@@ -117,6 +137,7 @@ pub const LEADER_ELECTION_RULES: &[Rule] = &[
         api_groups: &[""],
         resources: &["events"],
         verbs: &["create", "patch"],
+        resource_names: &[],
     },
 ];
 
@@ -129,12 +150,14 @@ pub const METRICS_AUTH_RULES: &[Rule] = &[
         api_groups: &["authentication.k8s.io"],
         resources: &["tokenreviews"],
         verbs: &["create"],
+        resource_names: &[],
     },
     // metrics_server: SubjectAccessReview "may this user get /metrics".
     Rule {
         api_groups: &["authorization.k8s.io"],
         resources: &["subjectaccessreviews"],
         verbs: &["create"],
+        resource_names: &[],
     },
 ];
 
@@ -152,11 +175,13 @@ pub const EDITOR_RULES: &[Rule] = &[
         verbs: &[
             "create", "delete", "get", "list", "patch", "update", "watch",
         ],
+        resource_names: &[],
     },
     Rule {
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds/status"],
         verbs: &["get"],
+        resource_names: &[],
     },
 ];
 
@@ -166,11 +191,13 @@ pub const VIEWER_RULES: &[Rule] = &[
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds"],
         verbs: &["get", "list", "watch"],
+        resource_names: &[],
     },
     Rule {
         api_groups: &[memcached_api::GROUP],
         resources: &["memcacheds/status"],
         verbs: &["get"],
+        resource_names: &[],
     },
 ];
 
@@ -191,6 +218,7 @@ pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
             api_groups: Some(strings(r.api_groups)),
             resources: Some(strings(r.resources)),
             verbs: strings(r.verbs),
+            resource_names: (!r.resource_names.is_empty()).then(|| strings(r.resource_names)),
             ..PolicyRule::default()
         })
         .collect()

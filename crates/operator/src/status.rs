@@ -87,6 +87,9 @@ pub struct ObservedProxy<'a> {
     pub backends: Vec<ProxyBackend>,
     /// Its version.
     pub version: String,
+    /// How long after a change of its backends the proxies may still run the previous
+    /// configuration ([`crate::proxy::PROPAGATION_WINDOW`]).
+    pub propagation: std::time::Duration,
 }
 
 /// `ProxyReady`'s reason while the proxies may still run an older configuration.
@@ -112,8 +115,8 @@ fn proxy_status(
         Some(p) if p.config_version == observed.version => p.config_changed_at.clone(),
         Some(_) => Some(Time(now)),
     };
-    let window = jiff::SignedDuration::try_from(crate::proxy::PROPAGATION_WINDOW)
-        .unwrap_or(jiff::SignedDuration::ZERO);
+    let window =
+        jiff::SignedDuration::try_from(observed.propagation).unwrap_or(jiff::SignedDuration::ZERO);
     let propagating = changed_at
         .as_ref()
         .is_some_and(|t| now.duration_since(t.0) < window);
@@ -150,7 +153,7 @@ fn proxy_status(
             PROXY_PROPAGATING,
             format!(
                 "configuration {version} with {n} backends written; the proxies load it once the kubelet updates their mounted ConfigMap (usually within {} s), until then they may route to the previous backends",
-                crate::proxy::PROPAGATION_WINDOW.as_secs()
+                observed.propagation.as_secs()
             ),
         )
     } else {
@@ -756,6 +759,7 @@ mod tests {
                     deployment: Some(proxy),
                     backends,
                     version: v.into(),
+                    propagation: crate::proxy::PROPAGATION_WINDOW,
                 }),
                 reload_failures: Vec::new(),
                 rollout_waiting: None,

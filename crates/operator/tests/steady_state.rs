@@ -32,6 +32,9 @@ use common::{wait_for, wait_for_within};
 
 /// How often the controller looks at a converged Memcached again.
 const RESYNC: Duration = Duration::from_secs(1);
+/// How long the proxies are reported as loading a new configuration (the kubelet's
+/// propagation of a ConfigMap, which no pod here waits for).
+const PROXY_PROPAGATION: Duration = Duration::from_secs(3);
 /// Resyncs of every Memcached counted in each phase.
 const RESYNCS: u64 = 5;
 /// The operator's `User-Agent` on a real server, to find its requests in the audit log.
@@ -60,6 +63,12 @@ fn matrix() -> Vec<(&'static str, usize, Value)> {
         ),
         // The proxy: its routes, and the deletion cost of each pod by its slot.
         ("proxied", 3, json!({"size": 3, "proxy": {"enabled": true}})),
+        // extstore: its volume, kept as it runs.
+        (
+            "extstored",
+            2,
+            json!({"size": 2, "extstore": {"enabled": true, "size": "256Mi"}}),
+        ),
         // TLS and SASL with their Secrets mounted (the exporter can use neither).
         (
             "secured",
@@ -117,7 +126,7 @@ async fn apply_memcached(api: &Api<Memcached>, name: &str, spec: &Value) {
 /// the window in which the proxies load a new configuration, so its end writes no status
 /// in the steady phase).
 async fn converged(api: &Api<Memcached>, name: &str, size: usize) {
-    let window = memcached_operator::proxy::PROPAGATION_WINDOW;
+    let window = PROXY_PROPAGATION;
     wait_for_within(
         &format!("{name} converged at {size}"),
         Duration::from_secs(90) + window,
@@ -158,6 +167,7 @@ impl Operator {
         let config = ControllerConfig {
             namespace,
             resync: RESYNC,
+            proxy_propagation: PROXY_PROPAGATION,
             secret_recheck: Duration::from_millis(200),
             backoff: Backoff {
                 base: Duration::from_millis(20),
@@ -196,12 +206,22 @@ impl Operator {
     }
 }
 
-/// The operator's client: on a real server with a `User-Agent` of its own.
-async fn operator_client(cluster: &Cluster) -> Client {
-    let Some(cp) = cluster.real else {
-        return cluster.client.clone();
+/// The operator's client, with a `User-Agent` of its own (its requests are told apart in
+/// the server's audit log).
+async fn operator_client(cluster: &Cluster) -> (Client, Option<apisim::ServeHandle>) {
+    let (kubeconfig, served) = match (cluster.real, cluster.sim.as_ref()) {
+        (Some(cp), _) => (
+            Kubeconfig::read_from(cp.kubeconfig()).expect("kubeconfig"),
+            None,
+        ),
+        // Over HTTP, so that its requests carry their own User-Agent too.
+        (None, Some(sim)) => {
+            let served = sim.serve().await.expect("apisim over HTTP");
+            let kubeconfig = Kubeconfig::from_yaml(&served.kubeconfig_yaml()).expect("kubeconfig");
+            (kubeconfig, Some(served))
+        }
+        (None, None) => unreachable!("a cluster is real or simulated"),
     };
-    let kubeconfig = Kubeconfig::read_from(cp.kubeconfig()).expect("kubeconfig");
     let mut config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
@@ -210,7 +230,7 @@ async fn operator_client(cluster: &Cluster) -> Client {
         http::header::USER_AGENT,
         HeaderValue::from_static(OPERATOR_AGENT),
     ));
-    Client::try_from(config).expect("client")
+    (Client::try_from(config).expect("client"), served)
 }
 
 /// The resources of the operator's writes: its children and the Memcacheds (status).
@@ -271,6 +291,9 @@ struct Counted {
     dry_runs: BTreeMap<String, u64>,
     /// The operator's writes as the audit log names them (a real server only).
     audited: Vec<String>,
+    /// The operator's other requests (gets, lists, discovery), but for the watches its
+    /// informers hold open and renew, by `verb resource`.
+    reads: BTreeMap<String, u64>,
     /// Events the operator recorded, as `reason: note`.
     events: Vec<String>,
 }
@@ -289,6 +312,21 @@ struct Mark {
     totals: BTreeMap<(bool, String, String), u64>,
     audit_len: usize,
     events: Vec<String>,
+}
+
+/// The operator's requests in `audit` but its writes and its watches, by `verb resource`.
+fn reads<'a>(audit: impl Iterator<Item = (&'a str, &'a str, &'a str)>) -> BTreeMap<String, u64> {
+    let mut reads = BTreeMap::new();
+    for (user_agent, verb, resource) in audit {
+        let write = matches!(
+            verb,
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        );
+        if user_agent == OPERATOR_AGENT && !write && verb != "watch" {
+            *reads.entry(format!("{verb} {resource}")).or_default() += 1;
+        }
+    }
+    reads
 }
 
 /// The operator's events in the namespace, by name, as `name reason: note`.
@@ -322,7 +360,7 @@ async fn mark(cluster: &Cluster) -> Mark {
         ),
         (None, Some(sim)) => {
             sim.reset_request_counts();
-            (BTreeMap::new(), 0)
+            (BTreeMap::new(), sim.audit_events().len())
         }
         (None, None) => unreachable!("a cluster is real or simulated"),
     };
@@ -355,9 +393,11 @@ async fn counted_since(cluster: &Cluster, mark: Mark) -> Counted {
                     into.insert(format!("{verb} {what}"), n - before);
                 }
             }
-            counted.audited = cp
-                .audit()
-                .expect("audit log")
+            let audit = cp.audit().expect("audit log");
+            let since = audit.iter().skip(mark.audit_len);
+            counted.reads =
+                reads(since.map(|r| (r.user_agent.as_str(), r.verb.as_str(), r.resource.as_str())));
+            counted.audited = audit
                 .into_iter()
                 .skip(mark.audit_len)
                 .filter(|r| r.user_agent == OPERATOR_AGENT && r.namespace == cluster.ns)
@@ -378,6 +418,13 @@ async fn counted_since(cluster: &Cluster, mark: Mark) -> Counted {
                 .collect();
         }
         (None, Some(sim)) => {
+            let audit = sim.audit_events();
+            counted.reads = reads(
+                audit
+                    .iter()
+                    .skip(mark.audit_len)
+                    .map(|r| (r.user_agent.as_str(), r.verb.as_str(), r.resource.as_str())),
+            );
             let counts = sim.request_counts();
             for ((verb, resource), n) in counts.iter() {
                 if matches!(
@@ -406,12 +453,12 @@ async fn converged_memcacheds_cost_no_writes_on_resync_or_restart(server: Server
     let cluster = Cluster::start(
         server,
         "steady-state",
-        |b| b.pod_ready_delay(Duration::from_millis(50)),
+        |b| b.pod_ready_delay(Duration::from_millis(50)).audit_log(true),
         true,
     )
     .await;
     create_secrets(&cluster.api()).await;
-    let client = operator_client(&cluster).await;
+    let (client, _served) = operator_client(&cluster).await;
     let operator = Operator::start(client.clone(), cluster.watch_namespace());
     let memcacheds: Api<Memcached> = cluster.api();
     let matrix = matrix();
@@ -452,6 +499,10 @@ async fn converged_memcacheds_cost_no_writes_on_resync_or_restart(server: Server
         "writes or events at steady state {report}"
     );
     assert_eq!(steady.dry_runs(), 0, "a known child needs no question {report}");
+    assert!(
+        steady.reads.is_empty(),
+        "requests at steady state (gets, lists, discovery) {report}"
+    );
     assert_eq!(
         (restarted.writes(), restarted.audited.len(), restarted.events.len()),
         (0, 0, 0),

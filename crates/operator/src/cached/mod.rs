@@ -414,3 +414,5 @@ pub type CachedService = SpecOnly<Service>;
 pub type CachedPdb = SpecOnly<PodDisruptionBudget>;
 /// A ConfigMap as cached (its `data` kept as [`SpecOnly::spec_json`]).
 pub type CachedConfigMap = SpecOnly<ConfigMap>;
+/// A ServiceMonitor as cached.
+pub type CachedServiceMonitor = SpecOnly<crate::builders::ServiceMonitor>;

@@ -34,16 +34,9 @@ pub enum Kind {
     ServiceMonitor,
 }
 
-/// How the controller reads the children of a kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Read {
-    /// Watched into a label-selected cache, so a read costs no request.
-    Watched,
-    /// Read from the API server when a reconcile needs it: the kind is served only on some
-    /// clusters (a ServiceMonitor needs the Prometheus Operator), so it cannot be watched
-    /// from the start.
-    Fetched,
-}
+/// The CustomResourceDefinition of the Prometheus Operator's ServiceMonitor: while it
+/// exists, ServiceMonitors are watched and managed (see `informer::WhileServed`).
+pub const SERVICE_MONITOR_CRD: &str = "servicemonitors.monitoring.coreos.com";
 
 impl Kind {
     /// The kind's name, as Kubernetes and the reconcile's events name it.
@@ -68,14 +61,6 @@ impl Kind {
         }
     }
 
-    /// How the controller reads it.
-    pub const fn read(self) -> Read {
-        match self {
-            Kind::ServiceMonitor => Read::Fetched,
-            _ => Read::Watched,
-        }
-    }
-
     /// Whether every cluster serves it; the children of a kind that is not served are
     /// neither applied nor deleted (and their dry run is skipped).
     pub const fn always_served(self) -> bool {
@@ -85,15 +70,9 @@ impl Kind {
     /// The RBAC rule the controller needs for it: server-side apply (`patch`, and `create`,
     /// which the API server checks when the apply creates the object), `delete` for a child
     /// that goes when the spec no longer wants it, `get` to look for an object of a child's
-    /// name before creating it, and the reads of [`Kind::read`] (the informer's `list` and
-    /// `watch`).
+    /// name before creating it, and the informer's `list` and `watch`.
     pub const fn rule(self) -> Rule {
-        const WATCHED: &[&str] = &["create", "delete", "get", "list", "patch", "watch"];
-        const FETCHED: &[&str] = &["create", "delete", "get", "patch"];
-        let verbs = match self.read() {
-            Read::Watched => WATCHED,
-            Read::Fetched => FETCHED,
-        };
+        let verbs: &[&str] = &["create", "delete", "get", "list", "patch", "watch"];
         let (api_groups, resources): (&[&str], &[&str]) = match self {
             Kind::Deployment => (&["apps"], &["deployments"]),
             Kind::Service => (&[""], &["services"]),
@@ -105,6 +84,7 @@ impl Kind {
             api_groups,
             resources,
             verbs,
+            resource_names: &[],
         }
     }
 }
@@ -415,6 +395,5 @@ mod tests {
     fn rules_cover_the_reads_of_each_kind() {
         assert!(Kind::Deployment.rule().verbs.contains(&"watch"));
         assert!(Kind::ServiceMonitor.rule().verbs.contains(&"get"));
-        assert!(!Kind::ServiceMonitor.rule().verbs.contains(&"watch"));
     }
 }

@@ -23,8 +23,8 @@ use tracing::{debug, info};
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
 use super::rollout;
-use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER, ServiceMonitor};
-use crate::cached::{CacheForm, CachedDeployment, SpecOnly};
+use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
+use crate::cached::{CacheForm, CachedDeployment};
 use crate::children::{Child, Desired, Inputs, Keep, Kind, Planned, Report, origins};
 use crate::drift::{self, NormalForm};
 
@@ -80,26 +80,6 @@ fn child_key(kind: &str, name: &str) -> u64 {
     drift::key((kind, name))
 }
 
-/// A ServiceMonitor as read from the API server (it is not cached: see [`Kind::read`]).
-type FetchedServiceMonitor = SpecOnly<ServiceMonitor>;
-
-/// Where the live version of a child is read from.
-enum Source<'a, C: CacheForm> {
-    /// The informer's cache: no request.
-    Cache(&'a Store<C>),
-    /// A GET (kinds the controller does not watch).
-    Fetch,
-}
-
-impl<C: CacheForm> Source<'_, C> {
-    async fn live(&self, api: &Api<C>, key: &ObjectRef<C>) -> Result<Option<Arc<C>>, kube::Error> {
-        match self {
-            Source::Cache(store) => Ok(store.get(key)),
-            Source::Fetch => Ok(api.get_opt(&key.name).await?.map(Arc::new)),
-        }
-    }
-}
-
 /// What an apply did.
 enum Applied<T> {
     Unchanged(Arc<T>),
@@ -151,7 +131,7 @@ pub(super) async fn apply_children(
     let mut wanted = Vec::new();
     let mut unwanted = Vec::new();
     for plan in plans {
-        if !ctx.served(plan.child.kind).await {
+        if !ctx.served(plan.child.kind) {
             continue;
         }
         match plan.desired {
@@ -217,7 +197,7 @@ async fn apply_child(
             let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
             let (applied, waiting) = match child.keep {
                 Keep::PodHelpers => apply.run_pool(d).await?,
-                Keep::Nothing => (apply.run(Source::Cache(&ctx.deployments), d).await?, None),
+                Keep::Nothing => (apply.run(&ctx.deployments, d).await?, None),
             };
             let change = apply.report(&applied, Some(want));
             let live = match applied {
@@ -233,20 +213,23 @@ async fn apply_child(
             ))
         }
         Desired::Service(s) => {
-            let applied = apply.run(Source::Cache(&ctx.services), s).await?;
+            let applied = apply.run(&ctx.services, s).await?;
             Ok((apply.report(&applied, None), None))
         }
         Desired::PodDisruptionBudget(p) => {
-            let applied = apply.run(Source::Cache(&ctx.pdbs), p).await?;
+            let applied = apply.run(&ctx.pdbs, p).await?;
             Ok((apply.report(&applied, None), None))
         }
         Desired::ConfigMap(c) => {
-            let applied = apply.run(Source::Cache(&ctx.config_maps), c).await?;
+            let applied = apply.run(&ctx.config_maps, c).await?;
             Ok((apply.report(&applied, None), None))
         }
         Desired::ServiceMonitor(m) => {
-            let source = Source::<FetchedServiceMonitor>::Fetch;
-            let applied = apply.run(source, m).await?;
+            // Planned only while served (and so watched); gone since: nothing to apply.
+            let Some(store) = ctx.service_monitors.store() else {
+                return Ok((None, None));
+            };
+            let applied = apply.run(&store, m).await?;
             Ok((apply.report(&applied, None), None))
         }
     }
@@ -276,13 +259,13 @@ struct Prepared<C: CacheForm> {
 }
 
 impl Apply<'_> {
-    /// Applies `desired` unless the live child (read from `source`) already holds it.
+    /// Applies `desired` unless the live child (read from `cache`) already holds it.
     async fn run<C: CacheForm>(
         &self,
-        source: Source<'_, C>,
+        cache: &Store<C>,
         desired: C::Full,
     ) -> Result<Applied<C>, Error> {
-        let prepared = self.prepare(source, desired).await?;
+        let prepared = self.prepare(cache, desired).await?;
         if let Some(live) = &prepared.live
             && self.unchanged(&prepared, live).await
         {
@@ -291,12 +274,12 @@ impl Apply<'_> {
         self.write(prepared).await
     }
 
-    /// Hashes `desired` and reads the live child of its name: from `source`, and for a child
+    /// Hashes `desired` and reads the live child of its name: from `cache`, and for a child
     /// the cache does not hold, from the API server (an object of that name may exist
     /// without our labels). Refuses a live child this Memcached does not control.
     async fn prepare<C: CacheForm>(
         &self,
-        source: Source<'_, C>,
+        cache: &Store<C>,
         desired: C::Full,
     ) -> Result<Prepared<C>, Error> {
         let name = desired.name_any();
@@ -304,11 +287,8 @@ impl Apply<'_> {
         let key = ObjectRef::new(&name).within(&namespace);
         // The answers are read straight into the cached form (only what the cache keeps).
         let api: Api<C> = Api::namespaced(self.ctx.client.clone(), &namespace);
-        let mut live = source
-            .live(&api, &key)
-            .await
-            .map_err(|e| self.error(&namespace, &name, e))?;
-        if live.is_none() && matches!(source, Source::Cache(_)) {
+        let mut live = cache.get(&key);
+        if live.is_none() {
             // The cache holds only objects with our labels: before the first apply, look
             // for one of that name without them (another application's Service, say).
             live = api
@@ -422,9 +402,7 @@ impl Apply<'_> {
         new: Deployment,
     ) -> Result<(Applied<CachedDeployment>, Option<(usize, usize)>), Error> {
         let ctx = self.ctx;
-        let fresh = self
-            .prepare(Source::Cache(&ctx.deployments), new.clone())
-            .await?;
+        let fresh = self.prepare(&ctx.deployments, new.clone()).await?;
         let Some(live) = fresh.live.clone() else {
             return Ok((self.write(fresh).await?, None));
         };
@@ -682,11 +660,14 @@ async fn delete_child(
         name,
     };
     let deleted = match child.kind {
-        Kind::Deployment => delete.run(Source::Cache(&ctx.deployments)).await,
-        Kind::Service => delete.run(Source::Cache(&ctx.services)).await,
-        Kind::PodDisruptionBudget => delete.run(Source::Cache(&ctx.pdbs)).await,
-        Kind::ConfigMap => delete.run(Source::Cache(&ctx.config_maps)).await,
-        Kind::ServiceMonitor => delete.run(Source::<FetchedServiceMonitor>::Fetch).await,
+        Kind::Deployment => delete.run(&ctx.deployments).await,
+        Kind::Service => delete.run(&ctx.services).await,
+        Kind::PodDisruptionBudget => delete.run(&ctx.pdbs).await,
+        Kind::ConfigMap => delete.run(&ctx.config_maps).await,
+        Kind::ServiceMonitor => match ctx.service_monitors.store() {
+            Some(store) => delete.run(&store).await,
+            None => Ok(false),
+        },
     }?;
     if deleted {
         let kind = child.kind.name();
@@ -708,8 +689,8 @@ struct Delete<'a> {
 }
 
 impl Delete<'_> {
-    /// Deletes the child if `source` has it and it is ours; whether it did.
-    async fn run<C: CacheForm>(&self, source: Source<'_, C>) -> Result<bool, Error> {
+    /// Deletes the child if `cache` has it and it is ours; whether it did.
+    async fn run<C: CacheForm>(&self, cache: &Store<C>) -> Result<bool, Error> {
         let (ctx, name) = (self.ctx, self.name);
         let namespace = self.mc.namespace().ok_or(Error::NoNamespace)?;
         let kind = C::kind(&()).into_owned();
@@ -718,12 +699,7 @@ impl Delete<'_> {
             object: format!("{namespace}/{name}"),
             source,
         };
-        let api: Api<C> = Api::namespaced(ctx.client.clone(), &namespace);
-        let Some(live) = source
-            .live(&api, &ObjectRef::new(name).within(&namespace))
-            .await
-            .map_err(error)?
-        else {
+        let Some(live) = cache.get(&ObjectRef::new(name).within(&namespace)) else {
             return Ok(false);
         };
         // Only ours, and only the version we saw: not another pool's object of the same

@@ -4,20 +4,22 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use memcached_api::{Memcached, validation};
-use tracing::debug;
 
 use super::ControllerConfig;
 use super::events::Events;
+use super::secrets::SecretReads;
+use super::watches::SecretMeta;
 use crate::builders::BuildError;
-use crate::cached::{CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService};
+use crate::cached::{
+    CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService, CachedServiceMonitor,
+};
 use crate::children::Kind;
 use crate::drift::NormalForms;
-use crate::informer::Index;
+use crate::informer::{Index, WhileServed};
 use crate::triggers::Busy;
 
 /// Why a reconcile failed; each names the object and the step.
@@ -103,20 +105,19 @@ pub struct Context {
     pub config_maps: Store<CachedConfigMap>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
+    /// Which Secrets exist, at which version (metadata only).
+    pub secrets: Store<SecretMeta>,
+    /// What was read of the Secrets the pools mount (see [`super::secrets`]).
+    pub(super) secret_reads: SecretReads,
     pub(super) events: Events,
     /// Reconciles running (status refreshes and events wait while every slot is taken).
     pub(super) busy: Busy,
     /// What the server stores for each child's desired state (see [`NormalForms`]).
     pub(super) normal_forms: Arc<NormalForms>,
-    /// Whether each kind that not every cluster serves is served here, and since when that
-    /// is known.
-    served: tokio::sync::Mutex<HashMap<Kind, (Instant, bool)>>,
+    /// Our ServiceMonitors, while they are served.
+    pub(super) service_monitors: Arc<WhileServed<CachedServiceMonitor>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
 }
-
-/// How long the answer to "is this kind served?" (is the Prometheus Operator installed?) is
-/// trusted.
-const DISCOVERY_TTL: Duration = Duration::from_secs(60);
 
 impl Context {
     pub(super) fn new(
@@ -136,10 +137,12 @@ impl Context {
             pdbs: caches.pdbs.store(),
             config_maps: caches.config_maps.store(),
             pod_index: caches.pod_index.clone(),
+            service_monitors: caches.service_monitors.clone(),
+            secrets: caches.secrets.store(),
+            secret_reads: SecretReads::default(),
             events,
             busy,
             normal_forms,
-            served: tokio::sync::Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -158,32 +161,12 @@ impl Context {
     }
 
     /// Whether the API server serves `kind` (a ServiceMonitor: whether the Prometheus
-    /// Operator is installed), asked at most once per [`DISCOVERY_TTL`].
-    pub(super) async fn served(&self, kind: Kind) -> bool {
-        if kind.always_served() {
-            return true;
+    /// Operator's definition exists), as the watches say.
+    pub(super) fn served(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::ServiceMonitor => self.service_monitors.store().is_some(),
+            _ => kind.always_served(),
         }
-        let mut cached = self.served.lock().await;
-        if let Some((at, served)) = cached.get(&kind)
-            && at.elapsed() < DISCOVERY_TTL
-        {
-            return *served;
-        }
-        let resource = kind.api_resource();
-        let served = match self
-            .client
-            .list_api_group_resources(&resource.api_version)
-            .await
-        {
-            Ok(list) => list.resources.iter().any(|r| r.name == resource.plural),
-            Err(kube::Error::Api(e)) if e.code == 404 => false,
-            Err(e) => {
-                debug!(error = %e, kind = kind.name(), "could not ask whether the kind is served");
-                false
-            }
-        };
-        cached.insert(kind, (Instant::now(), served));
-        served
     }
 }
 

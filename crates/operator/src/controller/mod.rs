@@ -99,9 +99,12 @@ pub struct ControllerConfig {
     pub counters: Arc<ReconcileCounters>,
     /// Prometheus metrics, when the manager serves them.
     pub telemetry: Option<Telemetry>,
-    /// How soon a Memcached waiting for a missing Secret is looked at again (Secrets are
-    /// not watched).
+    /// How soon a Memcached waiting for a missing Secret is looked at again, besides the
+    /// Secret's creation waking it (a look costs no request).
     pub secret_recheck: Duration,
+    /// How long after a change of its backends a proxy is reported as still loading it
+    /// ([`crate::proxy::PROPAGATION_WINDOW`]).
+    pub proxy_propagation: Duration,
     /// The budget of pools rolling at once for a new default memcached image
     /// (`--max-concurrent-pool-rollouts`), shared by the controllers of every watched scope:
     /// see [`rollout`].
@@ -124,6 +127,7 @@ impl Default for ControllerConfig {
             counters: Arc::default(),
             telemetry: None,
             secret_recheck: Duration::from_secs(15),
+            proxy_propagation: crate::proxy::PROPAGATION_WINDOW,
             rollout_slots: Arc::default(),
             children: children::CHILDREN,
         }
@@ -189,12 +193,12 @@ pub async fn run_controller(
         normal_forms,
     ));
 
-    let children = triggers::batch(
+    let woken = futures::stream::select(
         watches::child_triggers(caches),
-        config.status_batch,
-        Some(busy),
-    )
-    .filter_map(move |key| futures::future::ready(queued(Some(key))));
+        watches::secret_triggers(caches),
+    );
+    let children = triggers::batch(woken, config.status_batch, Some(busy))
+        .filter_map(move |key| futures::future::ready(queued(Some(key))));
     Controller::for_stream(memcacheds, caches.memcacheds.store())
         .reconcile_on(children)
         .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))

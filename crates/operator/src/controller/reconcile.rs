@@ -135,8 +135,7 @@ async fn reconcile_inner(
                     problem.message,
                 );
             }
-            // Secrets are not watched (that would cache every Secret of the namespace), so
-            // look again soon.
+            // The Secret's creation or change wakes it; a look again costs no request.
             return Ok(Action::requeue(ctx.config.secret_recheck));
         }
     };
@@ -169,6 +168,7 @@ async fn reconcile_inner(
         deployment: proxy_deployment.as_ref(),
         version: proxy::routes_version(mc, &backends).unwrap_or_default(),
         backends,
+        propagation: ctx.config.proxy_propagation,
     });
     let observed = Observed {
         deployment: deployment.as_ref(),
@@ -180,7 +180,7 @@ async fn reconcile_inner(
     };
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
-    let recheck = proxy_recheck(&status, now);
+    let recheck = proxy_recheck(&status, now, ctx.config.proxy_propagation);
     if write_status_if_changed(&ctx.client, mc, status).await? {
         debug!(object, "status updated");
         // Files the agent refused itself: reported when the status first says so; the pod
@@ -272,10 +272,14 @@ fn proxy_backends(
 }
 
 /// When to look again so that `ProxyReady` leaves `Propagating` on time.
-fn proxy_recheck(status: &MemcachedStatus, now: jiff::Timestamp) -> Option<Duration> {
+fn proxy_recheck(
+    status: &MemcachedStatus,
+    now: jiff::Timestamp,
+    window: Duration,
+) -> Option<Duration> {
     let since = status.proxy.as_ref()?.config_changed_at.as_ref()?.0;
     let elapsed = Duration::try_from(now.duration_since(since)).unwrap_or_default();
-    proxy::PROPAGATION_WINDOW
+    window
         .checked_sub(elapsed)
         .map(|left| left + Duration::from_secs(1))
 }

@@ -3,9 +3,13 @@
 //! which changes matter to which Memcached and how soon ([`child_triggers`]).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -13,9 +17,11 @@ use memcached_api::Memcached;
 
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::cached::{
-    CacheForm, CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService, SpecOnly,
+    CacheForm, CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService,
+    CachedServiceMonitor, SpecOnly,
 };
-use crate::informer::{Index, Informer};
+use crate::children::SERVICE_MONITOR_CRD;
+use crate::informer::{Index, Informer, WhileServed};
 use crate::triggers::{Classifier, Urgency};
 
 /// Index key of a pod: the Memcached it belongs to, as `namespace/instance`.
@@ -54,6 +60,24 @@ fn controller_owner<K: CacheForm>(child: &K) -> Option<ObjectRef<Memcached>> {
         return None;
     }
     Some(ObjectRef::new(&owner.name).within(child.namespace().as_deref()?))
+}
+
+/// A Secret as the controller watches it: metadata only.
+pub type SecretMeta = PartialObjectMeta<Secret>;
+
+/// Keeps of a Secret only what says which it is and which version: its labels and
+/// annotations are dropped (`kubectl apply` copies the whole Secret, data included, into
+/// an annotation).
+fn slim_secret(secret: &mut SecretMeta) {
+    let meta = std::mem::take(&mut secret.metadata);
+    secret.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        deletion_timestamp: meta.deletion_timestamp,
+        ..ObjectMeta::default()
+    };
 }
 
 /// Drops what the reconciler never reads, to keep the caches small.
@@ -165,6 +189,11 @@ pub struct Caches {
     pub pods: Informer<CachedPod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
+    /// Every Secret's name and resourceVersion (no data): which exist, and when one
+    /// changed (see [`super::secrets`]).
+    pub secrets: Informer<SecretMeta>,
+    /// Our ServiceMonitors, while the Prometheus Operator's definition of them exists.
+    pub service_monitors: Arc<WhileServed<CachedServiceMonitor>>,
 }
 
 impl Caches {
@@ -190,6 +219,21 @@ impl Caches {
             config_maps: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pods,
             pod_index,
+            secrets: Informer::start(
+                scoped(client, namespace),
+                watcher::Config::default(),
+                slim_secret,
+            ),
+            service_monitors: {
+                let (client, namespace) = (client.clone(), namespace.map(str::to_string));
+                Arc::new(WhileServed::start(
+                    client.clone(),
+                    SERVICE_MONITOR_CRD,
+                    move || {
+                        Informer::start(scoped(&client, namespace.as_deref()), owned.clone(), slim)
+                    },
+                ))
+            },
         }
     }
 
@@ -201,9 +245,53 @@ impl Caches {
             self.services.wait_synced(),
             self.pdbs.wait_synced(),
             self.config_maps.wait_synced(),
-            self.pods.wait_synced()
+            self.pods.wait_synced(),
+            self.secrets.wait_synced(),
+            self.service_monitors.wait_synced()
         );
     }
+}
+
+/// The Memcacheds to wake when a Secret they mount appears, changes or goes: at once (a
+/// new password, a renewed certificate).
+pub(super) fn secret_triggers(
+    caches: &Caches,
+) -> BoxStream<'static, (ObjectRef<Memcached>, Urgency)> {
+    let memcacheds = caches.memcacheds.store();
+    let mut versions = Classifier::<SecretMeta>::new(secret_version, |_| 0);
+    caches
+        .secrets
+        .subscribe()
+        .filter_map(move |secret| {
+            let woken: Vec<_> = secret
+                .ok()
+                .filter(|s| versions.classify(s).is_some())
+                .map(|s| {
+                    let (namespace, name) = (s.namespace(), s.name_any());
+                    memcacheds
+                        .state()
+                        .iter()
+                        .filter(|mc| mc.namespace() == namespace)
+                        .filter(|mc| {
+                            super::secrets::referenced(mc)
+                                .iter()
+                                .any(|(_, secret, _)| *secret == Some(name.as_str()))
+                        })
+                        .map(|mc| (ObjectRef::from_obj(mc.as_ref()), Urgency::Now))
+                        .collect()
+                })
+                .unwrap_or_default();
+            futures::future::ready(Some(futures::stream::iter(woken)))
+        })
+        .flatten()
+        .boxed()
+}
+
+/// A Secret's version: any change of its data moves it.
+fn secret_version(s: &SecretMeta) -> u64 {
+    let mut h = DefaultHasher::new();
+    s.metadata.resource_version.hash(&mut h);
+    h.finish()
 }
 
 /// The Memcacheds to wake for changes of their children and pods in `caches`, with how
@@ -231,6 +319,11 @@ pub(super) fn child_triggers(
         ),
         owner_triggers(
             caches.config_maps.subscribe(),
+            Classifier::new(service_spec, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.service_monitors.subscribe(),
             Classifier::new(service_spec, unread_status),
             controller_owner,
         ),

@@ -28,6 +28,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+mod while_served;
+
+pub use while_served::WhileServed;
+
 type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<K>>>>;
 
 /// The key an object is indexed under (`None`: not indexed).
