@@ -98,7 +98,9 @@ fn committed_chart_is_what_helm_chart_writes() {
     );
 }
 
-/// One version for the binary (`--version`), the image tag and the chart.
+/// One version for the binary (`--version`), the image tag and the chart; the TLS reload
+/// agent's image is its own, tagged with the agent's version, and set apart from the
+/// operator's.
 #[test]
 fn chart_and_image_carry_the_crates_version() {
     let chart: Value = serde_yaml::from_str(
@@ -123,13 +125,55 @@ fn chart_and_image_carry_the_crates_version() {
         "Deployment",
         "memcached-operator-controller-manager",
     );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
-        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        container["image"],
         format!(
             "example.com/memcached-operator:{}",
             env!("CARGO_PKG_VERSION")
         )
     );
+    assert_eq!(
+        agent_image(container),
+        Some(json!(format!(
+            "example.com/memcached-operator-tls-agent:{}",
+            manifests::TLS_AGENT_VERSION
+        )))
+    );
+
+    let objects = template(
+        tmp.path(),
+        &[
+            "image.repository=registry.example.com/memcached-operator",
+            "image.tag=v1.2.3",
+            "tlsAgent.image.repository=registry.example.com/memcached-operator-tls-agent",
+            "tlsAgent.image.tag=0.4.0",
+        ],
+    );
+    let deployment = find(
+        &objects,
+        "Deployment",
+        "memcached-operator-controller-manager",
+    );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["image"],
+        "registry.example.com/memcached-operator:v1.2.3"
+    );
+    assert_eq!(
+        agent_image(container),
+        Some(json!(
+            "registry.example.com/memcached-operator-tls-agent:0.4.0"
+        ))
+    );
+}
+
+/// The image the operator gives the TLS reload agent (`TLS_AGENT_IMAGE`).
+fn agent_image(container: &Value) -> Option<Value> {
+    container["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
+        .map(|e| e["value"].clone())
 }
 
 #[test]
@@ -168,6 +212,8 @@ fn bad_values_are_refused_naming_the_value() {
         ("replicaCont=2", "replicaCont"),
         ("replicaCount=-1", "replicaCount"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("tlsAgent.image.tag=", "tlsAgent/image/tag"),
+        ("tlsAgent.image.pullPolicy=Always", "pullPolicy"),
         ("metrics.port=70000", "port"),
         ("webhook.certManger.enabled=true", "certManger"),
         ("tolerations[0].effect=1", "effect"),
@@ -341,9 +387,11 @@ fn rendered_objects_equal_kustomizes() {
             "webhook.certManager.enabled=true",
             "networkPolicy.enabled=true",
             "metrics.serviceMonitor.enabled=true",
-            // config/'s image placeholder.
+            // config/'s image placeholders.
             "image.repository=controller",
             "image.tag=latest",
+            "tlsAgent.image.repository=tls-agent",
+            "tlsAgent.image.tag=latest",
         ],
     ));
     let keys = |m: &BTreeMap<(String, String), Value>| m.keys().cloned().collect::<Vec<_>>();

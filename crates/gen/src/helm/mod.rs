@@ -33,6 +33,7 @@ const NAMESPACE: &str = "{{ $.Release.Namespace }}";
 /// The self-signed webhook certificate's Secret: the Service host it was issued for.
 const WEBHOOK_HOST_ANNOTATION: &str = "memcached-operator.cache.example.com/webhook-host";
 const IMAGE: &str = "{{ include \"memcached-operator.image\" $ }}";
+const TLS_AGENT_IMAGE: &str = "{{ include \"memcached-operator.tlsAgentImage\" $ }}";
 const LABELS: &str = "{{- include \"memcached-operator.labels\" $ | nindent {indent} }}";
 
 fn to_value<S: Serialize>(what: &str, obj: &S) -> Result<Value, Error> {
@@ -335,7 +336,7 @@ fn deployment_template() -> Result<Template, Error> {
     if let T::List(items) = env {
         for item in items.iter_mut() {
             if item.value.get_mut(&["name"]) == Some(&mut T::V(json!("TLS_AGENT_IMAGE"))) {
-                item.value.set("value", tpl(IMAGE));
+                item.value.set("value", tpl(TLS_AGENT_IMAGE));
             }
         }
     }
@@ -619,9 +620,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The operator's image (also the TLS reload agent's). */}}
+{{/* The operator's image. */}}
 {{- define "memcached-operator.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The TLS reload agent's image, which the operator gives memcached pods (TLS_AGENT_IMAGE). */}}
+{{- define "memcached-operator.tlsAgentImage" -}}
+{{ .Values.tlsAgent.image.repository }}:{{ .Values.tlsAgent.image.tag }}
 {{- end }}
 "#;
 
@@ -704,6 +710,8 @@ fn values_table() -> String {
             let ours = prop.get("$ref").and_then(Value::as_str).is_some_and(|r| {
                 [
                     "Image",
+                    "TlsAgent",
+                    "TlsAgentImage",
                     "LeaderElection",
                     "Crds",
                     "Webhook",
@@ -754,16 +762,24 @@ A Kubernetes operator for Memcached. This chart installs the operator, its CRD, 
 admission webhooks; it is generated from the same code as the kustomize tree (`config/`)
 and renders the same objects.
 
-Requires Kubernetes {KUBE_VERSION}. The image is not published to a registry: build and
-push it (`make docker-build docker-push IMG=registry/memcached-operator:{version}`) and set
-`image.repository`.
+Requires Kubernetes {KUBE_VERSION}. The images are not published to a registry: build and
+push the operator's (`make docker-build docker-push IMG=registry/memcached-operator:{version}`)
+and set `image.repository`, and the TLS reload agent's
+(`make docker-build-tls-agent docker-push-tls-agent
+TLS_AGENT_IMG=registry/memcached-operator-tls-agent:{agent_version}`) and set
+`tlsAgent.image.repository`. The agent has its own version ({agent_version}, the default
+`tlsAgent.image.tag`), which moves only when the agent changes. The operator adds it as a
+sidecar to the memcached pods whose certificate is reloaded in place, and those pods pull it
+with their Memcached's `spec.imagePullSecrets` (`imagePullSecrets` here is the operator
+pod's).
 
 ## Install, upgrade, uninstall
 
 ```sh
 helm install memcached-operator charts/memcached-operator \
   --namespace memcached-operator-system --create-namespace \
-  --set image.repository=registry/memcached-operator
+  --set image.repository=registry/memcached-operator \
+  --set tlsAgent.image.repository=registry/memcached-operator-tls-agent
 helm upgrade memcached-operator charts/memcached-operator \
   --namespace memcached-operator-system --reuse-values
 helm uninstall memcached-operator --namespace memcached-operator-system
@@ -791,6 +807,7 @@ have fixed names, as in the kustomize tree.
 {table}
 "#,
         version = manifests::VERSION,
+        agent_version = manifests::TLS_AGENT_VERSION,
         table = values_table(),
     )
 }

@@ -20,6 +20,7 @@ use crate::manifests;
 pub struct Values {
     /// The operator's image.
     pub image: Image,
+    pub tls_agent: TlsAgent,
     /// Secrets to pull the image from a private registry (`[{name: regcred}]`).
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Replicas of the operator. With leader election one reconciles and the others stand
@@ -72,12 +73,35 @@ pub struct Values {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Image {
-    /// Repository of the operator's image (also the TLS reload agent's).
+    /// Repository of the operator's image.
     pub repository: String,
     /// Tag of the image; empty: the chart's appVersion.
     pub tag: String,
     /// When the kubelet pulls the image.
     pub pull_policy: PullPolicy,
+}
+
+/// The TLS reload agent: a native sidecar the operator adds to the memcached pods whose
+/// certificate is reloaded in place (`--tls-agent-image`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TlsAgent {
+    pub image: TlsAgentImage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TlsAgentImage {
+    /// Repository of the TLS reload agent's own image (`make docker-build-tls-agent`). It
+    /// runs in memcached pods, whose kubelet pulls it with the Memcached's
+    /// `spec.imagePullSecrets` (not with `imagePullSecrets`, the operator pod's).
+    #[schemars(length(min = 1))]
+    pub repository: String,
+    /// Tag of the agent's image: the agent's own version (crates/tls-agent), which moves
+    /// only when the agent changes, not with the chart's appVersion. A new one reaches
+    /// running pools with their next rollout.
+    #[schemars(length(min = 1))]
+    pub tag: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -176,6 +200,7 @@ impl Default for Values {
         let container = pod.as_ref().and_then(|p| p.containers.first().cloned());
         Values {
             image: Image::default(),
+            tls_agent: TlsAgent::default(),
             image_pull_secrets: vec![],
             replica_count: 1,
             leader_election: LeaderElection { enabled: true },
@@ -234,6 +259,23 @@ impl Default for Image {
             tag: String::new(),
             pull_policy: PullPolicy::IfNotPresent,
         }
+    }
+}
+
+impl Default for TlsAgent {
+    fn default() -> TlsAgent {
+        TlsAgent {
+            image: TlsAgentImage {
+                repository: manifests::tls_agent_repository(manifests::IMAGE_REPOSITORY),
+                tag: manifests::TLS_AGENT_VERSION.to_string(),
+            },
+        }
+    }
+}
+
+impl Default for TlsAgentImage {
+    fn default() -> TlsAgentImage {
+        TlsAgent::default().image
     }
 }
 
