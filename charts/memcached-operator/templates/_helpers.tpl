@@ -50,3 +50,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "memcached-operator.tlsAgentImage" -}}
 {{ .Values.tlsAgent.image.repository }}:{{ .Values.tlsAgent.image.tag }}
 {{- end }}
+
+{{/* The webhook certificate's Secret: the release's own, or webhook.certificate.existingSecret. */}}
+{{- define "memcached-operator.webhookSecretName" -}}
+{{- .Values.webhook.certificate.existingSecret | default (include "memcached-operator.prefixed" (list . "webhook-server-cert")) }}
+{{- end }}

@@ -134,14 +134,44 @@ pub struct Webhook {
     /// Serve the defaulting and validating admission webhooks and register them.
     pub enabled: bool,
     pub cert_manager: CertManager,
+    pub certificate: WebhookCertificate,
+}
+
+/// A webhook certificate of your own (GitOps): with it the chart makes none, and every
+/// render is the same, `helm template`'s included.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct WebhookCertificate {
+    /// PEM of the CA that issued the webhook's serving certificate: the webhooks' caBundle,
+    /// which the API server checks the operator with. Needed with `crt` and `key`, or with
+    /// `existingSecret`.
+    #[schemars(pattern(r"^(-----BEGIN CERTIFICATE-----[\s\S]*)?$"))]
+    pub ca: String,
+    /// PEM of the webhook's serving certificate, valid for the DNS name
+    /// `<fullname>-webhook-service.<namespace>.svc`; the chart puts it, `key` and `ca` in
+    /// its Secret as given (`--set-file webhook.certificate.crt=tls.crt`).
+    #[schemars(pattern(r"^(-----BEGIN CERTIFICATE-----[\s\S]*)?$"))]
+    pub crt: String,
+    /// PEM of the serving certificate's private key.
+    #[schemars(pattern(r"^(-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*)?$"))]
+    pub key: String,
+    /// A `kubernetes.io/tls` Secret in the release's namespace with the serving certificate,
+    /// made outside the chart (a SealedSecret, an ExternalSecret, ...): the operator mounts
+    /// it instead of the chart's, and no key is in the values (set `ca` too). The operator
+    /// serves a renewed certificate once the kubelet updates the mount, without a restart;
+    /// a new CA needs `ca` updated.
+    #[schemars(length(max = 253), pattern(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"))]
+    pub existing_secret: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct CertManager {
     /// The webhook certificate from cert-manager (an Issuer and a Certificate; its CA
-    /// injector fills in the caBundle). Off: the chart makes a self-signed CA and
-    /// certificate at install, and keeps them across upgrades.
+    /// injector fills in the caBundle). Off, and no `webhook.certificate`: the chart makes a
+    /// self-signed CA and certificate at install and keeps them across upgrades (`helm
+    /// upgrade` looks them up in the cluster; `helm template` cannot, and makes new ones at
+    /// every render).
     pub enabled: bool,
 }
 
@@ -212,6 +242,7 @@ impl Default for Values {
             webhook: Webhook {
                 enabled: true,
                 cert_manager: CertManager { enabled: false },
+                certificate: WebhookCertificate::default(),
             },
             metrics: Metrics {
                 enabled: true,
