@@ -5,12 +5,16 @@
 # workspace's (Cargo.toml [workspace.package] version).
 CRATE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 VERSION ?= $(CRATE_VERSION)
-# Repository of released images (the chart's and the bundle's default).
+# The TLS reload agent's own version (crates/tls-agent/Cargo.toml), the tag of its image: it
+# moves only when the agent changes, not with every operator release.
+AGENT_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' crates/tls-agent/Cargo.toml | head -1)
+# Repository of released images (the chart's and the bundle's default); the agent's is
+# IMAGE_TAG_BASE-tls-agent (tagged AGENT_VERSION), the bundle's IMAGE_TAG_BASE-bundle.
 IMAGE_TAG_BASE ?= example.com/memcached-operator
 # Image URL to use for all building/pushing image targets.
 IMG ?= controller:latest
 # The TLS reload agent's own image (make docker-build-tls-agent), run as a sidecar of the pools
-# whose certificate is reloaded in place.
+# whose certificate is reloaded in place: config/manager's `tls-agent` image, set by make deploy.
 TLS_AGENT_IMG ?= tls-agent:latest
 # The OLM bundle image.
 BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
@@ -171,6 +175,10 @@ docker-push: ## Push the operator image.
 docker-build-tls-agent: ## Build the TLS reload agent's own image: make docker-build-tls-agent TLS_AGENT_IMG=registry/memcached-tls-agent:tag
 	$(CONTAINER_TOOL) build -f tls-agent.Dockerfile -t $(TLS_AGENT_IMG) .
 
+.PHONY: docker-push-tls-agent
+docker-push-tls-agent: ## Push the TLS reload agent's image.
+	$(CONTAINER_TOOL) push $(TLS_AGENT_IMG)
+
 ##@ Release
 
 .PHONY: check-version
@@ -178,7 +186,7 @@ check-version:
 	@test "$(VERSION)" = "$(CRATE_VERSION)" || { echo "VERSION=$(VERSION) is not the crate's version $(CRATE_VERSION): one version for binary, image, chart and bundle; set [workspace.package] version in Cargo.toml, then make manifests bundle"; exit 1; }
 
 .PHONY: bundle
-bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile; image IMAGE_TAG_BASE:VERSION) from the code and validate it with operator-sdk (OperatorHub validators).
+bundle: check-version ## Write the OLM bundle (bundle/, bundle.Dockerfile; images IMAGE_TAG_BASE:VERSION and IMAGE_TAG_BASE-tls-agent:AGENT_VERSION) from the code and validate it with operator-sdk (OperatorHub validators).
 	$(CARGO) run -q -p memcached-operator-gen -- bundle --dir . --image-repository $(IMAGE_TAG_BASE)
 	$(OPERATOR_SDK) bundle validate ./bundle --select-optional suite=operatorframework
 	$(OPERATOR_SDK) bundle validate ./bundle --select-optional name=operatorhub
@@ -192,10 +200,10 @@ bundle-push: ## Push the bundle image.
 	$(CONTAINER_TOOL) push $(BUNDLE_IMG)
 
 .PHONY: release-manifests
-release-manifests: check-version ## Write $(RELEASE_DIR)/install.yaml (config/default with image IMAGE_TAG_BASE:VERSION): make release-manifests VERSION=x.y.z
+release-manifests: check-version ## Write $(RELEASE_DIR)/install.yaml (config/default with images IMAGE_TAG_BASE:VERSION and IMAGE_TAG_BASE-tls-agent:AGENT_VERSION): make release-manifests VERSION=x.y.z
 	@mkdir -p $(RELEASE_DIR)
-	$(KUBECTL) kustomize config/default | sed -e 's|image: controller:latest$$|image: $(IMAGE_TAG_BASE):$(VERSION)|' -e 's|value: controller:latest$$|value: $(IMAGE_TAG_BASE):$(VERSION)|' > $(RELEASE_DIR)/install.yaml
-	@echo "wrote $(RELEASE_DIR)/install.yaml ($(IMAGE_TAG_BASE):$(VERSION))"
+	$(KUBECTL) kustomize config/default | sed -e 's|image: controller:latest$$|image: $(IMAGE_TAG_BASE):$(VERSION)|' -e 's|value: tls-agent:latest$$|value: $(IMAGE_TAG_BASE)-tls-agent:$(AGENT_VERSION)|' > $(RELEASE_DIR)/install.yaml
+	@echo "wrote $(RELEASE_DIR)/install.yaml ($(IMAGE_TAG_BASE):$(VERSION), TLS reload agent $(IMAGE_TAG_BASE)-tls-agent:$(AGENT_VERSION))"
 
 ##@ Deployment
 
@@ -208,8 +216,8 @@ uninstall: ## Remove the CRD (and with it every Memcached) from the cluster.
 	$(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -k config/crd
 
 .PHONY: deploy
-deploy: manifests ## Deploy the operator (config/default) with image IMG (also the TLS reload agent's image); needs cert-manager.
-	$(KUBECTL) kustomize config/default | sed -e 's|image: controller:latest$$|image: $(IMG)|' -e 's|value: controller:latest$$|value: $(IMG)|' | $(KUBECTL) apply --server-side -f -
+deploy: manifests ## Deploy the operator (config/default) with image IMG and the TLS reload agent's TLS_AGENT_IMG; needs cert-manager.
+	$(KUBECTL) kustomize config/default | sed -e 's|image: controller:latest$$|image: $(IMG)|' -e 's|value: tls-agent:latest$$|value: $(TLS_AGENT_IMG)|' | $(KUBECTL) apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: ## Remove the operator, its RBAC and the CRD (and every Memcached) from the cluster.

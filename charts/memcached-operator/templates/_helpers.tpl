@@ -41,7 +41,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The operator's image (also the TLS reload agent's). */}}
+{{/* The operator's image. */}}
 {{- define "memcached-operator.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The TLS reload agent's image, which the operator gives memcached pods (TLS_AGENT_IMAGE). */}}
+{{- define "memcached-operator.tlsAgentImage" -}}
+{{ .Values.tlsAgent.image.repository }}:{{ .Values.tlsAgent.image.tag }}
+{{- end }}
+
+{{/* The webhook certificate's Secret: the release's own, or webhook.certificate.existingSecret. */}}
+{{- define "memcached-operator.webhookSecretName" -}}
+{{- .Values.webhook.certificate.existingSecret | default (include "memcached-operator.prefixed" (list . "webhook-server-cert")) }}
 {{- end }}

@@ -38,7 +38,8 @@ enum Command {
         /// The repository's root.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Repository of the operator's image (tagged with the version).
+        /// Repository of the operator's image (tagged with the version); the TLS reload
+        /// agent's is the same with `-tls-agent` (tagged with the agent's own version).
         #[arg(long, default_value = manifests::IMAGE_REPOSITORY)]
         image_repository: String,
     },

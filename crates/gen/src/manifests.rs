@@ -38,6 +38,23 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const IMAGE_REPOSITORY: &str = "example.com/memcached-operator";
 /// Image placeholder of config/manager, replaced by `make deploy IMG=...`.
 pub const IMAGE_PLACEHOLDER: &str = "controller:latest";
+/// The TLS reload agent's version: its own crate's (crates/tls-agent), not the operator's,
+/// so that its image moves only when the agent changes.
+pub const TLS_AGENT_VERSION: &str = memcached_tls_agent::VERSION;
+/// The TLS reload agent's image placeholder in config/manager (a kustomize image of its own,
+/// replaced by `make deploy TLS_AGENT_IMG=...`): the operator's default `--tls-agent-image`.
+pub const TLS_AGENT_IMAGE_PLACEHOLDER: &str = memcached_operator::builders::DEFAULT_TLS_AGENT_IMAGE;
+
+/// Repository of the released TLS reload agent image beside the operator's in `repository`
+/// (`make release-manifests` and `make bundle` name it the same way: `IMAGE_TAG_BASE-tls-agent`).
+pub fn tls_agent_repository(repository: &str) -> String {
+    format!("{repository}-tls-agent")
+}
+
+/// The released TLS reload agent image beside the operator's in `repository`.
+pub fn tls_agent_image(repository: &str) -> String {
+    format!("{}:{TLS_AGENT_VERSION}", tls_agent_repository(repository))
+}
 /// Port of the secured metrics endpoint.
 pub const METRICS_PORT: i32 = 8443;
 /// Port of the health probes.
@@ -349,9 +366,9 @@ pub fn manager_deployment() -> Result<Deployment, Error> {
                             "env": [
                                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                                // The TLS reload agent runs from the operator's own image:
-                                // config/manager's replacement copies the image here.
-                                {"name": "TLS_AGENT_IMAGE", "value": IMAGE_PLACEHOLDER},
+                                // The TLS reload agent's own image: a kustomize image
+                                // (config/manager/kustomizeconfig.yaml), set like the manager's.
+                                {"name": "TLS_AGENT_IMAGE", "value": TLS_AGENT_IMAGE_PLACEHOLDER},
                             ],
                             "ports": [
                                 {"name": "https", "containerPort": METRICS_PORT, "protocol": "TCP"},
@@ -387,9 +404,22 @@ fn manager_files() -> Result<Vec<File>, Error> {
             "metadata": {"name": BASE_NAMESPACE, "labels": object_labels()},
         }),
     )?;
-    let (name, tag) = IMAGE_PLACEHOLDER
-        .split_once(':')
-        .unwrap_or((IMAGE_PLACEHOLDER, "latest"));
+    let image = |placeholder: &str| {
+        let (name, tag) = placeholder
+            .split_once(':')
+            .unwrap_or((placeholder, "latest"));
+        json!({"name": name, "newName": name, "newTag": tag})
+    };
+    // kustomize's images transformer rewrites containers' `image` only; this makes it
+    // rewrite the agent's image where the manager is told it, so an overlay's `images:`
+    // entry (or `kustomize edit set image`) sets it like the manager's. Only the values
+    // naming that image change: the manager's other variables come from fieldRefs.
+    let config = json!({
+        "images": [{
+            "kind": "Deployment",
+            "path": "spec/template/spec/containers[]/env[]/value",
+        }],
+    });
     Ok(vec![
         Doc::new("manager/manager.yaml")
             .comment("The operator. Flags: `memcached-operator run --help`.")
@@ -397,22 +427,22 @@ fn manager_files() -> Result<Vec<File>, Error> {
             .object(&manager_deployment()?)?
             .finish(),
         Doc::new("manager/kustomization.yaml")
-            .comment("The TLS reload agent's image (TLS_AGENT_IMAGE) is the manager's own, after `make deploy IMG=...` set it.")
+            .comment("Two images: the operator's (`controller`, `make deploy IMG=...`) and the TLS reload")
+            .comment("agent's (`tls-agent`, TLS_AGENT_IMAGE, `make deploy TLS_AGENT_IMG=...`), which")
+            .comment("memcached pods run and pull with their Memcached's spec.imagePullSecrets.")
             .object(&Kustomization {
-                images: vec![json!({"name": name, "newName": name, "newTag": tag})],
-                replacements: vec![json!({
-                    "source": {
-                        "kind": "Deployment",
-                        "name": "controller-manager",
-                        "fieldPath": "spec.template.spec.containers.[name=manager].image",
-                    },
-                    "targets": [{
-                        "select": {"kind": "Deployment", "name": "controller-manager"},
-                        "fieldPaths": ["spec.template.spec.containers.[name=manager].env.[name=TLS_AGENT_IMAGE].value"],
-                    }],
-                })],
+                images: vec![
+                    image(IMAGE_PLACEHOLDER),
+                    image(TLS_AGENT_IMAGE_PLACEHOLDER),
+                ],
+                configurations: vec!["kustomizeconfig.yaml"],
                 ..Kustomization::resources(&["manager.yaml"])
             })?
+            .finish(),
+        Doc::new("manager/kustomizeconfig.yaml")
+            .comment("Teaches kustomize's images transformer the TLS reload agent's image in the")
+            .comment("manager's environment (TLS_AGENT_IMAGE), so the `tls-agent` image entry sets it.")
+            .object(&config)?
             .finish(),
     ])
 }

@@ -244,9 +244,11 @@ fn to_value<S: serde::Serialize>(what: &str, obj: &S) -> Result<Value, Error> {
     })
 }
 
-/// The ClusterServiceVersion, for the operator's image in `repository`.
+/// The ClusterServiceVersion, for the operator's image in `repository` (and the TLS reload
+/// agent's beside it, [`manifests::tls_agent_image`]).
 pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
     let image = || image(repository);
+    let agent_image = manifests::tls_agent_image(repository);
     let crd = to_value("CRD", &Memcached::crd())?;
     let schema = crd
         .pointer("/spec/versions/0/schema/openAPIV3Schema")
@@ -260,7 +262,8 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
             }
         })?;
 
-    // The manager Deployment as config/default deploys it, with the released image and the
+    // The manager Deployment as config/default deploys it, with the released images (the
+    // operator's, and the TLS reload agent's it gives memcached pods) and the
     // ServiceAccount OLM creates for the permissions below; OLM mounts its own webhook
     // certificate at the same directory, and tells the operator which namespaces to watch
     // in an annotation (empty: all).
@@ -278,7 +281,7 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
             let env = container.env.get_or_insert_with(Vec::new);
             for e in env.iter_mut() {
                 if e.name == "TLS_AGENT_IMAGE" {
-                    e.value = Some(image());
+                    e.value = Some(agent_image.clone());
                 }
             }
             env.push(EnvVar {
@@ -391,6 +394,8 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
             "customresourcedefinitions": {"owned": [owned]},
             "relatedImages": [
                 {"name": "memcached-operator", "image": image()},
+                // Mirrored for disconnected installs like the others: memcached pods run it.
+                {"name": "memcached-tls-agent", "image": agent_image},
                 {"name": "memcached", "image": memcached_api::DEFAULT_IMAGE},
                 {"name": "memcached-exporter", "image": memcached_api::DEFAULT_EXPORTER_IMAGE},
             ],

@@ -98,7 +98,9 @@ fn committed_chart_is_what_helm_chart_writes() {
     );
 }
 
-/// One version for the binary (`--version`), the image tag and the chart.
+/// One version for the binary (`--version`), the image tag and the chart; the TLS reload
+/// agent's image is its own, tagged with the agent's version, and set apart from the
+/// operator's.
 #[test]
 fn chart_and_image_carry_the_crates_version() {
     let chart: Value = serde_yaml::from_str(
@@ -123,13 +125,55 @@ fn chart_and_image_carry_the_crates_version() {
         "Deployment",
         "memcached-operator-controller-manager",
     );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
-        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        container["image"],
         format!(
             "example.com/memcached-operator:{}",
             env!("CARGO_PKG_VERSION")
         )
     );
+    assert_eq!(
+        agent_image(container),
+        Some(json!(format!(
+            "example.com/memcached-operator-tls-agent:{}",
+            manifests::TLS_AGENT_VERSION
+        )))
+    );
+
+    let objects = template(
+        tmp.path(),
+        &[
+            "image.repository=registry.example.com/memcached-operator",
+            "image.tag=v1.2.3",
+            "tlsAgent.image.repository=registry.example.com/memcached-operator-tls-agent",
+            "tlsAgent.image.tag=0.4.0",
+        ],
+    );
+    let deployment = find(
+        &objects,
+        "Deployment",
+        "memcached-operator-controller-manager",
+    );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["image"],
+        "registry.example.com/memcached-operator:v1.2.3"
+    );
+    assert_eq!(
+        agent_image(container),
+        Some(json!(
+            "registry.example.com/memcached-operator-tls-agent:0.4.0"
+        ))
+    );
+}
+
+/// The image the operator gives the TLS reload agent (`TLS_AGENT_IMAGE`).
+fn agent_image(container: &Value) -> Option<Value> {
+    container["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
+        .map(|e| e["value"].clone())
 }
 
 #[test]
@@ -168,6 +212,33 @@ fn bad_values_are_refused_naming_the_value() {
         ("replicaCont=2", "replicaCont"),
         ("replicaCount=-1", "replicaCount"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("tlsAgent.image.tag=", "tlsAgent/image/tag"),
+        ("tlsAgent.image.pullPolicy=Always", "pullPolicy"),
+        // base64 of a PEM instead of the PEM.
+        (
+            "webhook.certificate.ca=LS0tLS1CRUdJTg==",
+            "webhook/certificate/ca",
+        ),
+        (
+            "webhook.certificate.existingSecret=Not_A_Name",
+            "existingSecret",
+        ),
+        (
+            "webhook.certificate.crt=-----BEGIN CERTIFICATE-----",
+            "webhook.certificate.crt and webhook.certificate.key",
+        ),
+        (
+            "webhook.certificate.existingSecret=mine",
+            "webhook.certificate.ca",
+        ),
+        (
+            "webhook.certificate.ca=-----BEGIN CERTIFICATE-----",
+            "webhook.certificate.ca needs",
+        ),
+        (
+            "webhook.certificate.existingSecret=mine,webhook.certificate.ca=-----BEGIN CERTIFICATE-----,webhook.certManager.enabled=true",
+            "webhook.certificate and webhook.certManager.enabled",
+        ),
         ("metrics.port=70000", "port"),
         ("webhook.certManger.enabled=true", "certManger"),
         ("tolerations[0].effect=1", "effect"),
@@ -333,6 +404,21 @@ fn rendered_objects_equal_kustomizes() {
     let mut expected = kustomize(&config.join("default"));
     expected.extend(kustomize(&overlay));
     expected.retain(|o| o["kind"] != "Namespace");
+    // The chart names the certificate's Secret after the release, so that two releases in
+    // a namespace do not share it; kustomize's has the tree's namespace to itself.
+    let secret = format!(
+        "{}{}",
+        manifests::NAME_PREFIX,
+        manifests::WEBHOOK_CERT_SECRET
+    );
+    for o in expected.iter_mut() {
+        if o["kind"] == "Certificate" {
+            o["spec"]["secretName"] = json!(secret);
+        }
+        if o["kind"] == "Deployment" {
+            o["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] = json!(secret);
+        }
+    }
     let expected = by_kind_and_name(expected);
 
     let actual = by_kind_and_name(template(
@@ -341,9 +427,11 @@ fn rendered_objects_equal_kustomizes() {
             "webhook.certManager.enabled=true",
             "networkPolicy.enabled=true",
             "metrics.serviceMonitor.enabled=true",
-            // config/'s image placeholder.
+            // config/'s image placeholders.
             "image.repository=controller",
             "image.tag=latest",
+            "tlsAgent.image.repository=tls-agent",
+            "tlsAgent.image.tag=latest",
         ],
     ));
     let keys = |m: &BTreeMap<(String, String), Value>| m.keys().cloned().collect::<Vec<_>>();
@@ -485,17 +573,34 @@ fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // The real control plane
 
-/// The validating webhook `hook` is registered with the CA of the Secret the operator
-/// mounts, and that Secret's serving certificate chains to it and names `host`. Returns
-/// the CA.
+/// The validating webhook of the release whose objects are named `<fullname>-...` is
+/// registered with the CA of the Secret its operator mounts (`secret`), and that Secret's
+/// serving certificate chains to it and names the webhook Service. Returns the CA.
 async fn registered_with_the_secrets_ca(
     client: &kube::Client,
     ns: &str,
-    hook: &str,
-    host: &str,
+    fullname: &str,
+    secret: &str,
 ) -> Vec<u8> {
+    let hook = format!("{fullname}-validating-webhook-configuration");
+    let host = format!("{fullname}-webhook-service.{ns}.svc");
+    let deployment = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(&format!("{fullname}-controller-manager"))
+        .await
+        .expect("the release's Deployment");
+    let mounted = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.volumes)
+        .and_then(|v| v.into_iter().find_map(|v| v.secret))
+        .and_then(|s| s.secret_name);
+    assert_eq!(
+        mounted.as_deref(),
+        Some(secret),
+        "the Secret the operator mounts"
+    );
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get("webhook-server-cert")
+        .get(secret)
         .await
         .expect("the webhook certificate's Secret");
     let key = |k: &str| {
@@ -508,7 +613,7 @@ async fn registered_with_the_secrets_ca(
     };
     let ca = key("ca.crt");
     let bundle = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .get(hook)
+        .get(&hook)
         .await
         .unwrap_or_else(|e| panic!("{hook}: {e}"))
         .webhooks
@@ -520,7 +625,7 @@ async fn registered_with_the_secrets_ca(
         Some(&ca),
         "{hook} is registered with another CA than the Secret's"
     );
-    verify_serving_cert(&ca, &key("tls.crt"), host);
+    verify_serving_cert(&ca, &key("tls.crt"), &host);
     ca
 }
 
@@ -603,8 +708,8 @@ async fn lifecycle(kube: envtest::Kube) {
     let first_ca = registered_with_the_secrets_ca(
         &client,
         &ns,
-        "memcached-operator-validating-webhook-configuration",
-        &format!("memcached-operator-webhook-service.{ns}.svc"),
+        "memcached-operator",
+        "memcached-operator-webhook-server-cert",
     )
     .await;
     let hooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -640,8 +745,8 @@ async fn lifecycle(kube: envtest::Kube) {
     let kept = registered_with_the_secrets_ca(
         &client,
         &ns,
-        "memcached-operator-validating-webhook-configuration",
-        &format!("memcached-operator-webhook-service.{ns}.svc"),
+        "memcached-operator",
+        "memcached-operator-webhook-server-cert",
     )
     .await;
     assert_eq!(kept, first_ca, "the upgrade replaced the webhook CA");
@@ -683,13 +788,7 @@ async fn lifecycle(kube: envtest::Kube) {
     // A new fullnameOverride renames the webhook Service: the kept certificate would not
     // name it, so the chart issues one that does.
     upgrade(&["--reuse-values", "--set", "fullnameOverride=mco"]);
-    registered_with_the_secrets_ca(
-        &client,
-        &ns,
-        "mco-validating-webhook-configuration",
-        &format!("mco-webhook-service.{ns}.svc"),
-    )
-    .await;
+    registered_with_the_secrets_ca(&client, &ns, "mco", "mco-webhook-server-cert").await;
     assert!(
         deployments
             .get_opt("memcached-operator-controller-manager")
@@ -764,4 +863,322 @@ fn refused_by_the_webhook(result: kube::Result<Memcached>, ns: &str) {
         format!("{result:?}").contains("webhook"),
         "expected the unreachable webhook to refuse in {ns}: {result:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// The webhook certificate under GitOps
+
+/// A CA, and a serving certificate it issued for `host` with its key, as PEM:
+/// `(ca.crt, tls.crt, tls.key)`.
+fn webhook_certificate(host: &str) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "memcached-operator-webhook-ca");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut leaf = CertificateParams::new(vec![host.to_string()]).expect("params");
+    leaf.distinguished_name.push(DnType::CommonName, host);
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let crt = leaf.signed_by(&key, &issuer).expect("certificate").pem();
+    (ca_pem, crt, key.serialize_pem())
+}
+
+/// Writes the certificate's files under `dir` and returns the `--set-file` flags that give
+/// them to the chart as `webhook.certificate`.
+fn set_files(dir: &Path, (ca, crt, key): &(String, String, String)) -> Vec<String> {
+    let mut flags = vec![];
+    for (value, pem, file) in [
+        ("ca", ca, "ca.crt"),
+        ("crt", crt, "tls.crt"),
+        ("key", key, "tls.key"),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, pem).expect("write");
+        flags.push("--set-file".to_string());
+        flags.push(format!("webhook.certificate.{value}={}", path.display()));
+    }
+    flags
+}
+
+/// `helm template` of the committed chart as release `release` in
+/// `memcached-operator-system`, as Argo CD renders it: the whole output.
+fn template_text(home: &Path, release: &str, args: &[String]) -> String {
+    let mut cmd = helm(home);
+    cmd.args(["template", release])
+        .arg(chart_dir())
+        .args(["--namespace", "memcached-operator-system"])
+        .args(args);
+    ok(&mut cmd)
+}
+
+fn b64(pem: &str) -> Value {
+    use base64::Engine as _;
+    json!(base64::engine::general_purpose::STANDARD.encode(pem))
+}
+
+/// The caBundle of both webhook configurations, and the Secret the operator mounts.
+fn ca_bundles_and_mounted_secret(objects: &[Value], fullname: &str) -> (Vec<Value>, Value) {
+    let bundles = [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ]
+    .into_iter()
+    .map(|kind| {
+        let name = format!(
+            "{fullname}-{}-webhook-configuration",
+            if kind.starts_with("Mutating") {
+                "mutating"
+            } else {
+                "validating"
+            }
+        );
+        find(objects, kind, &name)["webhooks"][0]["clientConfig"]["caBundle"].clone()
+    })
+    .collect();
+    let deployment = find(
+        objects,
+        "Deployment",
+        &format!("{fullname}-controller-manager"),
+    );
+    let mounted =
+        deployment["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"].clone();
+    (bundles, mounted)
+}
+
+/// Tools that apply `helm template`'s output (Argo CD) see the same objects at every render
+/// with a certificate of one's own, given in the values or as a Secret made outside the
+/// chart (no key in the values), and with cert-manager's; the chart's own certificate is
+/// made anew at each render, as its README says. Each release's Secret carries its name.
+#[test]
+fn own_webhook_certificates_render_the_same_every_time() {
+    let tmp = TempDir::new("helm-own-cert");
+    let cert =
+        webhook_certificate("memcached-operator-webhook-service.memcached-operator-system.svc");
+    let pinned = set_files(tmp.path(), &cert);
+    let first = template_text(tmp.path(), "memcached-operator", &pinned);
+    assert_eq!(
+        first,
+        template_text(tmp.path(), "memcached-operator", &pinned),
+        "two renders with webhook.certificate differ"
+    );
+    let objects = yaml_objects(&first);
+    let secret = find(&objects, "Secret", "memcached-operator-webhook-server-cert");
+    let (ca, crt, key) = &cert;
+    assert_eq!(
+        secret["data"],
+        json!({"ca.crt": b64(ca), "tls.crt": b64(crt), "tls.key": b64(key)})
+    );
+    let (bundles, mounted) = ca_bundles_and_mounted_secret(&objects, "memcached-operator");
+    assert_eq!(bundles, [b64(ca), b64(ca)]);
+    assert_eq!(mounted, "memcached-operator-webhook-server-cert");
+
+    // A Secret of one's own: only the CA (public) in the values.
+    let existing = vec![
+        "--set".to_string(),
+        "webhook.certificate.existingSecret=memcached-webhook-tls".to_string(),
+        pinned[0].clone(),
+        pinned[1].clone(),
+    ];
+    let first = template_text(tmp.path(), "memcached-operator", &existing);
+    assert_eq!(
+        first,
+        template_text(tmp.path(), "memcached-operator", &existing),
+        "two renders with webhook.certificate.existingSecret differ"
+    );
+    let objects = yaml_objects(&first);
+    assert!(
+        !objects.iter().any(|o| o["kind"] == "Secret"),
+        "the chart makes no Secret beside the user's"
+    );
+    let (bundles, mounted) = ca_bundles_and_mounted_secret(&objects, "memcached-operator");
+    assert_eq!(bundles, [b64(ca), b64(ca)]);
+    assert_eq!(mounted, "memcached-webhook-tls");
+
+    let cert_manager = vec![
+        "--set".to_string(),
+        "webhook.certManager.enabled=true".to_string(),
+    ];
+    assert_eq!(
+        template_text(tmp.path(), "memcached-operator", &cert_manager),
+        template_text(tmp.path(), "memcached-operator", &cert_manager),
+        "two renders with cert-manager differ"
+    );
+
+    // The chart's own certificate: each release in the namespace has its Secret.
+    let a = yaml_objects(&template_text(tmp.path(), "a", &[]));
+    let b = yaml_objects(&template_text(tmp.path(), "b", &[]));
+    for (objects, fullname) in [(&a, "a-memcached-operator"), (&b, "b-memcached-operator")] {
+        let secret = format!("{fullname}-webhook-server-cert");
+        find(objects, "Secret", &secret);
+        assert_eq!(ca_bundles_and_mounted_secret(objects, fullname).1, secret);
+    }
+    assert_ne!(
+        template_text(tmp.path(), "a", &[]),
+        template_text(tmp.path(), "a", &[]),
+        "the README says `helm template` makes the chart's own certificate anew"
+    );
+}
+
+/// On the real control plane: a certificate of one's own (values, or a Secret made outside
+/// the chart) is what the webhooks are registered with and kept on upgrade; three releases
+/// share a namespace, each with its own certificate; and an upgrade from a chart that named
+/// the Secret `webhook-server-cert` keeps that certificate under the new name.
+#[tokio::test]
+async fn own_certificates_and_releases_sharing_a_namespace() {
+    let cp = envtest::ControlPlane::shared(envtest::Kube::Newest).unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.expect("client");
+    let tmp = TempDir::new("helm-own-cert-cluster");
+    let ns = cp.namespace("helm-own").await.expect("namespace");
+    let chart = chart_dir().display().to_string();
+    // Webhooks for this namespace only, and no CRD (the lifecycle tests own it): these
+    // releases share the server with them.
+    let scoped = [
+        "--set".to_string(),
+        format!("watchNamespaces={{{ns}}}"),
+        "--set".to_string(),
+        "crds.install=false".to_string(),
+    ];
+    let helm_in = |args: &[String]| {
+        let mut cmd = helm(tmp.path());
+        cmd.env("KUBECONFIG", cp.kubeconfig())
+            .args(args)
+            .args(["--namespace", ns.as_str()]);
+        if args[0] != "uninstall" {
+            cmd.args(&scoped);
+        }
+        ok(&mut cmd);
+    };
+    let strings = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+
+    // Values of one's own, kept by an upgrade.
+    let cert = webhook_certificate(&format!(
+        "pinned-memcached-operator-webhook-service.{ns}.svc"
+    ));
+    let pinned = set_files(tmp.path(), &cert);
+    helm_in(&[strings(&["install", "pinned", &chart]), pinned.clone()].concat());
+    let secret = "pinned-memcached-operator-webhook-server-cert";
+    let ca =
+        registered_with_the_secrets_ca(&client, &ns, "pinned-memcached-operator", secret).await;
+    assert_eq!(ca, cert.0.as_bytes());
+    helm_in(&strings(&[
+        "upgrade",
+        "pinned",
+        &chart,
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+    ]));
+    let kept =
+        registered_with_the_secrets_ca(&client, &ns, "pinned-memcached-operator", secret).await;
+    assert_eq!(
+        kept,
+        cert.0.as_bytes(),
+        "the upgrade replaced the pinned certificate"
+    );
+
+    // A Secret of one's own (as a SealedSecret or an ExternalSecret would make it).
+    let cert = webhook_certificate(&format!("mine-memcached-operator-webhook-service.{ns}.svc"));
+    let (ca, crt, key) = &cert;
+    let tls: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "mine-webhook-tls"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"ca.crt": ca, "tls.crt": crt, "tls.key": key},
+    }))
+    .expect("Secret");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &tls)
+        .await
+        .expect("the user's Secret");
+    let ca_flags = set_files(tmp.path(), &cert)[..2].to_vec();
+    helm_in(
+        &[
+            strings(&[
+                "install",
+                "mine",
+                &chart,
+                "--set",
+                "webhook.certificate.existingSecret=mine-webhook-tls",
+            ]),
+            ca_flags,
+        ]
+        .concat(),
+    );
+    let registered =
+        registered_with_the_secrets_ca(&client, &ns, "mine-memcached-operator", "mine-webhook-tls")
+            .await;
+    assert_eq!(registered, ca.as_bytes());
+
+    // The chart's own certificate, in the same namespace: its Secret is the release's.
+    helm_in(&strings(&["install", "own", &chart]));
+    let own = registered_with_the_secrets_ca(
+        &client,
+        &ns,
+        "own-memcached-operator",
+        "own-memcached-operator-webhook-server-cert",
+    )
+    .await;
+    assert_ne!(own, ca.as_bytes());
+
+    // Upgrade from a chart naming the Secret webhook-server-cert (this chart with that
+    // name): the certificate is kept under the new name, and the old Secret goes.
+    let old_chart = tmp.path().join("old-chart");
+    copy_dir(&chart_dir(), &old_chart);
+    let helpers = old_chart.join("templates/_helpers.tpl");
+    let text = std::fs::read_to_string(&helpers).expect("read");
+    let legacy = text.replace(
+        "{{- .Values.webhook.certificate.existingSecret | default (include \"memcached-operator.prefixed\" (list . \"webhook-server-cert\")) }}",
+        "webhook-server-cert",
+    );
+    assert_ne!(legacy, text, "the helper naming the Secret moved");
+    std::fs::write(&helpers, legacy).expect("write");
+    let old = old_chart.display().to_string();
+    helm_in(&strings(&["install", "old", &old]));
+    let before = registered_with_the_secrets_ca(
+        &client,
+        &ns,
+        "old-memcached-operator",
+        "webhook-server-cert",
+    )
+    .await;
+    helm_in(&strings(&["upgrade", "old", &chart, "--reuse-values"]));
+    let after = registered_with_the_secrets_ca(
+        &client,
+        &ns,
+        "old-memcached-operator",
+        "old-memcached-operator-webhook-server-cert",
+    )
+    .await;
+    assert_eq!(after, before, "the upgrade replaced the webhook CA");
+    assert!(
+        Api::<Secret>::namespaced(client.clone(), &ns)
+            .get_opt("webhook-server-cert")
+            .await
+            .expect("get")
+            .is_none(),
+        "the old Secret is gone"
+    );
+
+    for release in ["pinned", "mine", "own", "old"] {
+        helm_in(&strings(&["uninstall", release, "--wait"]));
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(&path, to.join(entry.file_name())).expect("copy");
+        }
+    }
 }

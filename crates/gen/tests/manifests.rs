@@ -140,42 +140,121 @@ fn kustomize_path(path: &std::path::Path) -> Vec<Value> {
     objects
 }
 
-/// The TLS reload agent runs from the operator's own image: kustomize (the pinned kubectl's)
-/// copies the manager's image into `TLS_AGENT_IMAGE`, also after the image is set as
-/// `kustomize edit set image` sets it.
-#[test]
-fn the_reload_agent_image_is_the_managers_own() {
-    let agent_image = |objects: &[Value]| {
-        let deployment = find(
-            objects,
-            "Deployment",
-            "memcached-operator-controller-manager",
-        );
-        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-        let env = container["env"]
-            .as_array()
-            .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
-            .map(|e| e["value"].clone());
-        (container["image"].clone(), env)
-    };
-    let (image, env) = agent_image(&kustomize("default"));
-    assert_eq!(image, "controller:latest");
-    assert_eq!(env, Some(image));
+/// The manager's image and the one it gives the TLS reload agent (`TLS_AGENT_IMAGE`).
+fn manager_and_agent_images(objects: &[Value]) -> (Value, Option<Value>) {
+    let deployment = find(
+        objects,
+        "Deployment",
+        "memcached-operator-controller-manager",
+    );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
+        .map(|e| e["value"].clone());
+    (container["image"].clone(), env)
+}
 
+/// The TLS reload agent has a kustomize image of its own (`tls-agent`, the operator's
+/// default `--tls-agent-image`): the README's overlay of config/default (GitOps) sets it
+/// and the manager's apart with `images:` (the pinned kubectl's kustomize).
+#[test]
+fn the_reload_agent_has_an_image_of_its_own() {
+    let (image, agent) = manager_and_agent_images(&kustomize("default"));
+    assert_eq!(image, manifests::IMAGE_PLACEHOLDER);
+    assert_eq!(agent, Some(json!(manifests::TLS_AGENT_IMAGE_PLACEHOLDER)));
+    assert_eq!(
+        manifests::TLS_AGENT_IMAGE_PLACEHOLDER,
+        memcached_operator::builders::DEFAULT_TLS_AGENT_IMAGE
+    );
+
+    let readme = std::fs::read_to_string(config_dir().join("../README.md")).expect("README.md");
+    let overlay_yaml = readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(yaml, _)| yaml.to_string()))
+        .find(|yaml| yaml.contains("name: tls-agent"))
+        .expect("README.md shows an overlay setting the tls-agent image")
+        .replace("<registry>", "registry.example.com:5000/team");
+    let overlay_value: Value = serde_yaml::from_str(&overlay_yaml).expect("YAML");
+    let wanted = |name: &str| {
+        overlay_value["images"]
+            .as_array()
+            .and_then(|images| images.iter().find(|i| i["name"] == name))
+            .map(|i| {
+                format!(
+                    "{}:{}",
+                    i["newName"].as_str().unwrap_or(""),
+                    i["newTag"].as_str().unwrap_or("")
+                )
+            })
+            .unwrap_or_else(|| panic!("the README's overlay sets no {name} image"))
+    };
     let tmp = TempDir::new("agent-image");
-    manifests::write(&tmp.0).expect("writes");
-    let kustomization = tmp.0.join("manager/kustomization.yaml");
-    let text = std::fs::read_to_string(&kustomization).expect("read");
-    let text = text
-        .replace(
-            "newName: controller",
-            "newName: registry.example.com/team/memcached-operator",
-        )
-        .replace("newTag: latest", "newTag: v1.2.3");
-    std::fs::write(&kustomization, text).expect("write");
-    let (image, env) = agent_image(&kustomize_path(&tmp.0.join("default")));
-    assert_eq!(image, "registry.example.com/team/memcached-operator:v1.2.3");
-    assert_eq!(env, Some(image));
+    manifests::write(&tmp.0.join("config")).expect("writes");
+    let overlay = tmp.0.join("overlay");
+    std::fs::create_dir_all(&overlay).expect("mkdir");
+    std::fs::write(overlay.join("kustomization.yaml"), &overlay_yaml).expect("write");
+    let (image, agent) = manager_and_agent_images(&kustomize_path(&overlay));
+    assert_eq!(image, json!(wanted("controller")));
+    assert_eq!(agent, Some(json!(wanted("tls-agent"))));
+    assert!(wanted("tls-agent").starts_with("registry.example.com:5000/team/"));
+}
+
+/// `make deploy IMG=... TLS_AGENT_IMG=...` applies config/default with the operator's image
+/// and the agent's, each where it belongs (kubectl's `apply` replaced by a script that keeps
+/// what it was given; `kustomize` is the pinned kubectl's).
+#[test]
+fn make_deploy_sets_the_managers_and_the_agents_images() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("make-deploy");
+    let kubectl = envtest::kubectl_path().unwrap_or_else(|e| panic!("{e}"));
+    let applied = tmp.0.join("applied.yaml");
+    let script = tmp.0.join("kubectl");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = kustomize ]; then exec '{}' \"$@\"; fi\ncat > '{}'\n",
+            kubectl.display(),
+            applied.display()
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = Command::new("make")
+        .current_dir(config_dir().join(".."))
+        // config/ is the committed tree (committed_config_is_what_manifests_writes).
+        .args(["-s", "-o", "manifests", "deploy"])
+        .arg("IMG=registry.example.com/memcached-operator:v1.2.3")
+        .arg("TLS_AGENT_IMG=registry.example.com/memcached-operator-tls-agent:0.4.0")
+        .arg(format!("KUBECTL={}", script.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("make (apt-get install make): {e}"));
+    assert!(
+        out.status.success(),
+        "make deploy failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = std::fs::read_to_string(&applied).expect("make deploy applied nothing");
+    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|doc| Value::deserialize(doc).expect("YAML"))
+        .filter(|v| !v.is_null())
+        .collect();
+    assert!(
+        objects
+            .iter()
+            .any(|o| o["kind"] == "CustomResourceDefinition"),
+        "make deploy applies the whole of config/default"
+    );
+    let (image, agent) = manager_and_agent_images(&objects);
+    assert_eq!(image, "registry.example.com/memcached-operator:v1.2.3");
+    assert_eq!(
+        agent,
+        Some(json!(
+            "registry.example.com/memcached-operator-tls-agent:0.4.0"
+        ))
+    );
 }
 
 /// Deserializes into the k8s-openapi type and back: a field the type does not know (a typo

@@ -18,7 +18,7 @@ use kube::api::{
 };
 use kube::{Api, Client};
 use memcached_api::{Memcached, condition};
-use memcached_operator_gen::olm;
+use memcached_operator_gen::{manifests, olm};
 use serde_json::{Value, json};
 
 #[path = "../../operator/tests/common/mod.rs"]
@@ -121,7 +121,9 @@ fn operator_sdk_refuses_a_broken_bundle() {
     assert!(stderr.contains("Memcache"), "{stderr}");
 }
 
-/// One version for the binary, the image tag and the bundle.
+/// One version for the binary, the image tag and the bundle; the TLS reload agent's image
+/// (in the operator's environment and the related images, for mirroring) carries the
+/// agent's own.
 #[test]
 fn the_bundle_carries_the_crates_version() {
     let csv = read_csv(&repo());
@@ -136,6 +138,27 @@ fn the_bundle_carries_the_crates_version() {
     let container = &csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"]["containers"]
         [0];
     assert_eq!(container["image"], image);
+    let agent_image = format!(
+        "example.com/memcached-operator-tls-agent:{}",
+        manifests::TLS_AGENT_VERSION
+    );
+    let agent = container["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
+        .map(|e| e["value"].clone());
+    assert_eq!(agent, Some(json!(agent_image)));
+    let related: Vec<&Value> = csv["spec"]["relatedImages"]
+        .as_array()
+        .expect("relatedImages")
+        .iter()
+        .map(|r| &r["image"])
+        .collect();
+    for image in [&image, &agent_image] {
+        assert!(
+            related.contains(&&json!(image)),
+            "{image} not in {related:?}"
+        );
+    }
 }
 
 /// OLM's own CRD of ClusterServiceVersions, from the operator-framework/api module the
@@ -582,8 +605,10 @@ fn make_release(dir: &Path, version: &str) -> (bool, String) {
     )
 }
 
-/// `make release-manifests VERSION=…` writes the whole operator with the release image (for
-/// the manager and the TLS reload agent), and refuses a version that is not the crate's.
+/// `make release-manifests VERSION=…` writes the whole operator with the release images: the
+/// manager's tagged with the crate's version, the TLS reload agent's tagged with its own
+/// (crates/tls-agent/Cargo.toml, which the Makefile reads as the generator does); and it
+/// refuses a version that is not the crate's.
 #[test]
 fn release_manifests_carry_the_one_version() {
     let tmp = TempDir::new("release");
@@ -605,7 +630,13 @@ fn release_manifests_carry_the_one_version() {
         .as_array()
         .and_then(|env| env.iter().find(|e| e["name"] == "TLS_AGENT_IMAGE"))
         .map(|e| e["value"].clone());
-    assert_eq!(agent, Some(json!(image)));
+    assert_eq!(
+        agent,
+        Some(json!(format!(
+            "example.com/memcached-operator-tls-agent:{}",
+            manifests::TLS_AGENT_VERSION
+        )))
+    );
     for kind in [
         "CustomResourceDefinition",
         "ClusterRole",
@@ -614,6 +645,7 @@ fn release_manifests_carry_the_one_version() {
         assert!(objects.iter().any(|o| o["kind"] == kind), "no {kind}");
     }
     assert!(!yaml.contains("controller:latest"));
+    assert!(!yaml.contains(manifests::TLS_AGENT_IMAGE_PLACEHOLDER));
 
     let (ok, out) = make_release(tmp.path(), "9.9.9");
     assert!(!ok);

@@ -27,6 +27,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// The agent's version (this crate's own, not the workspace's): the tag of its image, which
+/// config/, the Helm chart and the OLM bundle name (crates/gen).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Exit code of the agent when memcached refused to load the renewed certificate (its TLS
 /// may be broken); the reconciler reads it from the container's last termination, reports
 /// the pod, then restarts it.

@@ -33,6 +33,10 @@ const NAMESPACE: &str = "{{ $.Release.Namespace }}";
 /// The self-signed webhook certificate's Secret: the Service host it was issued for.
 const WEBHOOK_HOST_ANNOTATION: &str = "memcached-operator.cache.example.com/webhook-host";
 const IMAGE: &str = "{{ include \"memcached-operator.image\" $ }}";
+const TLS_AGENT_IMAGE: &str = "{{ include \"memcached-operator.tlsAgentImage\" $ }}";
+/// The webhook certificate's Secret: the release's own (`<fullname>-webhook-server-cert`, so
+/// that two releases in a namespace do not share it) or `webhook.certificate.existingSecret`.
+const WEBHOOK_SECRET: &str = "{{ include \"memcached-operator.webhookSecretName\" $ }}";
 const LABELS: &str = "{{- include \"memcached-operator.labels\" $ | nindent {indent} }}";
 
 fn to_value<S: Serialize>(what: &str, obj: &S) -> Result<Value, Error> {
@@ -299,7 +303,12 @@ fn deployment_template() -> Result<Template, Error> {
         tpl("{{ . }}"),
         Cond::With("$.Values.priorityClassName".into()),
     );
-    if let T::List(items) = webhook_volumes {
+    if let T::List(mut items) = webhook_volumes {
+        for item in items.iter_mut() {
+            item.value
+                .at(&["secret"])
+                .set("secretName", tpl(WEBHOOK_SECRET));
+        }
         pod.set_when("volumes", T::List(items), cond("$.Values.webhook.enabled"));
     }
 
@@ -335,7 +344,7 @@ fn deployment_template() -> Result<Template, Error> {
     if let T::List(items) = env {
         for item in items.iter_mut() {
             if item.value.get_mut(&["name"]) == Some(&mut T::V(json!("TLS_AGENT_IMAGE"))) {
-                item.value.set("value", tpl(IMAGE));
+                item.value.set("value", tpl(TLS_AGENT_IMAGE));
             }
         }
     }
@@ -408,13 +417,44 @@ fn metrics_template() -> Result<Template, Error> {
     })
 }
 
-/// The self-signed CA and certificate of the webhook: made at install, then read back from
-/// the Secret (`lookup`) so upgrades keep them and the caBundle.
-const SELF_SIGNED: &str = r#"{{- $webhookCert := dict }}
-{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
+/// The webhook certificate when cert-manager does not make it: the user's own
+/// (`webhook.certificate`: the same at every render), or a self-signed CA and certificate
+/// made at install, then read back from the Secret (`lookup`) so upgrades keep them and the
+/// caBundle. `$webhookCert` holds the Secret's data (base64), or only `ca.crt` for an
+/// `existingSecret`.
+const WEBHOOK_CERT: &str = r#"{{- $webhookCert := dict }}
+{{- $own := .Values.webhook.certificate }}
+{{- if .Values.webhook.enabled }}
+{{- if and .Values.webhook.certManager.enabled (or $own.ca $own.crt $own.key $own.existingSecret) }}
+{{- fail "webhook.certificate and webhook.certManager.enabled: the webhook certificate comes from one of them" }}
+{{- end }}
+{{- if and $own.existingSecret (or $own.crt $own.key) }}
+{{- fail "webhook.certificate.existingSecret and webhook.certificate.crt/key: the webhook certificate comes from one of them" }}
+{{- end }}
+{{- if ne (empty $own.crt) (empty $own.key) }}
+{{- fail "webhook.certificate.crt and webhook.certificate.key: one without the other" }}
+{{- end }}
+{{- if and (or $own.crt $own.existingSecret) (not $own.ca) }}
+{{- fail "webhook.certificate.ca: the PEM of the CA that issued the webhook certificate is needed (the API server checks the webhook with it)" }}
+{{- end }}
+{{- if and $own.ca (not (or $own.crt $own.existingSecret)) }}
+{{- fail "webhook.certificate.ca needs webhook.certificate.crt and key, or webhook.certificate.existingSecret" }}
+{{- end }}
+{{- if $own.crt }}
+{{- $webhookCert = dict "ca.crt" (b64enc $own.ca) "tls.crt" (b64enc $own.crt) "tls.key" (b64enc $own.key) }}
+{{- else if $own.existingSecret }}
+{{- $webhookCert = dict "ca.crt" (b64enc $own.ca) }}
+{{- else if not .Values.webhook.certManager.enabled }}
 {{- $service := include "memcached-operator.prefixed" (list . "webhook-service") }}
 {{- $host := printf "%s.%s.svc" $service .Release.Namespace }}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace "webhook-server-cert" | default dict }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "memcached-operator.webhookSecretName" .) | default dict }}
+{{- if not $existing }}
+{{- /* Earlier charts named it webhook-server-cert: the release's own is kept too. */}}
+{{- $legacy := lookup "v1" "Secret" .Release.Namespace "webhook-server-cert" | default dict }}
+{{- if eq (dig "metadata" "annotations" "meta.helm.sh/release-name" "" $legacy) .Release.Name }}
+{{- $existing = $legacy }}
+{{- end }}
+{{- end }}
 {{- $data := get $existing "data" | default dict }}
 {{- $issuedFor := dig "metadata" "annotations" "memcached-operator.cache.example.com/webhook-host" "" $existing }}
 {{- if and (hasKey $data "ca.crt") (hasKey $data "tls.crt") (hasKey $data "tls.key") (eq $issuedFor $host) }}
@@ -424,6 +464,7 @@ const SELF_SIGNED: &str = r#"{{- $webhookCert := dict }}
 {{- $names := list $host (printf "%s.cluster.local" $host) }}
 {{- $cert := genSignedCert $host nil $names 3650 $ca }}
 {{- $webhookCert = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) }}
+{{- end }}
 {{- end }}
 {{- end }}
 "#;
@@ -481,7 +522,7 @@ fn webhook_template() -> Result<Template, Error> {
     }));
     release_meta(&mut secret, true);
     let meta = secret.at(&["metadata"]);
-    meta.set("name", T::V(json!(manifests::WEBHOOK_CERT_SECRET)));
+    meta.set("name", tpl(WEBHOOK_SECRET));
     // Which Service the certificate names: an upgrade that renames the Service (a new
     // fullnameOverride) makes a new certificate instead of keeping one the API server
     // would refuse.
@@ -525,19 +566,23 @@ fn webhook_template() -> Result<Template, Error> {
     certificate
         .at(&["spec", "issuerRef"])
         .set("name", name("selfsigned-issuer"));
+    certificate
+        .at(&["spec"])
+        .set("secretName", tpl(WEBHOOK_SECRET));
     let cert_manager = "and $.Values.webhook.enabled $.Values.webhook.certManager.enabled";
     Ok(Template {
         path: "templates/webhook.yaml",
         comment: "The admission webhooks (config/webhook) and their certificate: cert-manager's\n\
-                  (config/certmanager) or one the chart makes.",
-        preamble: SELF_SIGNED,
+                  (config/certmanager), the user's own, or one the chart makes.",
+        preamble: WEBHOOK_CERT,
         docs: vec![
             when(svc, "$.Values.webhook.enabled"),
             when(mutating, "$.Values.webhook.enabled"),
             when(validating, "$.Values.webhook.enabled"),
             when(
                 secret,
-                "and $.Values.webhook.enabled (not $.Values.webhook.certManager.enabled)",
+                "and $.Values.webhook.enabled (not $.Values.webhook.certManager.enabled) \
+                 (not $.Values.webhook.certificate.existingSecret)",
             ),
             when(issuer, cert_manager),
             when(certificate, cert_manager),
@@ -619,9 +664,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* The operator's image (also the TLS reload agent's). */}}
+{{/* The operator's image. */}}
 {{- define "memcached-operator.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The TLS reload agent's image, which the operator gives memcached pods (TLS_AGENT_IMAGE). */}}
+{{- define "memcached-operator.tlsAgentImage" -}}
+{{ .Values.tlsAgent.image.repository }}:{{ .Values.tlsAgent.image.tag }}
+{{- end }}
+
+{{/* The webhook certificate's Secret: the release's own, or webhook.certificate.existingSecret. */}}
+{{- define "memcached-operator.webhookSecretName" -}}
+{{- .Values.webhook.certificate.existingSecret | default (include "memcached-operator.prefixed" (list . "webhook-server-cert")) }}
 {{- end }}
 "#;
 
@@ -704,10 +759,13 @@ fn values_table() -> String {
             let ours = prop.get("$ref").and_then(Value::as_str).is_some_and(|r| {
                 [
                     "Image",
+                    "TlsAgent",
+                    "TlsAgentImage",
                     "LeaderElection",
                     "Crds",
                     "Webhook",
                     "CertManager",
+                    "WebhookCertificate",
                     "Metrics",
                     "ServiceMonitor",
                     "NetworkPolicy",
@@ -754,16 +812,24 @@ A Kubernetes operator for Memcached. This chart installs the operator, its CRD, 
 admission webhooks; it is generated from the same code as the kustomize tree (`config/`)
 and renders the same objects.
 
-Requires Kubernetes {KUBE_VERSION}. The image is not published to a registry: build and
-push it (`make docker-build docker-push IMG=registry/memcached-operator:{version}`) and set
-`image.repository`.
+Requires Kubernetes {KUBE_VERSION}. The images are not published to a registry: build and
+push the operator's (`make docker-build docker-push IMG=registry/memcached-operator:{version}`)
+and set `image.repository`, and the TLS reload agent's
+(`make docker-build-tls-agent docker-push-tls-agent
+TLS_AGENT_IMG=registry/memcached-operator-tls-agent:{agent_version}`) and set
+`tlsAgent.image.repository`. The agent has its own version ({agent_version}, the default
+`tlsAgent.image.tag`), which moves only when the agent changes. The operator adds it as a
+sidecar to the memcached pods whose certificate is reloaded in place, and those pods pull it
+with their Memcached's `spec.imagePullSecrets` (`imagePullSecrets` here is the operator
+pod's).
 
 ## Install, upgrade, uninstall
 
 ```sh
 helm install memcached-operator charts/memcached-operator \
   --namespace memcached-operator-system --create-namespace \
-  --set image.repository=registry/memcached-operator
+  --set image.repository=registry/memcached-operator \
+  --set tlsAgent.image.repository=registry/memcached-operator-tls-agent
 helm upgrade memcached-operator charts/memcached-operator \
   --namespace memcached-operator-system --reuse-values
 helm uninstall memcached-operator --namespace memcached-operator-system
@@ -775,14 +841,36 @@ helm uninstall memcached-operator --namespace memcached-operator-system
 release that installed it, so install again under the same release name and namespace
 (Helm refuses to adopt it from another release).
 
-The webhook certificate is self-signed by the chart unless `webhook.certManager.enabled`
-(needs cert-manager). `helm install` and `helm upgrade` keep the one in the cluster while
-it names the webhook Service (a new `fullnameOverride` makes a new one); `helm template`
-cannot look it up and renders a new certificate each time, so tools that apply `helm
-template`'s output (GitOps) should use cert-manager.
+## The webhook certificate
 
-One release per namespace: the webhook certificate's Secret and the leader-election Lease
-have fixed names, as in the kustomize tree.
+The API server calls the admission webhooks over TLS and checks the operator's certificate
+with the webhooks' `caBundle`. It comes from one of:
+
+- **The chart** (the default): a self-signed CA and certificate made at `helm install`, in
+  the Secret `<fullname>-webhook-server-cert`. `helm upgrade` looks them up and keeps them
+  while they name the webhook Service (a new `fullnameOverride` makes new ones). `helm
+  template` has no cluster to look them up in and makes new ones at every render.
+- **cert-manager** (`webhook.certManager.enabled=true`): an Issuer and a Certificate;
+  cert-manager renews it and its CA injector fills in the `caBundle`.
+- **Your own** (`webhook.certificate`): a certificate valid for
+  `<fullname>-webhook-service.<namespace>.svc`, its key and its CA, given as values
+  (`--set-file webhook.certificate.crt=tls.crt --set-file webhook.certificate.key=tls.key
+  --set-file webhook.certificate.ca=ca.crt`), or a `kubernetes.io/tls` Secret you make
+  (`webhook.certificate.existingSecret`, with `webhook.certificate.ca`): then no key is in
+  the values.
+
+GitOps tools that apply `helm template`'s output (Argo CD) would see the chart's own
+certificate change at every render, and so the Secret and both webhook configurations out
+of sync: use cert-manager, or your own certificate, with which every render is the same.
+With `existingSecret` the key can stay out of Git (a SealedSecret, an ExternalSecret); the
+operator serves a renewed certificate once the kubelet updates the mount, without a
+restart.
+
+Each release has its own webhook certificate Secret (`<fullname>-webhook-server-cert`; an
+upgrade from a chart that named it `webhook-server-cert` keeps its certificate), so
+releases in one namespace do not take each other's. They still share the leader-election
+Lease (a fixed name, as in the kustomize tree), so only one of their operators is active
+at a time: give each release a namespace of its own.
 
 ## Values
 
@@ -791,6 +879,7 @@ have fixed names, as in the kustomize tree.
 {table}
 "#,
         version = manifests::VERSION,
+        agent_version = manifests::TLS_AGENT_VERSION,
         table = values_table(),
     )
 }

@@ -20,6 +20,7 @@ use crate::manifests;
 pub struct Values {
     /// The operator's image.
     pub image: Image,
+    pub tls_agent: TlsAgent,
     /// Secrets to pull the image from a private registry (`[{name: regcred}]`).
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Replicas of the operator. With leader election one reconciles and the others stand
@@ -72,12 +73,35 @@ pub struct Values {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Image {
-    /// Repository of the operator's image (also the TLS reload agent's).
+    /// Repository of the operator's image.
     pub repository: String,
     /// Tag of the image; empty: the chart's appVersion.
     pub tag: String,
     /// When the kubelet pulls the image.
     pub pull_policy: PullPolicy,
+}
+
+/// The TLS reload agent: a native sidecar the operator adds to the memcached pods whose
+/// certificate is reloaded in place (`--tls-agent-image`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TlsAgent {
+    pub image: TlsAgentImage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TlsAgentImage {
+    /// Repository of the TLS reload agent's own image (`make docker-build-tls-agent`). It
+    /// runs in memcached pods, whose kubelet pulls it with the Memcached's
+    /// `spec.imagePullSecrets` (not with `imagePullSecrets`, the operator pod's).
+    #[schemars(length(min = 1))]
+    pub repository: String,
+    /// Tag of the agent's image: the agent's own version (crates/tls-agent), which moves
+    /// only when the agent changes, not with the chart's appVersion. A new one reaches
+    /// running pools with their next rollout.
+    #[schemars(length(min = 1))]
+    pub tag: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -110,14 +134,44 @@ pub struct Webhook {
     /// Serve the defaulting and validating admission webhooks and register them.
     pub enabled: bool,
     pub cert_manager: CertManager,
+    pub certificate: WebhookCertificate,
+}
+
+/// A webhook certificate of your own (GitOps): with it the chart makes none, and every
+/// render is the same, `helm template`'s included.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct WebhookCertificate {
+    /// PEM of the CA that issued the webhook's serving certificate: the webhooks' caBundle,
+    /// which the API server checks the operator with. Needed with `crt` and `key`, or with
+    /// `existingSecret`.
+    #[schemars(pattern(r"^(-----BEGIN CERTIFICATE-----[\s\S]*)?$"))]
+    pub ca: String,
+    /// PEM of the webhook's serving certificate, valid for the DNS name
+    /// `<fullname>-webhook-service.<namespace>.svc`; the chart puts it, `key` and `ca` in
+    /// its Secret as given (`--set-file webhook.certificate.crt=tls.crt`).
+    #[schemars(pattern(r"^(-----BEGIN CERTIFICATE-----[\s\S]*)?$"))]
+    pub crt: String,
+    /// PEM of the serving certificate's private key.
+    #[schemars(pattern(r"^(-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*)?$"))]
+    pub key: String,
+    /// A `kubernetes.io/tls` Secret in the release's namespace with the serving certificate,
+    /// made outside the chart (a SealedSecret, an ExternalSecret, ...): the operator mounts
+    /// it instead of the chart's, and no key is in the values (set `ca` too). The operator
+    /// serves a renewed certificate once the kubelet updates the mount, without a restart;
+    /// a new CA needs `ca` updated.
+    #[schemars(length(max = 253), pattern(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"))]
+    pub existing_secret: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct CertManager {
     /// The webhook certificate from cert-manager (an Issuer and a Certificate; its CA
-    /// injector fills in the caBundle). Off: the chart makes a self-signed CA and
-    /// certificate at install, and keeps them across upgrades.
+    /// injector fills in the caBundle). Off, and no `webhook.certificate`: the chart makes a
+    /// self-signed CA and certificate at install and keeps them across upgrades (`helm
+    /// upgrade` looks them up in the cluster; `helm template` cannot, and makes new ones at
+    /// every render).
     pub enabled: bool,
 }
 
@@ -176,6 +230,7 @@ impl Default for Values {
         let container = pod.as_ref().and_then(|p| p.containers.first().cloned());
         Values {
             image: Image::default(),
+            tls_agent: TlsAgent::default(),
             image_pull_secrets: vec![],
             replica_count: 1,
             leader_election: LeaderElection { enabled: true },
@@ -187,6 +242,7 @@ impl Default for Values {
             webhook: Webhook {
                 enabled: true,
                 cert_manager: CertManager { enabled: false },
+                certificate: WebhookCertificate::default(),
             },
             metrics: Metrics {
                 enabled: true,
@@ -234,6 +290,23 @@ impl Default for Image {
             tag: String::new(),
             pull_policy: PullPolicy::IfNotPresent,
         }
+    }
+}
+
+impl Default for TlsAgent {
+    fn default() -> TlsAgent {
+        TlsAgent {
+            image: TlsAgentImage {
+                repository: manifests::tls_agent_repository(manifests::IMAGE_REPOSITORY),
+                tag: manifests::TLS_AGENT_VERSION.to_string(),
+            },
+        }
+    }
+}
+
+impl Default for TlsAgentImage {
+    fn default() -> TlsAgentImage {
+        TlsAgent::default().image
     }
 }
 
