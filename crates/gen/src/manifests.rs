@@ -243,13 +243,23 @@ fn rbac_files() -> Result<Vec<File>, Error> {
     Ok(vec![
         Doc::new("rbac/service_account.yaml").object(&sa)?.finish(),
         Doc::new("rbac/role.yaml")
-            .comment("The controller's permissions: crates/operator/src/rbac.rs MANAGER_RULES.")
+            .comment("The controller's permissions: crates/operator/src/rbac.rs manager_rules().")
             .object(&rbac::manager_role())?
             .finish(),
         Doc::new("rbac/role_binding.yaml")
             .object(&rbac::cluster_role_binding(
                 "manager-rolebinding",
                 "manager-role",
+            ))?
+            .finish(),
+        Doc::new("rbac/crd_reader_role.yaml")
+            .comment("Cluster-scoped reads, bound cluster-wide: rbac.rs CLUSTER_READ_RULES.")
+            .object(&rbac::crd_reader_role())?
+            .finish(),
+        Doc::new("rbac/crd_reader_role_binding.yaml")
+            .object(&rbac::cluster_role_binding(
+                "crd-reader-rolebinding",
+                "crd-reader-role",
             ))?
             .finish(),
         Doc::new("rbac/leader_election_role.yaml")
@@ -294,6 +304,8 @@ fn rbac_files() -> Result<Vec<File>, Error> {
                 "service_account.yaml",
                 "role.yaml",
                 "role_binding.yaml",
+                "crd_reader_role.yaml",
+                "crd_reader_role_binding.yaml",
                 "leader_election_role.yaml",
                 "leader_election_role_binding.yaml",
                 "metrics_auth_role.yaml",

@@ -316,7 +316,8 @@ pub fn cluster_service_version(repository: &str) -> Result<Value, Error> {
     // TokenReview and SubjectAccessReview are cluster-wide.
     let mut namespaced_rules = rbac::policy_rules(&rbac::manager_rules());
     namespaced_rules.extend(rbac::policy_rules(rbac::LEADER_ELECTION_RULES));
-    let cluster_rules = rbac::policy_rules(rbac::METRICS_AUTH_RULES);
+    let mut cluster_rules = rbac::policy_rules(rbac::METRICS_AUTH_RULES);
+    cluster_rules.extend(rbac::policy_rules(rbac::CLUSTER_READ_RULES));
 
     let (mutating, validating) = manifests::webhook_configurations();
     let definition = |kind: &str, hook: Value, path_default: &str| {

@@ -81,15 +81,6 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         verbs: &["delete", "list", "patch", "watch"],
         resource_names: &[],
     },
-    // informer::WhileServed: whether the Prometheus Operator's ServiceMonitor kind is
-    // served, from a metadata-only watch of its one CustomResourceDefinition (list + watch
-    // with a field selector on the name, which RBAC checks against resourceNames).
-    Rule {
-        api_groups: &["apiextensions.k8s.io"],
-        resources: &["customresourcedefinitions"],
-        verbs: &["list", "watch"],
-        resource_names: &[crate::children::SERVICE_MONITOR_CRD],
-    },
     // controller::events (kube-runtime Recorder): creates events.k8s.io/v1 Events in the
     // Memcached's namespace, and patches them to count repeats.
     Rule {
@@ -117,6 +108,26 @@ pub fn manager_rules_for(children: &[Child]) -> Vec<Rule> {
 /// ([`children::CHILDREN`]).
 pub fn manager_rules() -> Vec<Rule> {
     manager_rules_for(children::CHILDREN)
+}
+
+/// What the controller reads of cluster-scoped objects: the `crd-reader-role` ClusterRole,
+/// always bound cluster-wide (a namespaced install binds the manager's role in its
+/// namespaces only, where a cluster-scoped object cannot be granted).
+pub const CLUSTER_READ_RULES: &[Rule] = &[
+    // informer::WhileServed: whether the Prometheus Operator's ServiceMonitor kind is
+    // served, from a metadata-only watch of its one CustomResourceDefinition (list + watch
+    // with a field selector on the name, which RBAC checks against resourceNames).
+    Rule {
+        api_groups: &["apiextensions.k8s.io"],
+        resources: &["customresourcedefinitions"],
+        verbs: &["list", "watch"],
+        resource_names: &[crate::children::SERVICE_MONITOR_CRD],
+    },
+];
+
+/// The `crd-reader-role` ClusterRole ([`CLUSTER_READ_RULES`]).
+pub fn crd_reader_role() -> ClusterRole {
+    cluster_role("crd-reader-role", CLUSTER_READ_RULES)
 }
 
 /// Leader election (`memcached_manager::leader`), in the manager's own namespace only:

@@ -163,7 +163,11 @@ fn generated_rules() -> (Vec<PolicyRule>, Vec<PolicyRule>) {
             .clone()
     };
     let mut cluster = vec![];
-    for name in ["rbac/role.yaml", "rbac/metrics_auth_role.yaml"] {
+    for name in [
+        "rbac/role.yaml",
+        "rbac/metrics_auth_role.yaml",
+        "rbac/crd_reader_role.yaml",
+    ] {
         let role: ClusterRole = serde_yaml::from_str(&file(name)).expect("a ClusterRole");
         cluster.extend(role.rules.unwrap_or_default());
     }

@@ -222,6 +222,12 @@ fn rbac_template() -> Result<Template, Error> {
                 "not $.Values.watchNamespaces",
             ),
             Doc::Raw(range),
+            // Cluster-scoped reads are bound cluster-wide, watchNamespaces or not.
+            always(cluster_role(rbac::crd_reader_role())?),
+            always(cluster_binding(
+                "crd-reader-rolebinding",
+                "crd-reader-role",
+            )?),
             when(leader_role, "$.Values.leaderElection.enabled"),
             when(leader_binding, "$.Values.leaderElection.enabled"),
             when(
