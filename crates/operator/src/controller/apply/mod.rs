@@ -11,8 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use memcached_api::Memcached;
@@ -20,12 +19,14 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::{debug, info};
 
+mod delete;
+mod pool;
+
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
-use super::rollout;
 use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
 use crate::cached::{CacheForm, CachedDeployment};
-use crate::children::{Child, Desired, Inputs, Keep, Kind, Planned, Report, origins};
+use crate::children::{Child, Desired, Inputs, Keep, Planned, Report, origins};
 use crate::drift::{self, NormalForm};
 
 /// The Memcached a child belongs to, as the normal forms are filed under.
@@ -168,7 +169,7 @@ pub(super) async fn apply_children(
         return Err(e);
     }
     for (child, name) in unwanted {
-        delete_child(ctx, changes, mc, owner, child, &name).await?;
+        delete::delete_child(ctx, changes, mc, owner, child, &name).await?;
     }
     Ok(applied)
 }
@@ -392,97 +393,6 @@ impl Apply<'_> {
         })
     }
 
-    /// The pool's Deployment, which keeps the live form of its pod helpers on an operator
-    /// upgrade ([`rollout::keep_live`]): `new` is applied when the pod template changes
-    /// anyway (for the pool's own reasons), else the template is left as it is; a new
-    /// default memcached image rolls when a fleet-wide slot is free, and otherwise waits
-    /// (the second value: pools rolling now, of how many at once).
-    async fn run_pool(
-        &self,
-        new: Deployment,
-    ) -> Result<(Applied<CachedDeployment>, Option<(usize, usize)>), Error> {
-        let ctx = self.ctx;
-        let fresh = self.prepare(&ctx.deployments, new.clone()).await?;
-        let Some(live) = fresh.live.clone() else {
-            return Ok((self.write(fresh).await?, None));
-        };
-        if self.unchanged(&fresh, &live).await {
-            return Ok((Applied::Unchanged(live), None));
-        }
-        let live_json = live.live_json();
-        let held = live_json
-            .as_ref()
-            .and_then(|l| l.get("spec"))
-            .and_then(|spec| rollout::keep_live(self.mc, &new, spec, true));
-        let Some(held) = held else {
-            return Ok((self.write(fresh).await?, None));
-        };
-        let image_moves = rollout::memcached_image(&held) != rollout::memcached_image(&new);
-        let kept = self.with_live(
-            held,
-            fresh.name.clone(),
-            fresh.namespace.clone(),
-            fresh.api.clone(),
-            Some(live.clone()),
-        );
-        let kept_unchanged = self.unchanged(&kept, &live).await;
-        if !kept_unchanged && !self.keeps_template(&kept, live_json.as_ref()).await? {
-            // The template changes for the pool's own reasons: everything new, in one go.
-            return Ok((self.write(fresh).await?, None));
-        }
-        let pool = self.owner.object.clone();
-        if image_moves {
-            if ctx.config.rollout_slots.try_take(&pool) {
-                let applied = match self.write(fresh).await {
-                    Ok(applied) => applied,
-                    Err(e) => {
-                        ctx.config.rollout_slots.give_back(&pool);
-                        return Err(e);
-                    }
-                };
-                let generation = match &applied {
-                    Applied::Updated { after, .. } | Applied::Created(after) => {
-                        after.metadata.generation.unwrap_or(0)
-                    }
-                    Applied::Unchanged(live) => live.metadata.generation.unwrap_or(0),
-                };
-                ctx.config.rollout_slots.started(pool, generation);
-                return Ok((applied, None));
-            }
-        } else if kept_unchanged {
-            // Only the helpers would move: this version of the Deployment is as wanted.
-            live.verified().record(fresh.hash);
-        }
-        let waiting = image_moves.then(|| {
-            (
-                ctx.config.rollout_slots.rolling(&pool),
-                ctx.config.rollout_slots.max(),
-            )
-        });
-        if kept_unchanged {
-            return Ok((Applied::Unchanged(live), waiting));
-        }
-        Ok((self.write(kept).await?, waiting))
-    }
-
-    /// Whether applying `kept` leaves the live pod template as it is, by the server's own
-    /// answer to a dry run (it decides the defaults and the normal form of what it stores).
-    async fn keeps_template(
-        &self,
-        kept: &Prepared<CachedDeployment>,
-        live: Option<&Value>,
-    ) -> Result<bool, Error> {
-        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
-        let stored = kept
-            .api
-            .patch(&kept.name, &params, &Patch::Apply(&kept.desired))
-            .await
-            .map_err(|source| self.error(&kept.namespace, &kept.name, source))?;
-        let stored = stored.live_json();
-        Ok(stored.as_ref().and_then(rollout::template).is_some()
-            && stored.as_ref().and_then(rollout::template) == live.and_then(rollout::template))
-    }
-
     /// A failed read or write of the child `namespace/name`: [`Error::Refused`] on the
     /// Memcached's fields when the API server says the object is wrong, else
     /// [`Error::Apply`].
@@ -640,92 +550,5 @@ fn learn_from_answer(
 ) {
     if let (Some(want), Some(stored)) = (want, stored) {
         remember(ctx, owner, child, hash, NormalForm::learn(want, &stored));
-    }
-}
-
-/// Deletes the child `name` of `child`'s kind if it is there and this Memcached controls
-/// it, through the cache (or the fetch) of its kind.
-async fn delete_child(
-    ctx: &Context,
-    changes: &mut Changes,
-    mc: &Memcached,
-    owner: &Owner,
-    child: &Child,
-    name: &str,
-) -> Result<(), Error> {
-    let delete = Delete {
-        ctx,
-        mc,
-        owner,
-        name,
-    };
-    let deleted = match child.kind {
-        Kind::Deployment => delete.run(&ctx.deployments).await,
-        Kind::Service => delete.run(&ctx.services).await,
-        Kind::PodDisruptionBudget => delete.run(&ctx.pdbs).await,
-        Kind::ConfigMap => delete.run(&ctx.config_maps).await,
-        Kind::ServiceMonitor => match ctx.service_monitors.store() {
-            Some(store) => delete.run(&store).await,
-            None => Ok(false),
-        },
-    }?;
-    if deleted {
-        let kind = child.kind.name();
-        changes.push(
-            "Deleted",
-            format!("Delete{kind}"),
-            format!("Deleted {kind} {name}: no longer needed"),
-        );
-    }
-    Ok(())
-}
-
-/// One child's deletion.
-struct Delete<'a> {
-    ctx: &'a Context,
-    mc: &'a Memcached,
-    owner: &'a Owner,
-    name: &'a str,
-}
-
-impl Delete<'_> {
-    /// Deletes the child if `cache` has it and it is ours; whether it did.
-    async fn run<C: CacheForm>(&self, cache: &Store<C>) -> Result<bool, Error> {
-        let (ctx, name) = (self.ctx, self.name);
-        let namespace = self.mc.namespace().ok_or(Error::NoNamespace)?;
-        let kind = C::kind(&()).into_owned();
-        let error = |source| Error::Delete {
-            kind: kind.clone(),
-            object: format!("{namespace}/{name}"),
-            source,
-        };
-        let Some(live) = cache.get(&ObjectRef::new(name).within(&namespace)) else {
-            return Ok(false);
-        };
-        // Only ours, and only the version we saw: not another pool's object of the same
-        // name, nor one recreated meanwhile.
-        if !self.owner.controls(live.as_ref()) {
-            return Ok(false);
-        }
-        ctx.normal_forms
-            .forget_child(self.owner.key, child_key(&kind, name));
-        let params = DeleteParams {
-            preconditions: live.meta().uid.clone().map(|uid| kube::api::Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        let api: Api<C::Full> = Api::namespaced(ctx.client.clone(), &namespace);
-        match api.delete(name, &params).await {
-            Ok(_) => {
-                info!(object = %object_key(self.mc), kind, name, "deleted");
-                Ok(true)
-            }
-            // Gone already, or replaced by another object of that name since we saw it (the
-            // uid precondition failed): the next reconcile sees what is there now.
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
-            Err(source) => Err(error(source)),
-        }
     }
 }
