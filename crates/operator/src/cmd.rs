@@ -183,28 +183,9 @@ pub fn parse_resync_period(s: &str) -> Result<Duration, String> {
     Ok(period)
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => return Err(format!("{s:?} has no unit (use ms, s, m or h)")),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 500ms, 2s, 5m"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?}: {e}"))
-}
+/// Go-style durations (`500ms`, `2s`, `5m`, `1h`), as the agent's flags take them too: one
+/// parser, the agent's (which depends on nothing of the operator's).
+pub use memcached_tls_agent::parse_duration;
 
 fn lease_namespace(flag: Option<&str>) -> String {
     if let Some(ns) = flag.filter(|ns| !ns.is_empty()) {

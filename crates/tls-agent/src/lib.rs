@@ -70,9 +70,8 @@ pub fn secret_digest<'a>(data: impl IntoIterator<Item = (&'a str, &'a [u8])>) ->
         .collect()
 }
 
-/// Parses `500ms`, `2s`, `1.5s`, `5m`, `1h`: the Go-style durations the operator's own
-/// flags take, so `--interval` reads like them (the operator's `cmd::parse_duration`; kept
-/// here too so the agent does not depend on the operator).
+/// Parses `500ms`, `2s`, `1.5s`, `5m`, `1h`: the Go-style durations the operator's flags
+/// take too (its `cmd::parse_duration` is this one), so `--interval` reads like them.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
