@@ -1,0 +1,409 @@
+//! memcached's built-in proxy in front of a pool (`spec.proxy`): the desired Deployment,
+//! Service, PodDisruptionBudget and ConfigMap, the route configuration rendered into the
+//! ConfigMap, and which pod holds which slot of the routes with the deletion cost that
+//! follows from it. Pure, like [`crate::builders`].
+//!
+//! **One endpoint.** Clients connect to the Service `NAME-proxy`. The client Service `NAME`
+//! keeps selecting the memcached pods, so turning the proxy on changes nothing for the
+//! clients already connected there (or hashing over `status.endpoints`), and turning it off
+//! again breaks no one who did not move.
+//!
+//! **Routes.** The configuration uses the route library built into memcached
+//! (`-o proxy_config=routelib,proxy_arg=FILE`). Each copy of the keys is one ring of
+//! slots, hashed with jump consistent hashing (`mcp.dist_jump_hash`): a key's slot depends
+//! on the key and the ring's length only, so the keys belong to the slot, not to the pod in
+//! it. With `copies` of 2 or 3 there are that many rings; writes go to every ring and
+//! answer with the first success (`route_allfastest`), reads go to one ring and fall over
+//! to the next on a miss or an error (`route_failover`).
+//!
+//! **Membership** ([`membership`]) follows a pod's life, not its readiness: a pod joins
+//! when it is first Ready and leaves when it is deleted or has ended. A pod that stops
+//! answering for a while (a slow probe, a paused process) keeps its slot: the writes and
+//! deletes of its keys meanwhile fail, and the client knows, where a ring without it would
+//! have sent them to another pod and then, once it is back, served the values they
+//! replaced. The proxy's own failure detection answers for it meanwhile. A pod that leaves
+//! leaves its slot vacant (its keys miss) until a new pod takes it; no other key moves. The
+//! slots are recorded with the routes in the ConfigMap ([`BACKENDS_KEY`]), so they survive
+//! an operator restart, and the pool's pods carry a deletion cost by slot
+//! ([`DELETION_COST_ANNOTATION`]), so that a scale-down removes the last slots, whose keys
+//! are the only ones that move.
+//!
+//! **Reload without restart.** memcached's proxy reloads its configuration on SIGHUP, or
+//! when its own Lua asks (`mcp.schedule_config_reload`). The rendered file registers a
+//! proxy cron (`mcp.register_cron`) that reads the file's first line once a second and
+//! schedules a reload when the version there is not the one loaded. The kubelet replaces
+//! the mounted ConfigMap atomically, so the proxy never reads half a file; nothing else
+//! runs in the pod (no sidecar, no shared process namespace, no signal), and client
+//! connections stay open across a reload. How soon the kubelet updates a mounted
+//! ConfigMap is its business (its sync period, a minute by default, plus its cache's
+//! TTL): `ProxyReady` reports the proxy as catching up for [`PROPAGATION_WINDOW`] after
+//! the backends change.
+//!
+//! This module holds the proxy's names, labels and desired objects; `slots` decides the
+//! membership and its deletion costs, and `routes` renders the configuration.
+
+mod routes;
+mod slots;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PodSecurityContext, PodSpec,
+    PodTemplateSpec, ResourceRequirements, SeccompProfile, Service, ServicePort, ServiceSpec,
+    Volume,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use memcached_api::{Memcached, ProxyBackend, ProxySpec};
+
+use crate::builders::{
+    self, BuildError, BuildSettings, CONTAINER_NAME, LABEL_COMPONENT, LABEL_INSTANCE,
+    LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY, MEMCACHED_UID,
+};
+
+pub use routes::render;
+pub use slots::{
+    DELETION_COST_ANNOTATION, Membership, PoolPod, capacity, membership, rank, recorded_backends,
+};
+
+/// Suffix of the proxy's Deployment, Service, PodDisruptionBudget and ConfigMap.
+pub const PROXY_SUFFIX: &str = "-proxy";
+/// `app.kubernetes.io/name` of the proxy pods (the pool's pods are `memcached`, so no
+/// selector of the pool ever matches a proxy pod).
+pub const PROXY_APP_NAME: &str = "memcached-proxy";
+/// Name of the proxy container.
+pub const PROXY_CONTAINER: &str = "proxy";
+/// Where the ConfigMap is mounted in the proxy pods.
+pub const CONFIG_DIR: &str = "/etc/memcached/proxy";
+/// The route configuration's key in the ConfigMap (and file name in [`CONFIG_DIR`]).
+pub const CONFIG_KEY: &str = "config.lua";
+/// The rings as JSON in the ConfigMap: which pod is in which slot of which copy, vacant
+/// slots included, so the next rendering keeps every pod in its slot (see [`membership`]).
+pub const BACKENDS_KEY: &str = "backends.json";
+/// How often the proxy looks at its configuration file.
+pub const RELOAD_CHECK_SECONDS: u32 = 1;
+/// How long after a change of the backends the proxies are reported as still loading it:
+/// the kubelet's default sync period (60 s) plus its ConfigMap cache TTL (60 s by
+/// default), plus the proxy's own check. An estimate: the operator cannot see which
+/// version a proxy has loaded.
+pub const PROPAGATION_WINDOW: Duration = Duration::from_secs(125);
+
+/// The name of the proxy's objects of the Memcached `name`.
+pub fn proxy_name(name: &str) -> String {
+    format!("{name}{PROXY_SUFFIX}")
+}
+
+/// Labels that select the proxy pods of Memcached `name`.
+pub fn proxy_selector_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_string(), PROXY_APP_NAME.to_string()),
+        (LABEL_INSTANCE.to_string(), name.to_string()),
+    ])
+}
+
+fn proxy_labels(name: &str) -> BTreeMap<String, String> {
+    let mut labels = proxy_selector_labels(name);
+    labels.insert(LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string());
+    labels.insert(LABEL_COMPONENT.to_string(), "proxy".to_string());
+    labels
+}
+
+fn proxy_metadata(mc: &Memcached) -> Result<ObjectMeta, BuildError> {
+    let name = builders::name_of(mc)?;
+    Ok(ObjectMeta {
+        name: Some(proxy_name(name)),
+        namespace: mc.metadata.namespace.clone(),
+        labels: Some(proxy_labels(name)),
+        owner_references: Some(vec![builders::owner_reference(mc)?]),
+        ..ObjectMeta::default()
+    })
+}
+
+/// The memcached command line of a proxy listening on `port` with its configuration at
+/// `config_file`.
+pub fn proxy_args(port: i32, config_file: &str) -> Vec<String> {
+    vec![
+        "memcached".to_string(),
+        "-p".to_string(),
+        port.to_string(),
+        // The proxy keeps no items: no cache memory beyond memcached's minimum.
+        "-m".to_string(),
+        "8".to_string(),
+        "-o".to_string(),
+        format!("proxy_config=routelib,proxy_arg={config_file}"),
+    ]
+}
+
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("100m".to_string())),
+            ("memory".to_string(), Quantity("64Mi".to_string())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            Quantity("128Mi".to_string()),
+        )])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The proxy Deployment, when `spec.proxy.enabled`. The pod template does not depend on
+/// the backends: a new configuration is loaded in place, never rolled.
+pub fn desired_proxy_deployment(
+    mc: &Memcached,
+    settings: &BuildSettings,
+) -> Result<Option<Deployment>, BuildError> {
+    let Some(proxy) = mc.spec.proxy_enabled() else {
+        return Ok(None);
+    };
+    let name = builders::name_of(mc)?;
+    let spec = &mc.spec;
+    let port = spec.container_port;
+    let image = proxy
+        .image
+        .clone()
+        .unwrap_or_else(|| mc.image_or(&settings.default_image).to_string());
+    let container = Container {
+        name: PROXY_CONTAINER.to_string(),
+        image: Some(image),
+        command: Some(proxy_args(port, &format!("{CONFIG_DIR}/{CONFIG_KEY}"))),
+        ports: Some(vec![ContainerPort {
+            name: Some(CONTAINER_NAME.to_string()),
+            container_port: port,
+            protocol: Some("TCP".to_string()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(builders::tcp_probe(CONTAINER_NAME, 1, 5)),
+        liveness_probe: Some(builders::tcp_probe(CONTAINER_NAME, 10, 10)),
+        resources: Some(proxy.resources.clone().unwrap_or_else(default_resources)),
+        security_context: Some(builders::restricted(MEMCACHED_UID)),
+        volume_mounts: Some(vec![builders::mount("config", CONFIG_DIR)]),
+        ..Container::default()
+    };
+    let selector = proxy_selector_labels(name);
+    Ok(Some(Deployment {
+        metadata: proxy_metadata(mc)?,
+        spec: Some(DeploymentSpec {
+            replicas: Some(proxy.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                match_expressions: None,
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(proxy_labels(name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    enable_service_links: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(MEMCACHED_UID),
+                        run_as_group: Some(MEMCACHED_UID),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".to_string(),
+                            localhost_profile: None,
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    node_selector: spec.node_selector.clone(),
+                    tolerations: spec.tolerations.clone(),
+                    affinity: spec.affinity.clone(),
+                    priority_class_name: spec.priority_class_name.clone(),
+                    image_pull_secrets: spec.image_pull_secrets.clone(),
+                    topology_spread_constraints: builders::spread_constraints(
+                        &selector,
+                        spec.topology_spread.unwrap_or_default(),
+                    ),
+                    volumes: Some(vec![Volume {
+                        name: "config".to_string(),
+                        config_map: Some(ConfigMapVolumeSource {
+                            name: proxy_name(name),
+                            default_mode: Some(0o444),
+                            ..ConfigMapVolumeSource::default()
+                        }),
+                        ..Volume::default()
+                    }]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }))
+}
+
+/// The Service `NAME-proxy` in front of the proxy pods, on `spec.containerPort`.
+pub fn desired_proxy_service(mc: &Memcached) -> Result<Option<Service>, BuildError> {
+    if mc.spec.proxy_enabled().is_none() {
+        return Ok(None);
+    }
+    let name = builders::name_of(mc)?;
+    Ok(Some(Service {
+        metadata: proxy_metadata(mc)?,
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            selector: Some(proxy_selector_labels(name)),
+            ports: Some(vec![ServicePort {
+                name: Some(CONTAINER_NAME.to_string()),
+                port: mc.spec.container_port,
+                target_port: Some(IntOrString::String(CONTAINER_NAME.to_string())),
+                protocol: Some("TCP".to_string()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }))
+}
+
+/// A budget of one voluntary disruption at a time for two proxy pods or more.
+pub fn desired_proxy_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, BuildError> {
+    let Some(proxy) = mc.spec.proxy_enabled() else {
+        return Ok(None);
+    };
+    if proxy.replicas < 2 {
+        return Ok(None);
+    }
+    let name = builders::name_of(mc)?;
+    Ok(Some(PodDisruptionBudget {
+        metadata: proxy_metadata(mc)?,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(proxy_selector_labels(name)),
+                match_expressions: None,
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    }))
+}
+
+/// The ConfigMap `NAME-proxy` holding the rendered routes for `backends`, and its version.
+pub fn desired_proxy_config_map(
+    mc: &Memcached,
+    backends: &[ProxyBackend],
+) -> Result<Option<(ConfigMap, String)>, BuildError> {
+    let Some(proxy) = mc.spec.proxy_enabled() else {
+        return Ok(None);
+    };
+    let name = builders::name_of(mc)?;
+    let owner = format!(
+        "{}/{name}",
+        mc.metadata.namespace.as_deref().unwrap_or_default()
+    );
+    let (text, version) = render(
+        &owner,
+        backends,
+        proxy.copies,
+        &format!("{CONFIG_DIR}/{CONFIG_KEY}"),
+    );
+    let recorded = serde_json::to_string(backends).unwrap_or_else(|_| "[]".to_string());
+    Ok(Some((
+        ConfigMap {
+            metadata: proxy_metadata(mc)?,
+            data: Some(BTreeMap::from([
+                (CONFIG_KEY.to_string(), text),
+                (BACKENDS_KEY.to_string(), recorded),
+            ])),
+            ..ConfigMap::default()
+        },
+        version,
+    )))
+}
+
+/// The version of the routes [`desired_proxy_config_map`] writes for `backends`, without
+/// the proxy: none.
+pub fn routes_version(mc: &Memcached, backends: &[ProxyBackend]) -> Option<String> {
+    desired_proxy_config_map(mc, backends)
+        .ok()
+        .flatten()
+        .map(|(_, version)| version)
+}
+
+/// `spec.proxy`'s copies, 1 when unset.
+pub fn copies(proxy: Option<&ProxySpec>) -> i32 {
+    proxy.map_or(1, |p| p.copies.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memcached(proxy: Option<ProxySpec>) -> Memcached {
+        let mut mc = Memcached::new(
+            "cache",
+            memcached_api::MemcachedSpec {
+                proxy,
+                ..memcached_api::MemcachedSpec::with_size(3)
+            },
+        );
+        mc.metadata.namespace = Some("ns".into());
+        mc.metadata.uid = Some("u".into());
+        mc
+    }
+
+    #[test]
+    fn the_proxy_exists_only_when_enabled_and_never_selects_the_pool() {
+        let settings = BuildSettings::default();
+        let off = memcached(Some(ProxySpec {
+            enabled: false,
+            ..ProxySpec::default()
+        }));
+        assert!(
+            desired_proxy_deployment(&off, &settings)
+                .ok()
+                .flatten()
+                .is_none()
+        );
+        assert!(desired_proxy_service(&off).ok().flatten().is_none());
+        assert!(desired_proxy_pdb(&off).ok().flatten().is_none());
+        assert!(desired_proxy_config_map(&off, &[]).ok().flatten().is_none());
+
+        let on = memcached(Some(ProxySpec::default()));
+        let d = desired_proxy_deployment(&on, &settings)
+            .ok()
+            .flatten()
+            .expect("proxy Deployment");
+        let selector = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone())
+            .unwrap_or_default();
+        let pool = builders::selector_labels("cache");
+        let pool_pod = builders::labels("cache");
+        let proxy_pod = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        let matches = |sel: &BTreeMap<String, String>, labels: &BTreeMap<String, String>| {
+            sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+        };
+        assert!(matches(&selector, &proxy_pod));
+        assert!(
+            !matches(&selector, &pool_pod),
+            "the proxy selects no pool pod"
+        );
+        assert!(!matches(&pool, &proxy_pod), "the pool selects no proxy pod");
+        assert_eq!(d.metadata.name.as_deref(), Some("cache-proxy"));
+        assert_eq!(d.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    }
+}

@@ -1,0 +1,218 @@
+//! The route configuration rendered into the proxy's ConfigMap: one ring of slots per copy
+//! in memcached's route library, the reads' failover and the writes' fan-out, and the cron
+//! that reloads the file when the kubelet replaces it.
+
+use std::fmt::Write as _;
+
+use memcached_api::ProxyBackend;
+
+use super::RELOAD_CHECK_SECONDS;
+use super::slots::MAX_SLOT;
+
+/// A Lua string literal of `s`.
+fn lua_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_ascii_graphic() || c == ' ' => out.push(c),
+            c => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    let _ = write!(out, "\\{b:03}");
+                }
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The route configuration for `backends` (see the module documentation), naming `file`
+/// as its own path for the reload check, and its version (a hash of everything else in
+/// it). The first line carries the version.
+pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -> (String, String) {
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "-- Proxy routes of the Memcached {owner}, written by memcached-operator from the\n\
+         -- pool's pods in their slots. Edits are overwritten."
+    );
+    let _ = writeln!(body, "local path = {}", lua_string(file));
+    // Each copy's ring, position by position: the slot's pod, or nothing (vacant).
+    let groups: Vec<(i32, Vec<Option<&ProxyBackend>>)> = (1..=copies.max(1))
+        .map(|copy| {
+            let mut ring: Vec<Option<&ProxyBackend>> = Vec::new();
+            for b in backends
+                .iter()
+                .filter(|b| b.copy == copy && (0..MAX_SLOT).contains(&b.slot))
+            {
+                let at = b.slot as usize;
+                if ring.len() <= at {
+                    ring.resize(at + 1, None);
+                }
+                if !b.is_vacant() && ring[at].is_none() {
+                    ring[at] = Some(b);
+                }
+            }
+            (copy, ring)
+        })
+        .filter(|(_, ring)| !ring.is_empty())
+        .collect();
+    let pool = |out: &mut String, indent: &str, copy: i32, ring: &[Option<&ProxyBackend>]| {
+        // Jump consistent hashing (memcached's `mcp.dist_jump_hash`, keys hashed with
+        // XXH3): a key's backend is its position in this list, and the position depends
+        // on the key and the list's length only, never on an address. So the pod that
+        // takes a slot serves exactly that slot's keys, and a ring grown by one slot at
+        // its end moves 1/(n+1) of the keys, all to the new slot.
+        let _ = writeln!(out, "{indent}options = {{ dist = mcp.dist_jump_hash }},");
+        let _ = writeln!(out, "{indent}backends = {{");
+        if ring.is_empty() {
+            // No pod at all: one backend marked down, so the proxy starts and answers
+            // every request with an error instead of refusing the configuration.
+            let _ = writeln!(
+                out,
+                "{indent}    {{ label = \"no-ready-pods\", host = \"127.0.0.1\", port = \"1\", down = true }},"
+            );
+        }
+        for (slot, b) in ring.iter().enumerate() {
+            let Some(b) = b else {
+                // A vacant slot keeps its position (so no other slot's keys move), marked
+                // down: its reads miss and its writes fail until a new pod takes it. The
+                // label cannot be a pod's (no `:` in pod names).
+                let _ = writeln!(
+                    out,
+                    "{indent}    {{ label = \"vacant:{copy}:{slot}\", host = \"127.0.0.1\", port = \"1\", down = true }},"
+                );
+                continue;
+            };
+            let (host, port) = b.address.rsplit_once(':').unwrap_or((&b.address, ""));
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let _ = writeln!(
+                out,
+                "{indent}    {{ label = {}, host = {}, port = {} }},",
+                lua_string(&b.pod),
+                lua_string(host),
+                lua_string(port)
+            );
+        }
+        let _ = writeln!(out, "{indent}}},");
+    };
+    // A read that fails (its backend is down) answers a miss, as a client of a lost pod
+    // would see: the null route after the real one.
+    let reads = |body: &mut String, route: &str| {
+        body.push_str("    cmap = {\n");
+        for read in ["get", "gets", "gat", "gats", "mg"] {
+            let _ = writeln!(
+                body,
+                "        {read} = route_failover{{ children = {{ {route}, route_null{{}} }} }},"
+            );
+        }
+        body.push_str("    },\n");
+    };
+    body.push_str("pools{\n");
+    if groups.len() <= 1 {
+        body.push_str("    pool = {\n");
+        let (copy, ring) = groups
+            .first()
+            .map_or((1, &[][..]), |(c, r)| (*c, r.as_slice()));
+        pool(&mut body, "        ", copy, ring);
+        body.push_str("    },\n}\nroutes{\n");
+        reads(&mut body, "route_direct{ child = \"pool\" }");
+        body.push_str("    default = route_direct{ child = \"pool\" },\n}\n");
+    } else {
+        body.push_str("    set_copies = {\n");
+        for (copy, ring) in &groups {
+            body.push_str("        {\n");
+            pool(&mut body, "            ", *copy, ring);
+            body.push_str("        },\n");
+        }
+        body.push_str("    },\n}\nroutes{\n");
+        // One copy answers; a miss or an error there asks the next.
+        reads(
+            &mut body,
+            "route_failover{ children = \"set_copies\", miss = true, shuffle = true }",
+        );
+        // Writes go to every copy and answer with the first success.
+        body.push_str("    default = route_allfastest{ children = \"set_copies\" },\n}\n");
+    }
+    let version = version_of(&body);
+    let _ = write!(
+        body,
+        "-- Reload when the kubelet has replaced this file with another version.\n\
+         mcp.register_cron(\"memcached-operator-reload\", {{\n    \
+             every = {RELOAD_CHECK_SECONDS},\n    \
+             func = function()\n        \
+                 local f = io.open(path, \"r\")\n        \
+                 if f == nil then return end\n        \
+                 local first = f:read(\"l\")\n        \
+                 f:close()\n        \
+                 if first ~= nil and first ~= {} then\n            \
+                     mcp.schedule_config_reload()\n        \
+                 end\n    \
+             end,\n\
+         }})\n",
+        lua_string(&version_line(&version)),
+    );
+    let text = format!("{}\n{body}", version_line(&version));
+    (text, version)
+}
+
+fn version_line(version: &str) -> String {
+    format!("-- version {version}")
+}
+
+fn version_of(body: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::Membership;
+    use crate::proxy::slots::tests::{next, ready};
+
+    #[test]
+    fn the_rendering_follows_the_slots_not_the_order_given() {
+        let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        let mut shuffled = m.backends.clone();
+        shuffled.reverse();
+        let (text, version) = render("ns/x", &m.backends, 1, "/f");
+        assert_eq!(render("ns/x", &shuffled, 1, "/f").1, version);
+        assert_eq!(version.len(), 16);
+        assert!(
+            text.starts_with(&format!("-- version {version}\n")),
+            "{text}"
+        );
+        assert!(text.contains("dist = mcp.dist_jump_hash"), "{text}");
+        let order: Vec<usize> = ["\"a\"", "\"b\"", "\"c\""]
+            .iter()
+            .filter_map(|label| text.find(&format!("label = {label}")))
+            .collect();
+        assert!(order.len() == 3 && order.is_sorted(), "slot order: {text}");
+        // Another address is another configuration.
+        let mut other = m.backends.clone();
+        other[0].address = "10.9.9.9:11211".into();
+        assert_ne!(render("ns/x", &other, 1, "/f").1, version);
+        // A vacant slot keeps its place, down.
+        let gone = next(&m, &ready(&["a", "c"]), 3, 1);
+        let (text, _) = render("ns/x", &gone.backends, 1, "/f");
+        let vacant = text.find("label = \"vacant:1:1\"").unwrap_or_default();
+        assert!(
+            text.find("label = \"a\"") < Some(vacant) && Some(vacant) < text.find("label = \"c\""),
+            "{text}"
+        );
+        assert!(text.contains("\"vacant:1:1\", host = \"127.0.0.1\", port = \"1\", down = true"));
+    }
+
+    #[test]
+    fn lua_strings_are_escaped() {
+        assert_eq!(lua_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\010\"");
+    }
+}

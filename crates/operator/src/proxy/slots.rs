@@ -1,0 +1,433 @@
+//! Which pod of the pool holds which slot of the proxy's rings: the membership rules, the
+//! deletion cost each member carries so a scale-down removes the last slots, and the rings
+//! as recorded in the ConfigMap ([`BACKENDS_KEY`]), read back after a restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use memcached_api::ProxyBackend;
+use serde::Deserialize;
+
+use super::BACKENDS_KEY;
+
+/// The annotation the ReplicaSet controller reads to choose which pods go first when it
+/// scales down: the lower the cost, the sooner (after pods that are not Ready, which always
+/// go first).
+pub const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// The deletion cost of the member in the first slot; each later slot costs one less, so
+/// every member costs more than a pod outside the rings (no annotation: 0).
+const DELETION_COST_TOP: i32 = 1000;
+/// Slots read back from a ConfigMap beyond this are ignored (the pool never has more pods).
+pub(super) const MAX_SLOT: i32 = memcached_api::MAX_SIZE;
+
+/// A live pod of the pool (neither being deleted nor ended), as membership needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolPod {
+    pub name: String,
+    pub ip: Option<String>,
+    pub ready: bool,
+}
+
+/// The proxy's rings, and the deletion cost each of their pods should carry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// Every slot of every copy's ring, sorted by copy and slot: a pod, or vacant
+    /// ([`ProxyBackend::is_vacant`]).
+    pub backends: Vec<ProxyBackend>,
+    /// `controller.kubernetes.io/pod-deletion-cost` of each pod in the rings, by name.
+    pub deletion_costs: BTreeMap<String, i32>,
+}
+
+/// How many slots `copy` has in a pool of `size` pods: the pods are dealt to the copies in
+/// [`rank`] order (slot 0 of every copy, then slot 1, ...), so copies differ by one pod at
+/// most, and the lower copies get the extra ones.
+pub fn capacity(size: i32, copies: i32, copy: i32) -> i32 {
+    let copies = copies.max(1);
+    ((size - (copy - 1) + copies - 1) / copies).max(0)
+}
+
+/// The order in which slots are filled as the pool grows, and emptied as it shrinks.
+pub fn rank(copy: i32, slot: i32, copies: i32) -> i32 {
+    slot * copies.max(1) + (copy - 1)
+}
+
+/// The proxy's rings for a pool of `size` pods in `copies` copies, from the rings recorded
+/// in the ConfigMap (`recorded`, vacancies included) and the pool's live `pods`.
+///
+/// - A pod joins when it is first Ready, into the vacant slot of lowest [`rank`] below
+///   its copy's [`capacity`]; with none (a rolling update's extra pod), it waits.
+/// - It stays in its slot as long as it lives, Ready or not: a pod that stops answering
+///   for a while comes back with the values it holds, and any write or delete of its keys
+///   meanwhile must not have gone to another pod (the proxy fails over by itself).
+/// - It leaves when it is deleted or has ended; its slot stays, vacant, until a new pod
+///   takes it, so its replacement serves exactly its keys and no other key moves.
+/// - A ring is as long as it was, but no longer than its capacity, unless a pod holds a
+///   later slot; so a scale-down that removed the last slots' pods shortens it, and a
+///   scale-up lengthens it only as the new pods join.
+/// - When the pool has shrunk and a pod beyond its copy's capacity remains while a slot
+///   below it is vacant (the ReplicaSet removed another pod than the last, or `copies`
+///   changed), the pod of highest rank moves into the vacancy of lowest rank; only once
+///   the pool has no more pods than `size`, so a scale-down still under way moves nobody.
+///
+/// The deletion costs make the ReplicaSet remove the pod of highest rank first.
+pub fn membership(
+    recorded: &[ProxyBackend],
+    pods: &[PoolPod],
+    size: i32,
+    copies: i32,
+    port: i32,
+) -> Membership {
+    let copies = copies.clamp(1, memcached_api::MAX_PROXY_COPIES);
+    let size = size.clamp(0, memcached_api::MAX_SIZE);
+    let caps: Vec<i32> = (1..=copies).map(|c| capacity(size, copies, c)).collect();
+    let cap = |copy: i32| caps.get((copy - 1) as usize).copied().unwrap_or(0);
+    let mut live: BTreeMap<&str, &PoolPod> = BTreeMap::new();
+    for pod in pods {
+        live.entry(pod.name.as_str()).or_insert(pod);
+    }
+
+    // The recorded rings: each live pod keeps its slot (the first record of a pod or a slot
+    // wins); each ring's recorded length, vacancies included.
+    let mut recorded_len = vec![0i32; copies as usize];
+    let mut slots: BTreeMap<(i32, i32), (&str, String)> = BTreeMap::new();
+    let mut placed: BTreeSet<&str> = BTreeSet::new();
+    let mut ordered: Vec<&ProxyBackend> = recorded
+        .iter()
+        .filter(|b| b.copy >= 1 && (0..MAX_SLOT).contains(&b.slot))
+        .collect();
+    ordered.sort();
+    for b in ordered {
+        if let Some(len) = recorded_len.get_mut((b.copy - 1) as usize) {
+            *len = (*len).max(b.slot + 1);
+        }
+        let Some(pod) = live.get(b.pod.as_str()) else {
+            continue;
+        };
+        if placed.contains(pod.name.as_str()) || slots.contains_key(&(b.copy, b.slot)) {
+            continue;
+        }
+        placed.insert(pod.name.as_str());
+        let address = pod
+            .ip
+            .as_deref()
+            .map(|ip| crate::status::endpoint(ip, port))
+            .unwrap_or_else(|| b.address.clone());
+        slots.insert((b.copy, b.slot), (pod.name.as_str(), address));
+    }
+
+    let holes = |slots: &BTreeMap<(i32, i32), (&str, String)>| {
+        let mut holes: Vec<(i32, i32)> = (1..=copies)
+            .flat_map(|c| (0..cap(c)).map(move |s| (c, s)))
+            .filter(|at| !slots.contains_key(at))
+            .collect();
+        holes.sort_by_key(|&(c, s)| rank(c, s, copies));
+        holes
+    };
+
+    // Pods beyond their copy's capacity move into vacancies, the last first.
+    if live.len() <= size as usize {
+        let mut beyond: Vec<(i32, i32)> = slots
+            .keys()
+            .copied()
+            .filter(|&(c, s)| c > copies || s >= cap(c))
+            .collect();
+        beyond.sort_by_key(|&(c, s)| std::cmp::Reverse(rank(c, s, copies)));
+        for (hole, from) in holes(&slots).into_iter().zip(beyond) {
+            if let Some(member) = slots.remove(&from) {
+                slots.insert(hole, member);
+            }
+        }
+    }
+    // Pods of copies that no longer exist and found no place leave the rings, and are
+    // newcomers again.
+    slots.retain(|&(c, _), (name, _)| {
+        if c > copies {
+            placed.remove(*name);
+        }
+        c <= copies
+    });
+
+    // Newcomers: Ready pods in no ring, in name order, into the remaining vacancies.
+    let newcomers: Vec<&PoolPod> = live
+        .values()
+        .filter(|p| p.ready && p.ip.is_some() && !placed.contains(p.name.as_str()))
+        .copied()
+        .collect();
+    for (hole, pod) in holes(&slots).into_iter().zip(newcomers) {
+        let ip = pod.ip.as_deref().unwrap_or_default();
+        slots.insert(hole, (pod.name.as_str(), crate::status::endpoint(ip, port)));
+    }
+
+    let mut backends = Vec::new();
+    let mut deletion_costs = BTreeMap::new();
+    for copy in 1..=copies {
+        let last = slots
+            .range((copy, 0)..(copy + 1, 0))
+            .map(|(&(_, s), _)| s + 1)
+            .max()
+            .unwrap_or(0);
+        let kept = recorded_len[(copy - 1) as usize].min(cap(copy));
+        for slot in 0..last.max(kept) {
+            match slots.get(&(copy, slot)) {
+                Some((pod, address)) => {
+                    deletion_costs.insert(
+                        pod.to_string(),
+                        (DELETION_COST_TOP - rank(copy, slot, copies)).max(1),
+                    );
+                    backends.push(ProxyBackend {
+                        copy,
+                        slot,
+                        pod: pod.to_string(),
+                        address: address.clone(),
+                    });
+                }
+                None => backends.push(ProxyBackend {
+                    copy,
+                    slot,
+                    ..ProxyBackend::default()
+                }),
+            }
+        }
+    }
+    Membership {
+        backends,
+        deletion_costs,
+    }
+}
+
+/// A backend as recorded in a ConfigMap: written before slots existed, it has none.
+#[derive(Deserialize)]
+struct Recorded {
+    copy: i32,
+    slot: Option<i32>,
+    #[serde(default)]
+    pod: String,
+    #[serde(default)]
+    address: String,
+}
+
+/// The backends recorded in a ConfigMap's data (its JSON text as cached), or none. A record
+/// written before slots existed (one list of Ready pods per copy, sorted by name) gets
+/// them in its order.
+pub fn recorded_backends(data_json: &str) -> Vec<ProxyBackend> {
+    let recorded: Vec<Recorded> = serde_json::from_str::<BTreeMap<String, String>>(data_json)
+        .ok()
+        .and_then(|data| serde_json::from_str(data.get(BACKENDS_KEY)?).ok())
+        .unwrap_or_default();
+    let mut next: BTreeMap<i32, i32> = BTreeMap::new();
+    recorded
+        .into_iter()
+        .map(|r| {
+            let slot = r.slot.unwrap_or_else(|| {
+                let n = next.entry(r.copy).or_insert(0);
+                *n += 1;
+                *n - 1
+            });
+            ProxyBackend {
+                copy: r.copy,
+                slot,
+                pod: r.pod,
+                address: r.address,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    const PORT: i32 = 11211;
+
+    /// A pod with an IP of its own.
+    fn pod(name: &str, ready: bool) -> PoolPod {
+        let n: u32 = name.bytes().map(u32::from).sum();
+        PoolPod {
+            name: name.to_string(),
+            ip: Some(format!("10.0.{}.{}", n / 250, n % 250 + 1)),
+            ready,
+        }
+    }
+
+    pub(in crate::proxy) fn ready(names: &[&str]) -> Vec<PoolPod> {
+        names.iter().map(|n| pod(n, true)).collect()
+    }
+
+    /// Copy `copy`'s ring, slot by slot ("" for a vacant slot).
+    fn ring(m: &Membership, copy: i32) -> Vec<&str> {
+        let slots: Vec<i32> = m
+            .backends
+            .iter()
+            .filter(|b| b.copy == copy)
+            .map(|b| b.slot)
+            .collect();
+        assert_eq!(slots, (0..slots.len() as i32).collect::<Vec<_>>(), "{m:?}");
+        m.backends
+            .iter()
+            .filter(|b| b.copy == copy)
+            .map(|b| b.pod.as_str())
+            .collect()
+    }
+
+    fn cost(m: &Membership, pod: &str) -> Option<i32> {
+        m.deletion_costs.get(pod).copied()
+    }
+
+    /// The next membership from `m`'s record, and that computing it again changes nothing.
+    pub(in crate::proxy) fn next(
+        m: &Membership,
+        pods: &[PoolPod],
+        size: i32,
+        copies: i32,
+    ) -> Membership {
+        let next = membership(&m.backends, pods, size, copies, PORT);
+        assert_eq!(
+            membership(&next.backends, pods, size, copies, PORT),
+            next,
+            "stable"
+        );
+        next
+    }
+
+    #[test]
+    fn a_pod_keeps_its_slot_until_it_is_gone_ready_or_not() {
+        let empty = Membership::default();
+        let first = next(&empty, &ready(&["c", "a", "b"]), 3, 1);
+        assert_eq!(ring(&first, 1), ["a", "b", "c"], "newcomers in name order");
+        assert_eq!(
+            (cost(&first, "a"), cost(&first, "b"), cost(&first, "c")),
+            (Some(1000), Some(999), Some(998)),
+            "the last slot is the cheapest"
+        );
+
+        // b stops being Ready, even loses its IP: nothing changes, not even its address.
+        let mut flapping = vec![pod("a", true), pod("b", false), pod("c", true)];
+        assert_eq!(next(&first, &flapping, 3, 1), first);
+        flapping[1].ip = None;
+        assert_eq!(next(&first, &flapping, 3, 1), first);
+
+        // b is deleted: its slot stays, vacant; a pod that is not Ready yet does not join.
+        let gone = next(
+            &first,
+            &[pod("a", true), pod("c", true), pod("d", false)],
+            3,
+            1,
+        );
+        assert_eq!(ring(&gone, 1), ["a", "", "c"]);
+        assert_eq!(cost(&gone, "d"), None);
+        assert!(gone.backends[1].is_vacant() && gone.backends[1].address.is_empty());
+        // Once Ready, the replacement takes b's slot and b's cost.
+        let replaced = next(&gone, &ready(&["a", "c", "d"]), 3, 1);
+        assert_eq!(ring(&replaced, 1), ["a", "d", "c"]);
+        assert_eq!(cost(&replaced, "d"), Some(999));
+        assert_eq!(replaced.backends[1].address, "10.0.0.101:11211");
+        // The last slot's pod is replaced: the ring keeps its length meanwhile.
+        let last_gone = next(&replaced, &ready(&["a", "d"]), 3, 1);
+        assert_eq!(ring(&last_gone, 1), ["a", "d", ""]);
+        let last_back = next(&last_gone, &ready(&["a", "d", "0new"]), 3, 1);
+        assert_eq!(ring(&last_back, 1), ["a", "d", "0new"]);
+        // An ended or deleted pod is not among the live pods: same as gone.
+        let all_gone = next(&last_back, &[], 3, 1);
+        assert_eq!(ring(&all_gone, 1), ["", "", ""]);
+        assert!(all_gone.deletion_costs.is_empty());
+    }
+
+    #[test]
+    fn the_ring_grows_as_pods_join_and_shrinks_by_its_last_slots() {
+        let three = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        // 3 → 4: no slot until the new pod is Ready, then the fourth.
+        let mut pods = vec![
+            pod("a", true),
+            pod("b", true),
+            pod("c", true),
+            pod("d", false),
+        ];
+        assert_eq!(ring(&next(&three, &pods, 4, 1), 1), ["a", "b", "c"]);
+        pods[3].ready = true;
+        let four = next(&three, &pods, 4, 1);
+        assert_eq!(ring(&four, 1), ["a", "b", "c", "d"]);
+        assert_eq!(cost(&four, "d"), Some(997));
+        // 4 → 3: the ring stays as long as d lives, and loses its last slot when d goes.
+        assert_eq!(next(&four, &pods, 3, 1), four);
+        let back = next(&four, &ready(&["a", "b", "c"]), 3, 1);
+        assert_eq!(ring(&back, 1), ["a", "b", "c"]);
+
+        // A rolling update's extra pod waits for a slot, and takes the one freed.
+        let surge = next(&back, &ready(&["a", "b", "c", "e"]), 3, 1);
+        assert_eq!(surge, back);
+        let rolled = next(&surge, &ready(&["a", "b", "e"]), 3, 1);
+        assert_eq!(ring(&rolled, 1), ["a", "b", "e"]);
+
+        // 4 → 2, the ReplicaSet removing b (not Ready, say) and d. While it is under way
+        // nobody moves; then c, beyond the capacity, moves into b's slot.
+        let halfway = next(&four, &ready(&["a", "c", "d"]), 2, 1);
+        assert_eq!(ring(&halfway, 1), ["a", "", "c", "d"]);
+        let two = next(&halfway, &ready(&["a", "c"]), 2, 1);
+        assert_eq!(ring(&two, 1), ["a", "c"]);
+        assert_eq!(cost(&two, "c"), Some(999));
+    }
+
+    #[test]
+    fn copies_are_filled_slot_by_slot_and_a_change_of_copies_moves_few_pods() {
+        let four = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 4, 2);
+        assert_eq!(
+            (ring(&four, 1), ring(&four, 2)),
+            (vec!["a", "c"], vec!["b", "d"])
+        );
+        let costs: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|p| cost(&four, p))
+            .collect();
+        assert_eq!(costs, [Some(1000), Some(999), Some(998), Some(997)]);
+        // A fifth pod: the third slot of copy 1, the cheapest.
+        let five = next(&four, &ready(&["a", "b", "c", "d", "e"]), 5, 2);
+        assert_eq!(
+            (ring(&five, 1), ring(&five, 2)),
+            (vec!["a", "c", "e"], vec!["b", "d"])
+        );
+        assert_eq!(cost(&five, "e"), Some(996));
+        // A pod of copy 2 replaced: the replacement goes to copy 2, same slot.
+        let replaced = next(&five, &ready(&["a", "b", "c", "e", "f"]), 5, 2);
+        assert_eq!(ring(&replaced, 2), ["b", "f"]);
+
+        // copies 1 → 2 on 4 pods: the last two move to copy 2, the rest stay.
+        let single = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 4, 1);
+        let raised = next(&single, &ready(&["a", "b", "c", "d"]), 4, 2);
+        assert_eq!(
+            (ring(&raised, 1), ring(&raised, 2)),
+            (vec!["a", "b"], vec!["d", "c"])
+        );
+        // 2 → 1: copy 2's pods go to the end of copy 1.
+        let lowered = next(&four, &ready(&["a", "b", "c", "d"]), 4, 1);
+        assert_eq!(ring(&lowered, 1), ["a", "c", "d", "b"]);
+        // More copies than pods: the empty copies have no ring.
+        let thin = next(&Membership::default(), &ready(&["a"]), 1, 3);
+        assert_eq!((ring(&thin, 1), ring(&thin, 2)), (vec!["a"], vec![]));
+    }
+
+    #[test]
+    fn records_from_before_slots_get_them_in_order() {
+        let data = serde_json::json!({
+            BACKENDS_KEY: r#"[{"copy":1,"pod":"a","address":"10.0.0.1:11211"},
+                             {"copy":1,"pod":"b","address":"10.0.0.2:11211"},
+                             {"copy":2,"pod":"c","address":"10.0.0.3:11211"}]"#,
+        })
+        .to_string();
+        let slots: Vec<(i32, i32, String)> = recorded_backends(&data)
+            .into_iter()
+            .map(|b| (b.copy, b.slot, b.pod))
+            .collect();
+        assert_eq!(
+            slots,
+            [(1, 0, "a".into()), (1, 1, "b".into()), (2, 0, "c".into())]
+        );
+        // And a record with slots reads back as written.
+        let m = next(&Membership::default(), &ready(&["a", "b"]), 3, 1);
+        let gone = next(&m, &ready(&["a"]), 3, 1);
+        let written = serde_json::json!({
+            BACKENDS_KEY: serde_json::to_string(&gone.backends).unwrap_or_default(),
+        })
+        .to_string();
+        assert_eq!(recorded_backends(&written), gone.backends);
+        assert_eq!(recorded_backends("not json"), []);
+    }
+}
