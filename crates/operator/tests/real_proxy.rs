@@ -626,12 +626,20 @@ fn with_two_copies_keys_survive_the_loss_of_a_pod() {
     );
     let proxy = start_proxy(&dir);
     set_all(proxy.port);
-    let items: u64 = ports.iter().map(|p| stat(*p, "curr_items")).sum();
-    assert_eq!(
-        items,
-        2 * KEYS as u64,
-        "every key is written to both copies"
-    );
+    // A write answers with the first copy's STORED; the other copy's may still be on its
+    // way: wait for it, within a bound.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let items: u64 = ports.iter().map(|p| stat(*p, "curr_items")).sum();
+        if items == 2 * KEYS as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "every key is written to both copies: {items} items for {KEYS} keys"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     drop(backends.remove(0));
     assert_eq!(
