@@ -372,15 +372,7 @@ pub fn desired_deployment_with(
                 match_labels: Some(selector_labels(name)),
                 match_expressions: None,
             },
-            // Replace one pod at a time and never drop below `size` ready pods: a restarted
-            // memcached starts with an empty cache, so a rollout must be gentle.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".to_string()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(1)),
-                    max_unavailable: Some(IntOrString::Int(0)),
-                }),
-            }),
+            strategy: Some(one_pod_at_a_time()),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
@@ -578,5 +570,18 @@ pub(crate) fn mount(name: &str, path: &str) -> VolumeMount {
         mount_path: path.to_string(),
         read_only: Some(true),
         ..VolumeMount::default()
+    }
+}
+
+/// Replace one pod at a time and never drop below the wanted ready pods: a restarted
+/// memcached starts with an empty cache, so a rollout must be gentle (a proxy pod's
+/// clients reconnect, which is gentler too).
+pub(crate) fn one_pod_at_a_time() -> DeploymentStrategy {
+    DeploymentStrategy {
+        type_: Some("RollingUpdate".to_string()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(IntOrString::Int(1)),
+            max_unavailable: Some(IntOrString::Int(0)),
+        }),
     }
 }

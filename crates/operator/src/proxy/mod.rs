@@ -48,9 +48,7 @@ mod slots;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
-};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PodSecurityContext, PodSpec,
     PodTemplateSpec, ResourceRequirements, SeccompProfile, Service, ServicePort, ServiceSpec,
@@ -196,13 +194,7 @@ pub fn desired_proxy_deployment(
                 match_labels: Some(selector.clone()),
                 match_expressions: None,
             },
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".to_string()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(1)),
-                    max_unavailable: Some(IntOrString::Int(0)),
-                }),
-            }),
+            strategy: Some(builders::one_pod_at_a_time()),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(proxy_labels(name)),
