@@ -58,7 +58,7 @@ lint: ## Lint the code (clippy, warnings are errors).
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: controlplane memcached-proxy tools previous-release ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, helm and operator-sdk, then every test, the real-server suites included.
+test: controlplane memcached-proxy tools previous-release peer-test ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, helm and operator-sdk, then every test, the real-server suites included.
 	$(CARGO) test --workspace --locked
 
 ##@ Control plane (a real Kubernetes without a cluster)
@@ -137,6 +137,10 @@ bench-real: bench-build dev-cluster ## Benchmark on the real control plane with 
 # Sizes of the side-by-side benchmark: make bench-side-by-side SBS_N=100,1000 SBS_ARGS="--runs 3"
 SBS_N ?= 100,1000
 SBS_ARGS ?=
+
+.PHONY: peer-test
+peer-test: ## Run the benchmark peer's own Go tests (bench/peer: go test ./...).
+	cd bench/peer && go test ./...
 
 .PHONY: bench-peer
 bench-peer: ## Build the seeds' Go operator used as the benchmark peer (bench/peer, Go).
