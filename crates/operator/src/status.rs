@@ -63,9 +63,10 @@ pub struct Observed<'a> {
     pub proxy: Option<ObservedProxy<'a>>,
     /// Pods whose TLS reload agent reported renewed files it could not load, sorted by pod.
     pub reload_failures: Vec<ReloadFailure>,
-    /// The operator's new default memcached image waits for a fleet-wide rollout slot:
-    /// pools rolling now, and how many may roll at once.
-    pub rollout_waiting: Option<(usize, usize)>,
+    /// The operator's new default memcached image waits for a fleet-wide rollout slot: how
+    /// many pools may roll at once (not how many do: the message stays the same while it
+    /// waits, and so does the status).
+    pub rollout_waiting: Option<usize>,
 }
 
 /// A pod whose TLS reload agent reported renewed certificate files it could not load.
@@ -353,14 +354,13 @@ pub fn desired_status(
                     PROGRESS_DEADLINE_EXCEEDED,
                     format!("{message}; the rollout is stuck: {why}"),
                 ),
-                (None, Some((rolling, max))) if done => cond(
+                (None, Some(max)) if done => cond(
                     condition::PROGRESSING,
                     true,
                     WAITING_FOR_ROLLOUT_SLOT,
                     format!(
                         "the operator's new default memcached image waits for a rollout slot: \
-                         {rolling} other pools are rolling, at most {max} at once \
-                         (--max-concurrent-pool-rollouts)"
+                         at most {max} pools roll at once (--max-concurrent-pool-rollouts)"
                     ),
                 ),
                 (None, _) => cond(condition::PROGRESSING, !done, reason, message),

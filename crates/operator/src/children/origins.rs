@@ -273,8 +273,10 @@ pub fn refusal(
     status: &Status,
 ) -> Option<ValidationErrors> {
     let object_is_wrong = match status.code {
-        // Invalid (422) and BadRequest (400).
-        400 | 422 => true,
+        // Invalid (422) and BadRequest (400), but for a dry run that an admission webhook
+        // on the child's kind cannot take: a limit of the cluster, not of the object.
+        400 => !status.message.contains("does not support dry run"),
+        422 => true,
         // Forbidden, but not by RBAC: the cluster's own policies refuse the object (a
         // ResourceQuota or LimitRange, an admission webhook or policy), and will go on
         // refusing it however often it is retried.

@@ -156,7 +156,18 @@ async fn reconcile_inner(
         object: object.clone(),
         source: e.source,
     })?;
-    let applied = apply::apply_children(ctx, mc, &owner, plans, &inputs, changes).await?;
+    let applied = match apply::apply_children(ctx, mc, &owner, plans, &inputs, changes).await {
+        Ok(applied) => applied,
+        Err(e) => {
+            // What does not depend on the children still happens (the status, with the
+            // failure, is written by `reconcile`): a conflict over one child must not hold
+            // the proxy's slots or a pod whose certificate reload failed.
+            let failures = restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name);
+            deletion_costs::annotate(ctx, &namespace, &name, &deletion_costs).await?;
+            restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
+            return Err(e);
+        }
+    };
 
     // 4. The status, from what the children and pods show.
     let failures = restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name);
@@ -218,8 +229,8 @@ async fn reconcile_inner(
 }
 
 /// How soon a pool waiting for a rollout slot looks again (costs no request: the slots are
-/// counted from the cache).
-const ROLLOUT_SLOT_RECHECK: Duration = Duration::from_secs(5);
+/// counted from the caches).
+const ROLLOUT_SLOT_RECHECK: Duration = Duration::from_secs(10);
 
 /// The live pods of `mc` in the pod cache: neither being deleted nor ended (a Failed or
 /// evicted pod stays until garbage-collected, but serves nothing).

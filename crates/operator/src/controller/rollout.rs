@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use memcached_api::Memcached;
@@ -107,6 +108,40 @@ fn spec_agrees(mc: &Memcached, name: &str, live: &Value, ours: &Value) -> bool {
         }
         _ => true,
     }
+}
+
+/// Whether a field manager other than `ours` holds a field of the parts a pool keeps (see
+/// [`keep_live`]) in a Deployment's `managedFields`: an edit of them, by `kubectl` or
+/// another tool, which the apply must take back rather than keep.
+pub fn edited_by_others(managed: Option<&[ManagedFieldsEntry]>, ours: &str) -> bool {
+    let item = |name: &str| format!("k:{{\"name\":\"{name}\"}}");
+    managed.into_iter().flatten().any(|entry| {
+        if entry.manager.as_deref() == Some(ours) {
+            return false;
+        }
+        let Some(pod) = entry
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.pointer("/f:spec/f:template/f:spec"))
+        else {
+            return false;
+        };
+        let holds = |list: &str, name: &str| {
+            pod.get(list)
+                .and_then(|items| items.get(item(name)))
+                .is_some()
+        };
+        KEPT_CONTAINERS
+            .iter()
+            .any(|(list, name)| holds(&format!("f:{list}"), name))
+            || KEPT_VOLUMES.iter().any(|name| holds("f:volumes", name))
+            // The memcached image a pool may hold (see `keep_live`).
+            || pod
+                .get("f:containers")
+                .and_then(|c| c.get(item(CONTAINER_NAME)))
+                .and_then(|c| c.get("f:image"))
+                .is_some()
+    })
 }
 
 /// The memcached image of a Deployment.
@@ -209,6 +244,11 @@ impl RolloutSlots {
     /// [`RolloutSlots::give_back`] says the write failed).
     pub fn try_take(&self, pool: &ObjectRef<Memcached>) -> bool {
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        // Its own start, which the cache does not show yet: still its slot (so a stale
+        // cache never makes it take the old image back).
+        if started.contains_key(pool) {
+            return true;
+        }
         if self.count(&mut started, pool) >= self.max {
             return false;
         }
@@ -257,13 +297,21 @@ fn pool_of(d: &CachedDeployment) -> Option<ObjectRef<Memcached>> {
         .then(|| ObjectRef::new(&owner.name).within(d.namespace().as_deref().unwrap_or_default()))
 }
 
-/// Whether a Deployment's rollout is done: the controller saw its latest spec, and only
-/// updated pods remain, all Ready.
+/// Whether a Deployment holds no rollout slot: its rollout is done (the controller saw its
+/// latest spec, and only updated pods remain, all available), or stuck (past its progress
+/// deadline: broken, not rolling; it must not hold the fleet's other pools back).
 fn rollout_done(d: &CachedDeployment) -> bool {
     let want = d.replicas().unwrap_or(1);
     let Some(s) = d.status.as_ref() else {
         return want == 0;
     };
+    let stuck = s.conditions.iter().flatten().any(|c| {
+        c.type_ == "Progressing"
+            && c.reason.as_deref() == Some(crate::status::PROGRESS_DEADLINE_EXCEEDED)
+    });
+    if stuck {
+        return true;
+    }
     let observed = match (s.observed_generation, d.metadata.generation) {
         (Some(seen), Some(current)) => seen >= current,
         _ => false,
@@ -271,7 +319,7 @@ fn rollout_done(d: &CachedDeployment) -> bool {
     observed
         && s.updated_replicas.unwrap_or(0) >= want
         && s.replicas.unwrap_or(0) == want
-        && s.ready_replicas.unwrap_or(0) >= want
+        && s.available_replicas.unwrap_or(0) >= want
 }
 
 #[cfg(test)]
@@ -394,6 +442,37 @@ mod tests {
         });
         let new = deployment(&class, &settings);
         assert_eq!(keep_live(&class, &new, &spec_json(&live), true), None);
+    }
+
+    #[test]
+    fn a_kept_part_another_tool_edited_is_taken_back() {
+        let entry = |manager: &str, fields: Value| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                fields,
+            )),
+            ..ManagedFieldsEntry::default()
+        };
+        let exporter_image = serde_json::json!({"f:spec": {"f:template": {"f:spec": {
+            "f:containers": {"k:{\"name\":\"exporter\"}": {"f:image": {}}}}}}});
+        let ours = [entry("memcached-operator", exporter_image.clone())];
+        assert!(!edited_by_others(Some(&ours), "memcached-operator"));
+        let kubectl = [
+            entry("memcached-operator", exporter_image.clone()),
+            entry("kubectl-set", exporter_image),
+        ];
+        assert!(edited_by_others(Some(&kubectl), "memcached-operator"));
+        let scaled = [entry(
+            "kubectl-scale",
+            serde_json::json!({"f:spec": {"f:replicas": {}}}),
+        )];
+        assert!(!edited_by_others(Some(&scaled), "memcached-operator"));
+        let volume = [entry(
+            "kubectl-edit",
+            serde_json::json!({"f:spec": {"f:template": {"f:spec": {
+                "f:volumes": {"k:{\"name\":\"tls\"}": {"f:secret": {}}}}}}}),
+        )];
+        assert!(edited_by_others(Some(&volume), "memcached-operator"));
     }
 
     #[test]

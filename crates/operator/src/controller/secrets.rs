@@ -85,10 +85,11 @@ pub(super) async fn referenced_secrets(
             message: format!("Secret \"{secret}\" ({field}) not found in namespace {namespace}"),
         };
         // The watch knows whether it exists, and which version it is.
+        let cache_key = (namespace.to_string(), secret.to_string(), keys);
         let Some(meta) = ctx.secrets.get(&ObjectRef::new(secret).within(namespace)) else {
+            ctx.secret_reads.forget(&cache_key);
             return Ok(Err(not_found()));
         };
-        let cache_key = (namespace.to_string(), secret.to_string(), keys);
         let seen = meta.metadata.resource_version.clone().unwrap_or_default();
         let digest = match ctx.secret_reads.get(&cache_key, &seen) {
             Some(digest) => digest,

@@ -112,6 +112,11 @@ fn deployment_status(d: &CachedDeployment) -> u64 {
             s.available_replicas,
         )
             .hash(&mut h);
+        // The conditions' types and reasons (the status and the rollout slots read whether
+        // the rollout is stuck past its deadline), not their timestamps.
+        for c in s.conditions.iter().flatten() {
+            (&c.type_, &c.reason).hash(&mut h);
+        }
     }
     h.finish()
 }

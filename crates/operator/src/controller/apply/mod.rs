@@ -93,9 +93,8 @@ enum Applied<T> {
 #[derive(Default)]
 pub(super) struct AppliedChildren {
     deployments: Vec<(String, Arc<CachedDeployment>)>,
-    /// The pool's new default image waits for a rollout slot: pools rolling now, of how
-    /// many at once.
-    pub rollout_waiting: Option<(usize, usize)>,
+    /// The pool's new default image waits for a rollout slot (of how many at once).
+    pub rollout_waiting: Option<usize>,
 }
 
 impl AppliedChildren {
@@ -112,8 +111,8 @@ impl AppliedChildren {
 struct ChildOutcome {
     /// The Deployment as the apply left it, by name.
     deployment: (String, Arc<CachedDeployment>),
-    /// A new default image waiting for a rollout slot: pools rolling now, of how many.
-    waiting: Option<(usize, usize)>,
+    /// A new default image waiting for a rollout slot (of how many at once).
+    waiting: Option<usize>,
 }
 
 /// Applies every wanted child of `plans` at once (they do not depend on each other, so a new

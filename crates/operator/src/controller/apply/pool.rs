@@ -3,8 +3,10 @@
 //! image waits for a fleet-wide rollout slot (see [`crate::controller::rollout`]).
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Patch, PatchParams};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::Value;
+use tracing::debug;
 
 use super::super::context::Error;
 use super::super::rollout;
@@ -17,11 +19,11 @@ impl Apply<'_> {
     /// upgrade ([`rollout::keep_live`]): `new` is applied when the pod template changes
     /// anyway (for the pool's own reasons), else the template is left as it is; a new
     /// default memcached image rolls when a fleet-wide slot is free, and otherwise waits
-    /// (the second value: pools rolling now, of how many at once).
+    /// (the second value: how many pools may roll at once).
     pub(super) async fn run_pool(
         &self,
         new: Deployment,
-    ) -> Result<(Applied<CachedDeployment>, Option<(usize, usize)>), Error> {
+    ) -> Result<(Applied<CachedDeployment>, Option<usize>), Error> {
         let ctx = self.ctx;
         let fresh = self.prepare(&ctx.deployments, new.clone()).await?;
         let Some(live) = fresh.live.clone() else {
@@ -47,7 +49,7 @@ impl Apply<'_> {
             Some(live.clone()),
         );
         let kept_unchanged = self.unchanged(&kept, &live).await;
-        if !kept_unchanged && !self.keeps_template(&kept, live_json.as_ref()).await? {
+        if !kept_unchanged && !self.keeps_template(&kept, live_json.as_ref()).await {
             // The template changes for the pool's own reasons: everything new, in one go.
             return Ok((self.write(fresh).await?, None));
         }
@@ -74,33 +76,43 @@ impl Apply<'_> {
             // Only the helpers would move: this version of the Deployment is as wanted.
             live.verified().record(fresh.hash);
         }
-        let waiting = image_moves.then(|| {
-            (
-                ctx.config.rollout_slots.rolling(&pool),
-                ctx.config.rollout_slots.max(),
-            )
-        });
+        let waiting = image_moves.then(|| ctx.config.rollout_slots.max());
         if kept_unchanged {
             return Ok((Applied::Unchanged(live), waiting));
         }
         Ok((self.write(kept).await?, waiting))
     }
 
-    /// Whether applying `kept` leaves the live pod template as it is, by the server's own
-    /// answer to a dry run (it decides the defaults and the normal form of what it stores).
+    /// Whether applying `kept` leaves the live pod template exactly as it is, by the
+    /// server's own answer to a dry run (it decides the defaults and the normal form of what
+    /// it stores), and the kept parts are the operator's own: a field of them that another
+    /// field manager holds (`kubectl set image` of the exporter, say) is drift to repair,
+    /// not a part to keep. A dry run that fails (a webhook that supports none) says no: the
+    /// new template is applied, as it would be without this path.
     async fn keeps_template(
         &self,
         kept: &Prepared<CachedDeployment>,
         live: Option<&Value>,
-    ) -> Result<bool, Error> {
+    ) -> bool {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.ctx.client.clone(),
+            &kept.namespace,
+            &ApiResource::erase::<Deployment>(&()),
+        );
         let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
-        let stored = kept
-            .api
+        let stored = match api
             .patch(&kept.name, &params, &Patch::Apply(&kept.desired))
             .await
-            .map_err(|source| self.error(&kept.namespace, &kept.name, source))?;
-        let stored = stored.live_json();
-        Ok(stored.as_ref().and_then(rollout::template).is_some()
-            && stored.as_ref().and_then(rollout::template) == live.and_then(rollout::template))
+        {
+            Ok(stored) => stored,
+            Err(e) => {
+                debug!(error = %e, "dry run of the kept template failed; applying the new one");
+                return false;
+            }
+        };
+        let template = stored.data.pointer("/spec/template");
+        template.is_some()
+            && template == live.and_then(rollout::template)
+            && !rollout::edited_by_others(stored.metadata.managed_fields.as_deref(), FIELD_MANAGER)
     }
 }
