@@ -134,6 +134,11 @@ bench-real: bench-build dev-cluster ## Benchmark on the real control plane with 
 	$(BENCH) operator --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(BENCH_N) $(BENCH_ARGS); \
 	  status=$$?; $(MAKE) -s dev-cluster-down; exit $$status
 
+.PHONY: bench-latency
+bench-latency: memcached-proxy controlplane ## The proxy's hop and the webhook's admission with its children's dry run (release build; BENCHMARKS.md).
+	$(CARGO) build --release -p bench
+	$(BENCH) latency
+
 # Sizes of the side-by-side benchmark: make bench-side-by-side SBS_N=100,1000 SBS_ARGS="--runs 3"
 SBS_N ?= 100,1000
 SBS_ARGS ?=

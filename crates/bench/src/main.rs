@@ -20,6 +20,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
 
+mod latency;
 mod measure;
 mod operator;
 mod side_by_side;
@@ -38,6 +39,8 @@ enum Command {
     Operator(Box<operator::BenchArgs>),
     /// The operator and the seeds' Go operator side by side on a real control plane.
     SideBySide(Box<side_by_side::Args>),
+    /// The proxy's hop and the webhook's admission with its children's dry run.
+    Latency(latency::Args),
 }
 
 /// `name` next to this binary (cargo builds every binary of the workspace into one
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Operator(args) => operator::run(*args).await,
             Command::SideBySide(args) => side_by_side::run(*args).await,
+            Command::Latency(args) => latency::run(args).await,
         }
     });
     match result {

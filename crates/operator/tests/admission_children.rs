@@ -95,12 +95,9 @@ on_both_versions! {
 async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: Kube) {
     let (_cp, client, ns) = setup(kube, "children-table").await;
     let app = router(ChildrenCheck::new(client.clone(), BuildSettings::default()));
-    let mut elapsed = Vec::new();
     for (name, spec, field, words) in children_refused() {
         let object = memcached(name, spec);
-        let started = Instant::now();
         let response = call(&app, &review("CREATE", &ns, &object, None)).await;
-        elapsed.push(started.elapsed());
         println!("{kube:?} {name}: {}", response["status"]["message"]);
         assert_eq!(response["allowed"], false, "{name}: {response}");
         assert_eq!(response["status"]["code"], 422, "{name}: {response}");
@@ -123,13 +120,6 @@ async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: 
             "{name}: {message}"
         );
     }
-    elapsed.sort();
-    println!(
-        "{kube:?}: {} reviews with dry runs, median {:?}, max {:?}",
-        elapsed.len(),
-        elapsed[elapsed.len() / 2],
-        elapsed[elapsed.len() - 1]
-    );
 
     // Every pass-through field, well used, with the exporter (so the ServiceMonitor, not
     // served on this cluster, is skipped as the reconciler skips it) and a PDB (size 3).
