@@ -28,7 +28,7 @@ use tower::ServiceExt;
 mod common;
 use common::bad_inputs::{children_refused, memcached};
 use common::cluster::apply_crd;
-use common::{wait_for, wait_for_within};
+use common::{base64_decode, wait_for, wait_for_within};
 
 fn review(operation: &str, ns: &str, object: &Value, old: Option<&Value>) -> Value {
     let mut object = object.clone();
@@ -349,4 +349,226 @@ async fn the_quantity_grammar_is_the_api_servers(kube: Kube) {
         }
     }
 }
+}
+
+/// Random Memcached specs over the fields users write most (sizes, ports, images, memcached
+/// settings, resources, tolerations, node selectors, priority classes, pod labels, the
+/// exporter), with valid values weighted up so that both outcomes come often.
+fn arb_spec() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    let opt = |s: BoxedStrategy<Value>| prop::option::weighted(0.5, s).boxed();
+    let image = select(vec![
+        "memcached:1.6.38",
+        "memcached:1.6.38-alpine",
+        "registry.local:5000/cache/memcached:1.6",
+        "memcached:1.6.38",
+        "memcached:1.6.38",
+        "memcached:1.6.38",
+        "Bad Image",
+    ])
+    .prop_map(Value::from)
+    .boxed();
+    let config = (
+        select(vec![64, 64, 64, 128, 1024, 1024, 8, 0]),
+        select(vec![1, 4, 4, 4, 4, 2, 8, 0]),
+        select(vec!["1m", "1m", "1m", "512k", "512k", "1m", "2m", "abc"]),
+    )
+        .prop_map(|(memory, threads, item)| {
+            json!({"memoryMib": memory, "threads": threads, "maxItemSize": item})
+        })
+        .boxed();
+    let quantity = || {
+        select(vec![
+            "256Mi", "256Mi", "1Gi", "1Gi", "2Gi", "2Gi", "64Mi", "abc",
+        ])
+    };
+    let resources = (quantity(), quantity(), select(vec!["100m", "1", "2", "250m", "1", "100m", "2", "x"]))
+        .prop_map(|(request, limit, cpu)| {
+            json!({"requests": {"memory": request, "cpu": cpu}, "limits": {"memory": limit}})
+        })
+        .boxed();
+    let tolerations = (
+        select(vec!["Equal", "Exists", "Equal", "Exists", "Equal", "Bogus"]),
+        select(vec![
+            "dedicated",
+            "dedicated",
+            "dedicated",
+            "dedicated",
+            "bad key!",
+        ]),
+        select(vec![
+            "NoSchedule",
+            "NoExecute",
+            "NoSchedule",
+            "NoExecute",
+            "Sometimes",
+        ]),
+    )
+        .prop_map(|(operator, key, effect)| {
+            let value = if operator == "Exists" {
+                json!(null)
+            } else {
+                json!("cache")
+            };
+            json!([{"key": key, "operator": operator, "value": value, "effect": effect}])
+        })
+        .boxed();
+    let node_selector = (
+        select(vec![
+            "kubernetes.io/os",
+            "kubernetes.io/os",
+            "kubernetes.io/os",
+            "kubernetes.io/os",
+            "bad key!",
+        ]),
+        select(vec!["linux", "linux", "linux", "linux", "bad value!"]),
+    )
+        .prop_map(|(k, v)| json!({ k: v }))
+        .boxed();
+    let priority = select(vec![
+        "high-priority",
+        "high-priority",
+        "high-priority",
+        "high-priority",
+        "Bad_Name",
+    ])
+    .prop_map(Value::from)
+    .boxed();
+    let pod_labels = (
+        select(vec![
+            "team",
+            "team",
+            "example.com/team",
+            "example.com/team",
+            "-bad",
+        ]),
+        select(vec!["cache", "cache", "cache", "cache", "bad value!"]),
+    )
+        .prop_map(|(k, v)| json!({ k: v }))
+        .boxed();
+    let exporter = any::<bool>().prop_map(|on| json!({"enabled": on})).boxed();
+    (
+        select(vec![0, 1, 2, 3, 3, 2, 1, -1]),
+        prop::option::weighted(0.3, select(vec![11211, 11211, 80, 8080, 65536])),
+        (opt(image), opt(config), opt(resources), opt(tolerations)),
+        (
+            opt(node_selector),
+            opt(priority),
+            opt(pod_labels),
+            opt(exporter),
+        ),
+    )
+        .prop_map(
+            |(
+                size,
+                port,
+                (image, config, resources, tolerations),
+                (nodes, priority, labels, exporter),
+            )| {
+                let mut spec = json!({"size": size});
+                let mut set = |key: &str, v: Option<Value>| {
+                    if let Some(v) = v {
+                        spec[key] = v;
+                    }
+                };
+                set("containerPort", port.map(Value::from));
+                set("image", image);
+                set("config", config);
+                set("resources", resources);
+                set("tolerations", tolerations);
+                set("nodeSelector", nodes);
+                set("priorityClassName", priority);
+                set("podLabels", labels);
+                set("exporter", exporter);
+                spec
+            },
+        )
+}
+
+on_both_versions! {
+/// What the webhooks admit, the real API server stores, and it accepts every child the
+/// reconciler would apply for it (server-side dry runs of the builders' output, made by the
+/// test, not by the webhook's own check). The oracle is the API server; the counts show
+/// that both outcomes were reached often enough for the property to mean something.
+async fn what_the_webhooks_admit_the_real_api_server_accepts(kube: Kube) {
+    use memcached_operator::builders::SecretVersions;
+    use memcached_operator::children::{self, CHILDREN, Inputs, Kind};
+    use proptest::strategy::{Strategy, ValueTree};
+
+    const CASES: usize = 300;
+    let (_cp, client, ns) = setup(kube, "admit-oracle").await;
+    let app = webhook::router_with(
+        memcached_api::DEFAULT_IMAGE,
+        Some(ChildrenCheck::new(client.clone(), BuildSettings::default())),
+    );
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = arb_spec();
+    let (mut admitted, mut refused) = (0, 0);
+    for case in 0..CASES {
+        let spec = strategy.new_tree(&mut runner).expect("generate").current();
+        let name = format!("fuzz-{case}");
+        let object = memcached(&name, spec.clone());
+        // The mutating webhook first (the defaults it fills), then the validating one.
+        let mutated = call_endpoint(&app, webhook::MUTATE_PATH, &review("CREATE", &ns, &object, None)).await;
+        let mut object = object.clone();
+        if let Some(patch) = mutated["patch"].as_str() {
+            let patch = base64_decode(patch);
+            let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("JSON patch");
+            json_patch::patch(&mut object, &patch).expect("the patch applies");
+        }
+        if mutated["allowed"] != true {
+            refused += 1;
+            continue;
+        }
+        let response = call(&app, &review("CREATE", &ns, &object, None)).await;
+        if response["allowed"] != true {
+            refused += 1;
+            continue;
+        }
+        admitted += 1;
+        object["metadata"]["namespace"] = json!(ns);
+        let typed: Memcached = serde_json::from_value(object.clone()).expect("an admitted object decodes");
+        let stored = mcs
+            .create(&PostParams::default(), &typed)
+            .await
+            .unwrap_or_else(|e| panic!("admitted {spec}, but the API server refuses it: {e}"));
+        let settings = BuildSettings::default();
+        let inputs = Inputs { settings: &settings, secrets: &SecretVersions::default(), backends: &[] };
+        let planned = children::plan(CHILDREN, &stored, &inputs)
+            .unwrap_or_else(|e| panic!("admitted {spec}, but its children cannot be built: {e:?}"));
+        for p in planned {
+            let Some(desired) = p.desired else { continue };
+            // Not served on this cluster (the reconciler skips it the same way).
+            if desired.kind() == Kind::ServiceMonitor {
+                continue;
+            }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &ns, &desired.kind().api_resource());
+            let obj: DynamicObject = serde_json::from_value(desired.to_json().expect("JSON")).expect("object");
+            api.create(&PostParams { dry_run: true, ..PostParams::default() }, &obj)
+                .await
+                .unwrap_or_else(|e| panic!("admitted {spec}, but the API server refuses its {}: {e}", p.child.role));
+        }
+    }
+    println!("{kube:?}: {CASES} random Memcacheds, {admitted} admitted (stored, children accepted), {refused} refused");
+    assert!(admitted >= CASES / 10, "only {admitted} of {CASES} admitted: the property was hardly exercised");
+    assert!(refused >= CASES / 10, "only {refused} of {CASES} refused: the generator is too tame");
+}
+}
+
+/// POSTs `review` to one of the webhooks' routes and returns the AdmissionReview's
+/// `response`.
+async fn call_endpoint(app: &Router, path: &str, review: &Value) -> Value {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(review.to_string()))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("answered");
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    let answer: Value = serde_json::from_slice(&body).expect("JSON");
+    answer["response"].clone()
 }

@@ -225,7 +225,80 @@ async fn pods_are_spread_over_nodes_and_zones_by_default(server: Server) {
             }
         }
     }
+    if let Some(cp) = env.cluster.real {
+        where_the_scheduler_puts_them(&env, cp).await;
+    }
 }
+}
+
+/// The real kube-scheduler's placement (the oracle for what the constraints mean): a pool
+/// that requires spreading lands on as many nodes as it has pods, even when its own
+/// affinity pulls every pod to one node; the default (preferred) spreading puts a pool of
+/// three on more than one node.
+async fn where_the_scheduler_puts_them(env: &Env, cp: &envtest::ControlPlane) {
+    use k8s_openapi::api::core::v1::Node;
+    let client = cp.client().await.expect("client");
+    let mut nodes: Vec<String> = Api::<Node>::all(client)
+        .list(&ListParams::default())
+        .await
+        .expect("nodes")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    nodes.sort();
+    assert_eq!(
+        nodes.len(),
+        3,
+        "the shared control plane has three nodes: {nodes:?}"
+    );
+    // Everything that would pack the pool's pods: a preferred node and each other.
+    let pull_to = |node: &str| {
+        json!({
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "preference": {"matchExpressions": [{
+                    "key": "kubernetes.io/hostname", "operator": "In", "values": [node]
+                }]}
+            }]},
+            "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {
+                        memcached_operator::builders::LABEL_INSTANCE: "pulled"
+                    }}
+                }
+            }]}
+        })
+    };
+    env.apply(
+        "pulled",
+        json!({"size": 3, "topologySpread": "Required", "affinity": pull_to(&nodes[0])}),
+    )
+    .await;
+    env.apply("spread", json!({"size": 3})).await;
+    for (name, at_least) in [("pulled", 3), ("spread", 2)] {
+        env.converged(name, 3).await;
+        let pods = env
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&format!(
+                "{}={name}",
+                memcached_operator::builders::LABEL_INSTANCE
+            )))
+            .await
+            .expect("pods");
+        let placed: std::collections::BTreeSet<String> = pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+            .collect();
+        assert!(
+            placed.len() >= at_least,
+            "{name}: the scheduler put 3 pods on {placed:?} (at least {at_least} nodes wanted)"
+        );
+    }
 }
 
 on_every_server! {
