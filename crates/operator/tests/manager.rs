@@ -653,6 +653,7 @@ async fn metrics_need_an_authorized_token_unless_insecure() {
         &[
             &format!("--metrics-bind-address={secure}"),
             "--health-probe-bind-address=0",
+            "--max-concurrent-reconciles=3",
         ],
     );
     let _plain_op = Operator::spawn(
@@ -694,7 +695,47 @@ async fn metrics_need_an_authorized_token_unless_insecure() {
     ] {
         assert!(body.contains(name), "{name} missing from:\n{body}");
     }
-    assert!(body.contains("result=\"requeue_after\"") || body.contains("result=\"success\""));
+    // The values come from the operator's own reconciles of the one Memcached it manages,
+    // and from its flags, not from anything this test records.
+    let value = |series: &str| -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    };
+    assert_eq!(
+        value(r#"controller_runtime_max_concurrent_reconciles{controller="memcached"}"#),
+        Some(3.0),
+        "the --max-concurrent-reconciles flag:\n{body}"
+    );
+    let succeeded = ["success", "requeue_after"]
+        .iter()
+        .filter_map(|r| {
+            value(&format!(
+                r#"controller_runtime_reconcile_total{{controller="memcached",result="{r}"}}"#
+            ))
+        })
+        .sum::<f64>();
+    assert!(succeeded >= 1.0, "no reconcile counted:\n{body}");
+    let instances = wait_for_within(
+        "the managed-instances gauge counts the one Memcached",
+        Duration::from_secs(120),
+        || async move {
+            let r = tokio::task::spawn_blocking(move || {
+                https_get(secure, "/metrics", Some("prometheus-token"))
+            })
+            .await
+            .ok()?;
+            r.1.lines()
+                .find_map(|l| {
+                    l.strip_prefix("memcached_operator_managed_instances ")?
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+                .filter(|v| *v == 1.0)
+        },
+    )
+    .await;
+    assert_eq!(instances, 1.0);
 
     let denied =
         tokio::task::spawn_blocking(move || https_get(secure, "/metrics", Some("nosy-token")))
