@@ -71,6 +71,11 @@ tools: ## Build the pinned helm and operator-sdk into bin/ (Go; only when a pin 
 controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and kwok into bin/ (Go; only when a pin changed).
 	hack/controlplane/build.sh
 
+.PHONY: node
+node: memcached-proxy ## Build a real node into bin/: the pinned kubelet and kube-proxy, containerd with its runc shim, runc, the CNI plugins, and the pause and memcached images (Go and C, no registry; only when a pin changed). Needs libseccomp-dev, iptables (apt).
+	hack/node/build.sh
+	hack/node/images.sh
+
 .PHONY: previous-release
 previous-release: ## Build the operator of the last release (hack/previous-release/COMMIT) into bin/, for the upgrade test (tests/upgrade.rs; only when missing).
 	hack/previous-release/build.sh
