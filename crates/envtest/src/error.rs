@@ -38,6 +38,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Shared(String),
+    #[error("real node: {0}")]
+    RealNode(String),
 }
 
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {

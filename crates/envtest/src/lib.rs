@@ -29,6 +29,7 @@ mod binaries;
 mod certs;
 mod error;
 mod kubeconfig;
+mod node;
 mod process;
 mod versions;
 mod workloads;
@@ -51,6 +52,7 @@ pub use binaries::{bin_root, k8s_bin_dir, kubectl_path, tool_path};
 pub use error::Error;
 pub(crate) use error::io_err;
 pub use kubeconfig::client_from_kubeconfig;
+pub use node::{REAL_NODE_KEY, REAL_NODE_NAME, REAL_NODE_START_TIMEOUT, RealNodeInfo, leftovers};
 pub use process::Process;
 pub use versions::{Kube, Version, pinned_kube_versions, repo_root};
 
@@ -78,6 +80,10 @@ pub struct Options {
     pub apiserver_args: Vec<String>,
     /// Where the binaries are, instead of [`bin_root`].
     pub bin_root: Option<PathBuf>,
+    /// One real node beside the fake ones (needs [`Options::workloads`] and root; built by
+    /// `make node`): containerd and the pinned kubelet, running pods that tolerate its taint
+    /// ([`REAL_NODE_KEY`]) from locally built images. See [`ControlPlane::real_node`].
+    pub real_node: bool,
 }
 
 impl Options {
@@ -89,6 +95,7 @@ impl Options {
             zones: true,
             apiserver_args: Vec::new(),
             bin_root: None,
+            real_node: false,
         }
     }
 }
@@ -102,6 +109,8 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     ca_pem: String,
     processes: Mutex<Vec<Process>>,
+    real_node: Mutex<Option<node::RealNode>>,
+    real_node_info: Option<RealNodeInfo>,
     started_in: Duration,
 }
 
@@ -223,6 +232,8 @@ impl ControlPlane {
             kubeconfig: kubeconfig.clone(),
             ca_pem: pki.ca_pem.clone(),
             processes: Mutex::new(Vec::new()),
+            real_node: Mutex::new(None),
+            real_node_info: None,
             started_in: Duration::ZERO,
         };
 
@@ -273,6 +284,23 @@ impl ControlPlane {
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
         ];
+        if opts.real_node {
+            if !opts.workloads {
+                return Err(Error::RealNode(
+                    "a real node needs the workloads (kube-controller-manager, kube-scheduler)"
+                        .into(),
+                ));
+            }
+            // The API server reaches the kubelet (logs, exec) at the node's address, as the
+            // admin, whom the kubelet asks the API server about.
+            let admin_crt = write("admin.crt", &pki.admin_cert_pem)?;
+            let admin_key = write("admin.key", &pki.admin_key_pem)?;
+            apiserver_args.extend([
+                "--kubelet-preferred-address-types=InternalIP".into(),
+                format!("--kubelet-client-certificate={}", admin_crt.display()),
+                format!("--kubelet-client-key={}", admin_key.display()),
+            ]);
+        }
         apiserver_args.extend(opts.apiserver_args.iter().cloned());
         cp.spawn("kube-apiserver", &apiserver, &apiserver_args)?;
 
@@ -335,6 +363,21 @@ impl ControlPlane {
             )?;
             cp.create_nodes(&client, opts.nodes, opts.zones).await?;
             cp.wait_workloads_ready(&client, opts.nodes, begin).await?;
+            if opts.real_node {
+                let node = node::RealNode::start(
+                    node::NodeInputs {
+                        bin_root: &root,
+                        version: &version,
+                        dir: &dir,
+                        kubeconfig: &kubeconfig,
+                        ca_crt: &ca_crt,
+                    },
+                    &client,
+                )
+                .await?;
+                cp.real_node_info = Some(node.info().clone());
+                *cp.real_node.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
+            }
         }
         cp.started_in = begin.elapsed();
         tracing::info!(version = %cp.version, url = %cp.url, started_in = ?cp.started_in, "control plane ready");
@@ -520,8 +563,20 @@ impl ControlPlane {
         certs::serving_cert_from_ca_pem(&self.dir, names)
     }
 
-    /// Stops every process (SIGKILL: the data is thrown away) and removes the directory.
+    /// The real node ([`Options::real_node`]), when this control plane has one.
+    pub fn real_node(&self) -> Option<&RealNodeInfo> {
+        self.real_node_info.as_ref()
+    }
+
+    /// Stops every process (SIGKILL: the data is thrown away) and removes the directory;
+    /// the real node first, with everything it made on the host.
     pub fn stop(&self) {
+        drop(
+            self.real_node
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
         for p in procs.iter_mut().rev() {
             p.kill();

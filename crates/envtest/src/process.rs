@@ -87,6 +87,17 @@ impl Process {
         args: &[String],
         dir: &Path,
     ) -> Result<Process, Error> {
+        Self::spawn_with_env(name, binary, args, dir, &[])
+    }
+
+    /// [`Process::spawn`] with extra environment variables.
+    pub(crate) fn spawn_with_env(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        dir: &Path,
+        env: &[(&str, std::ffi::OsString)],
+    ) -> Result<Process, Error> {
         let log = dir.join(format!("{name}.log"));
         let out =
             std::fs::File::create(&log).map_err(io_err(format!("creating {}", log.display())))?;
@@ -95,6 +106,7 @@ impl Process {
             .map_err(io_err(format!("opening {}", log.display())))?;
         let mut cmd = Command::new(binary);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(out)

@@ -105,3 +105,13 @@ pub(crate) fn kwok_dir_name() -> Result<String, Error> {
         .ok_or_else(|| Error::NoPins(go_mod.clone()))?;
     Ok(format!("kwok-{v}"))
 }
+
+/// `containerd-vA.B.C`, from the node's runtime pin (`hack/node/runtime/go.mod`): the
+/// directory under [`bin_root`](crate::bin_root) with containerd, its shim, runc, ctr and
+/// the CNI plugins.
+pub(crate) fn containerd_dir_name() -> Result<String, Error> {
+    let go_mod = repo_root().join("hack/node/runtime/go.mod");
+    let v = module_version(&go_mod, "github.com/containerd/containerd/v2 ")?
+        .ok_or_else(|| Error::NoPins(go_mod.clone()))?;
+    Ok(format!("containerd-{v}"))
+}

@@ -1,0 +1,730 @@
+//! A real node beside kwok's fake ones ([`Options::real_node`](crate::Options)): containerd
+//! with runc and a CNI bridge, and the pinned kubelet, all built by `make node`
+//! (`hack/node`), running the locally built images (`bin/node-images`: pause and memcached;
+//! nothing is pulled).
+//!
+//! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and tainted
+//! `envtest/real-node:NoSchedule`, so that only pods which tolerate the taint land there.
+//! Its pods get addresses on a bridge of their own (`envtest<K>`, `10.199.K.0/24`, the host
+//! at `10.199.K.1`, which is also the node's address and where the kubelet listens), so the
+//! test reaches a pod at its IP from the host.
+//!
+//! It needs root, cgroup v1 controllers or cgroup v2, and the root mount shared (made so
+//! here, as kind's entrypoint does). Everything it creates is its own and is removed when
+//! the control plane stops: the processes (containerd, its shims and every container: they
+//! live in the cgroup `envtest-<pid>-<n>`), the mounts under its directories, the bridge and
+//! the pods' network namespaces and veths, the CNI cache entries, the kubelet's symlinks in
+//! `/var/log/containers`, and the cgroups.
+//!
+//! What it changes on the host and leaves: the root mount's propagation (shared), and what
+//! the kubelet sets at start (`vm.overcommit_memory=1`, `kernel.panic=10`,
+//! `kernel.panic_on_oops=1`), the directories `/var/log/containers` and
+//! `/var/lib/kubelet/device-plugins` (paths the kubelet does not let one move).
+
+use std::collections::BTreeSet;
+use std::ffi::{CString, OsString};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::Api;
+use serde_json::json;
+
+use crate::process::{self, Process};
+use crate::{Error, Version, io_err, versions};
+
+/// The real node's name.
+pub const REAL_NODE_NAME: &str = "real-node";
+/// The key of the real node's `NoSchedule` taint and of its label (`=true`): a pod that runs
+/// there tolerates the taint and selects the label.
+pub const REAL_NODE_KEY: &str = "envtest/real-node";
+
+/// How long the real node may take to register and turn Ready.
+pub const REAL_NODE_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CNI_CACHE: &str = "/var/lib/cni/results";
+const CONTAINER_LOG_LINKS: &str = "/var/log/containers";
+
+/// What a test needs to know of the real node: its name, the images it holds, where its
+/// pods' addresses come from, and what it created on the host (to check that all of it is
+/// gone once the control plane stops).
+#[derive(Clone, Debug)]
+pub struct RealNodeInfo {
+    /// The Node's name ([`REAL_NODE_NAME`]).
+    pub name: String,
+    /// The memcached image (memcached with its proxy and TLS, `make memcached-proxy`), as
+    /// pods name it; imported, never pulled.
+    pub memcached_image: String,
+    /// The pod sandbox image.
+    pub pause_image: String,
+    /// The node's address (the bridge's, on the host).
+    pub node_ip: Ipv4Addr,
+    /// The pods' addresses, `10.199.K.0/24`.
+    pub pod_subnet: String,
+    /// The bridge (a network device of the host).
+    pub bridge: String,
+    /// The cgroup every process of the node lives in, under each hierarchy.
+    pub cgroup: String,
+    /// The node's directories (state, sockets, mounts).
+    pub dirs: Vec<PathBuf>,
+}
+
+/// The running node: stopped, and everything it made removed, on drop.
+pub(crate) struct RealNode {
+    info: RealNodeInfo,
+    kubelet: Option<Process>,
+    containerd: Option<Process>,
+}
+
+/// The files of a pinned control plane the node uses.
+pub(crate) struct NodeInputs<'a> {
+    pub bin_root: &'a Path,
+    pub version: &'a Version,
+    pub dir: &'a Path,
+    pub kubeconfig: &'a Path,
+    pub ca_crt: &'a Path,
+}
+
+fn node_err(what: impl Into<String>) -> Error {
+    Error::RealNode(what.into())
+}
+
+fn require_file(path: PathBuf, command: &str) -> Result<PathBuf, Error> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::MissingBinary {
+            binary: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            path,
+            command: command.to_string(),
+        })
+    }
+}
+
+/// Runs a command to completion; fails with its output.
+fn run(cmd: &mut Command) -> Result<String, Error> {
+    let out = cmd
+        .output()
+        .map_err(io_err(format!("running {:?}", cmd.get_program())))?;
+    if !out.status.success() {
+        return Err(node_err(format!(
+            "{:?} {:?} failed ({}): {}{}",
+            cmd.get_program(),
+            cmd.get_args().collect::<Vec<_>>(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn cstring(p: &Path) -> Result<CString, Error> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|e| node_err(format!("path {p:?}: {e}")))
+}
+
+/// The mounted cgroup hierarchies: `/sys/fs/cgroup/<name>` for cgroup v1 (and the hybrid
+/// layout's `unified`), or `/sys/fs/cgroup` itself for cgroup v2.
+fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let root = Path::new(CGROUP_ROOT);
+    if root.join("cgroup.procs").is_file() {
+        return vec![root.to_path_buf()];
+    }
+    let mut out: Vec<PathBuf> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| !p.is_symlink() && p.join("cgroup.procs").is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every directory of `cgroup` under every hierarchy, deepest first.
+fn cgroup_dirs(cgroup: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&p, out);
+            }
+        }
+        out.push(dir.to_path_buf());
+    }
+    let mut out = Vec::new();
+    for h in cgroup_hierarchies() {
+        let top = h.join(cgroup);
+        if top.is_dir() {
+            walk(&top, &mut out);
+        }
+    }
+    out
+}
+
+/// The processes in `cgroup` (any hierarchy, any depth).
+fn cgroup_pids(cgroup: &str) -> BTreeSet<i32> {
+    cgroup_dirs(cgroup)
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// Mount points under `dir`, deepest first (from this process's mount table).
+pub(crate) fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut out: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount_path)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    out.dedup();
+    out
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(s: &str) -> PathBuf {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && let Some(oct) = s.get(i + 1..i + 4)
+            && let Ok(v) = u8::from_str_radix(oct, 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(OsString::from(std::ffi::OsStr::from_bytes(&out)))
+}
+
+/// Holds an exclusive lock on a file of /run while the node picks its subnet and creates its
+/// bridge, so that two test binaries starting at once pick different ones.
+struct HostLock {
+    _file: std::fs::File,
+}
+
+impl HostLock {
+    fn take() -> Result<HostLock, Error> {
+        let path = "/run/envtest-node.lock";
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(io_err(format!("opening {path}")))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock(2) on a descriptor we own; released when the file is closed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io_err(format!("locking {path}"))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(HostLock { _file: f })
+    }
+}
+
+/// The first `K` whose subnet `10.199.K.0/24` no interface of the host uses and whose bridge
+/// name is free.
+fn free_subnet() -> Result<u8, Error> {
+    let addrs = run(Command::new("ip").args(["-4", "-o", "addr", "show"]))?;
+    (0..=255u8)
+        .find(|k| {
+            let prefix = format!(" 10.199.{k}.");
+            !addrs.contains(&prefix) && !Path::new(&format!("/sys/class/net/envtest{k}")).exists()
+        })
+        .ok_or_else(|| node_err("no free subnet in 10.199.0.0/16 for the real node's pods"))
+}
+
+impl RealNode {
+    /// Starts containerd and the kubelet and waits until the node is Ready.
+    pub(crate) async fn start(inputs: NodeInputs<'_>, client: &Client) -> Result<RealNode, Error> {
+        // SAFETY: geteuid(2) has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(node_err(
+                "a real node needs root (containerd, runc, cgroups, network devices)",
+            ));
+        }
+        let build = format!(
+            "make node (or: hack/node/build.sh {} && hack/node/images.sh)",
+            inputs.version.minor_tag()
+        );
+        let node_bin = inputs.bin_root.join(format!("node-{}", inputs.version));
+        let kubelet = require_file(node_bin.join("kubelet"), &build)?;
+        let rt_bin = inputs.bin_root.join(versions::containerd_dir_name()?);
+        let containerd = require_file(rt_bin.join("containerd"), &build)?;
+        let ctr = require_file(rt_bin.join("ctr"), &build)?;
+        let runc = require_file(rt_bin.join("runc"), &build)?;
+        require_file(rt_bin.join("containerd-shim-runc-v2"), &build)?;
+        for plugin in ["bridge", "host-local", "loopback", "portmap"] {
+            require_file(rt_bin.join("cni").join(plugin), &build)?;
+        }
+        let images = inputs.bin_root.join("node-images");
+        let names = std::fs::read_to_string(require_file(images.join("names"), &build)?)
+            .map_err(io_err("reading bin/node-images/names"))?;
+        let image = |which: &str| {
+            names
+                .lines()
+                .find_map(|l| l.strip_prefix(which)?.strip_prefix(' '))
+                .map(str::to_string)
+                .ok_or_else(|| node_err(format!("bin/node-images/names names no {which} image")))
+        };
+        let (pause_image, memcached_image) = (image("pause")?, image("memcached")?);
+        let tarballs = [
+            require_file(images.join("pause.tar"), &build)?,
+            require_file(images.join("memcached.tar"), &build)?,
+        ];
+
+        // The kubelet's and containerd's mounts must propagate (kind's entrypoint does this).
+        // SAFETY: mount(2) with static C strings; changes only the propagation of `/`.
+        if unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SHARED,
+                std::ptr::null(),
+            )
+        } != 0
+        {
+            return Err(io_err("making / a shared mount")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+
+        let id = format!("{}-{}", std::process::id(), process::next_id());
+        let dir = inputs.dir.join("node");
+        // Sockets: containerd's shims want a directory of at most 42 characters.
+        let run_dir = PathBuf::from(format!("/run/envtest-{id}"));
+        let cgroup = format!("envtest-{id}");
+        let lock = HostLock::take()?;
+        let k = free_subnet()?;
+        let node_ip = Ipv4Addr::new(10, 199, k, 1);
+        let mut node = RealNode {
+            info: RealNodeInfo {
+                name: REAL_NODE_NAME.to_string(),
+                memcached_image,
+                pause_image,
+                node_ip,
+                pod_subnet: format!("10.199.{k}.0/24"),
+                bridge: format!("envtest{k}"),
+                cgroup: cgroup.clone(),
+                dirs: vec![dir.clone(), run_dir.clone()],
+            },
+            kubelet: None,
+            containerd: None,
+        };
+        // From here on, dropping `node` removes whatever was made.
+        let bridge = node.info.bridge.clone();
+        run(Command::new("ip").args(["link", "add", &bridge, "type", "bridge"]))?;
+        run(Command::new("ip").args(["addr", "add", &format!("{node_ip}/24"), "dev", &bridge]))?;
+        run(Command::new("ip").args(["link", "set", &bridge, "up"]))?;
+        drop(lock);
+
+        for d in [&dir, &run_dir] {
+            std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
+        }
+        for h in cgroup_hierarchies() {
+            let mut parent = h.clone();
+            for d in [h.join(&cgroup), h.join(&cgroup).join("runtime")] {
+                std::fs::create_dir_all(&d).map_err(io_err(format!("creating {}", d.display())))?;
+                // cgroup v1's cpuset starts empty (no process may join): the parent's CPUs
+                // and memory nodes, as the kubelet gives its own cgroups.
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    if let Ok(v) = std::fs::read_to_string(parent.join(f))
+                        && std::fs::read_to_string(d.join(f)).is_ok_and(|c| c.trim().is_empty())
+                    {
+                        std::fs::write(d.join(f), v.trim())
+                            .map_err(io_err(format!("writing {}", d.join(f).display())))?;
+                    }
+                }
+                parent = d;
+            }
+        }
+        let write = |name: &str, contents: String| -> Result<PathBuf, Error> {
+            let p = dir.join(name);
+            std::fs::write(&p, contents).map_err(io_err(format!("writing {}", p.display())))?;
+            Ok(p)
+        };
+        let cni_conf = dir.join("cni");
+        std::fs::create_dir_all(&cni_conf).map_err(io_err("creating the CNI config dir"))?;
+        let conflist = json!({
+            "cniVersion": "1.0.0",
+            // The CNI network is named as the bridge: its cache entries in /var/lib/cni are
+            // `<name>-<sandbox>-<ifname>`.
+            "name": bridge,
+            "plugins": [
+                {
+                    "type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": dir.join("ipam").display().to_string(),
+                        "ranges": [[{"subnet": node.info.pod_subnet, "gateway": node_ip.to_string()}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}},
+            ],
+        });
+        write("cni/10-envtest.conflist", conflist.to_string())?;
+
+        let sock = run_dir.join("containerd.sock");
+        let containerd_toml = format!(
+            r#"version = 3
+root = "{root}"
+state = "{state}"
+# Nothing of containerd's outside these directories: no NRI socket in /run/nri.
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = "{run}/s"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause}"
+[plugins.'io.containerd.cri.v1.runtime']
+  netns_mounts_under_state_dir = true
+  # Lowering a process's oom_score_adj needs CAP_SYS_RESOURCE, which a test machine may
+  # not grant: the pods' scores are kept at or above containerd's own.
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = "{runc}"
+      Root = "{run}/runc"
+      SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{cni_bin}"]
+    conf_dir = "{cni_conf}"
+"#,
+            root = dir.join("containerd").display(),
+            state = run_dir.join("state").display(),
+            sock = sock.display(),
+            run = run_dir.display(),
+            pause = node.info.pause_image,
+            runc = runc.display(),
+            cni_bin = rt_bin.join("cni").display(),
+            cni_conf = cni_conf.display(),
+        );
+        let containerd_config = write("containerd.toml", containerd_toml)?;
+        // containerd finds its shim on PATH.
+        let path = {
+            let mut p = OsString::from(rt_bin.as_os_str());
+            if let Some(old) = std::env::var_os("PATH") {
+                p.push(":");
+                p.push(old);
+            }
+            p
+        };
+        let containerd_proc = Process::spawn_with_env(
+            "containerd",
+            &containerd,
+            &[format!("--config={}", containerd_config.display())],
+            &dir,
+            &[("PATH", path.clone())],
+        )?;
+        // Into the node's cgroup before it starts any shim: the shims and the containers
+        // they start are then found (and stopped) there.
+        if let (_, Some(pid)) = containerd_proc.pid() {
+            for h in cgroup_hierarchies() {
+                let procs = h.join(&cgroup).join("runtime").join("cgroup.procs");
+                std::fs::write(&procs, pid.to_string()).map_err(io_err(format!(
+                    "moving containerd into {}",
+                    procs.display()
+                )))?;
+            }
+        }
+        node.containerd = Some(containerd_proc);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !sock.exists() {
+            node.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(node.component_error(&dir, "containerd", "did not open its socket"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for tarball in &tarballs {
+            run(Command::new(&ctr)
+                .arg(format!("--address={}", sock.display()))
+                .args(["--namespace=k8s.io", "images", "import"])
+                .arg(tarball))?;
+        }
+
+        let port = TcpListener::bind((node_ip, 0))
+            .and_then(|l| l.local_addr())
+            .map_err(io_err("binding a free port on the node's address"))?
+            .port();
+        let kubelet_config = json!({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            // The API server calls the kubelet (logs, exec) with the admin's certificate.
+            "authentication": {
+                "anonymous": {"enabled": false},
+                "webhook": {"enabled": true},
+                "x509": {"clientCAFile": inputs.ca_crt.display().to_string()},
+            },
+            "authorization": {"mode": "Webhook"},
+            "address": node_ip.to_string(),
+            "port": port,
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "containerRuntimeEndpoint": format!("unix://{}", sock.display()),
+            // cgroup v1 (this machine kind's hybrid layout) is deprecated, not refused.
+            "failCgroupV1": false,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": format!("/{cgroup}"),
+            "failSwapOn": false,
+            "podLogsDir": dir.join("pod-logs").display().to_string(),
+            "resolvConf": "/etc/resolv.conf",
+            // No iptables chains of the kubelet's on the host (KUBE-FIREWALL, canaries).
+            "makeIPTablesUtilChains": false,
+            // The images are imported, not pulled: never collect them.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            // A test machine's disk is often fuller than the default 10 % threshold.
+            "evictionHard": {
+                "memory.available": "100Mi", "nodefs.available": "1%",
+                "nodefs.inodesFree": "1%", "imagefs.available": "1%",
+            },
+            "registerWithTaints": [{"key": REAL_NODE_KEY, "effect": "NoSchedule"}],
+        });
+        let kubelet_yaml = write("kubelet.yaml", kubelet_config.to_string())?;
+        node.kubelet = Some(Process::spawn_with_env(
+            "kubelet",
+            &kubelet,
+            &[
+                format!("--config={}", kubelet_yaml.display()),
+                format!("--kubeconfig={}", inputs.kubeconfig.display()),
+                format!("--root-dir={}", dir.join("kubelet").display()),
+                format!("--cert-dir={}", dir.join("kubelet-pki").display()),
+                format!("--hostname-override={REAL_NODE_NAME}"),
+                format!("--node-ip={node_ip}"),
+                format!("--node-labels={REAL_NODE_KEY}=true"),
+            ],
+            &dir,
+            &[("PATH", path)],
+        )?);
+        node.wait_ready(client, &dir).await?;
+        Ok(node)
+    }
+
+    pub(crate) fn info(&self) -> &RealNodeInfo {
+        &self.info
+    }
+
+    fn check_alive(&mut self) -> Result<(), Error> {
+        for p in [self.containerd.as_mut(), self.kubelet.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+
+    fn component_error(&self, dir: &Path, component: &str, problem: &str) -> Error {
+        let log = dir.join(format!("{component}.log"));
+        Error::Component {
+            component: component.to_string(),
+            problem: problem.to_string(),
+            tail: process::tail(&log, 30),
+            log,
+        }
+    }
+
+    async fn wait_ready(&mut self, client: &Client, dir: &Path) -> Result<(), Error> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let deadline = Instant::now() + REAL_NODE_START_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            let ready = nodes
+                .get_opt(REAL_NODE_NAME)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.status?.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.component_error(
+                    dir,
+                    "kubelet",
+                    &format!("did not register a Ready node within {REAL_NODE_START_TIMEOUT:?}"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops the node and removes everything it made (see the module docs).
+    pub(crate) fn stop(&mut self) {
+        if let Some(mut k) = self.kubelet.take() {
+            k.kill();
+        }
+        if let Some(mut c) = self.containerd.take() {
+            c.kill();
+        }
+        // The shims and every container: killed until the cgroup is empty.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let pids = cgroup_pids(&self.info.cgroup);
+            if pids.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            for pid in pids {
+                // SAFETY: kill(2) on a process of the node's own cgroup.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The sandboxes' ids name their CNI cache entries.
+        let sandboxes: Vec<String> = self
+            .info
+            .dirs
+            .iter()
+            .map(|d| d.join("state/io.containerd.runtime.v2.task/k8s.io"))
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        // Network namespaces, root filesystems, shm, the kubelet's volumes.
+        for d in &self.info.dirs {
+            for m in mounts_under(d) {
+                if let Ok(c) = cstring(&m) {
+                    // SAFETY: umount2(2) of a mount point under the node's own directory.
+                    unsafe {
+                        libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+                    }
+                }
+            }
+        }
+        // The veths went with their namespaces; the bridge is the node's own.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.info.bridge])
+            .output();
+        for e in std::fs::read_dir(CNI_CACHE).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = name.starts_with(&format!("{}-", self.info.bridge))
+                || sandboxes
+                    .iter()
+                    .any(|id| name == format!("cni-loopback-{id}-lo"));
+            if ours {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        for e in std::fs::read_dir(CONTAINER_LOG_LINKS)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Ok(target) = std::fs::read_link(e.path())
+                && self.info.dirs.iter().any(|d| target.starts_with(d))
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let dirs = cgroup_dirs(&self.info.cgroup);
+            if dirs.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            for d in dirs {
+                let _ = std::fs::remove_dir(d);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for d in &self.info.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What is left on the host of a stopped node: processes in its cgroup, its cgroups, mounts
+/// under its directories, its bridge, its directories. Empty once it is gone.
+pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
+    let mut out = Vec::new();
+    let pids = cgroup_pids(&info.cgroup);
+    if !pids.is_empty() {
+        out.push(format!("processes in cgroup {}: {pids:?}", info.cgroup));
+    }
+    for d in cgroup_dirs(&info.cgroup) {
+        out.push(format!("cgroup {}", d.display()));
+    }
+    for d in &info.dirs {
+        for m in mounts_under(d) {
+            out.push(format!("mount {}", m.display()));
+        }
+        if d.exists() {
+            out.push(format!("directory {}", d.display()));
+        }
+    }
+    if Path::new("/sys/class/net").join(&info.bridge).exists() {
+        out.push(format!("network device {}", info.bridge));
+    }
+    for e in std::fs::read_dir(CNI_CACHE).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("{}-", info.bridge)) {
+            out.push(format!("CNI cache entry {}", e.path().display()));
+        }
+    }
+    for e in std::fs::read_dir(CONTAINER_LOG_LINKS)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if std::fs::read_link(e.path()).is_ok_and(|t| info.dirs.iter().any(|d| t.starts_with(d))) {
+            out.push(format!("log link {}", e.path().display()));
+        }
+    }
+    // Any process that names the node's directories (a shim outside the cgroup, say).
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if info
+            .dirs
+            .iter()
+            .any(|d| cmdline.contains(&d.display().to_string()))
+        {
+            out.push(format!(
+                "process {}: {cmdline}",
+                e.file_name().to_string_lossy()
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,158 @@
+//! The real node: a pod that tolerates its taint runs the locally built memcached under
+//! containerd, runc and the pinned kubelet, on a bridge, and answers on its pod IP from the
+//! host; a pod that does not tolerate it stays on the fake nodes; and once the control plane
+//! stops, nothing of the node is left on the host (no process, mount, cgroup, bridge, veth,
+//! CNI cache entry or log link).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::time::{Duration, Instant};
+
+use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, leftovers};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+/// Long enough for a loaded 2-core machine: the kubelet's sync, the sandbox, the container.
+const CONVERGE: Duration = Duration::from_secs(180);
+
+fn net_devices() -> BTreeSet<String> {
+    std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Sends memcached text-protocol lines and reads `n` lines of the answer.
+fn memcached(addr: (Ipv4Addr, u16), request: &str, n: usize) -> Vec<String> {
+    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("connecting to memcached at {addr:?}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    BufReader::new(s)
+        .lines()
+        .take(n)
+        .map(|l| l.expect("reading memcached's answer"))
+        .collect()
+}
+
+async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let pod = pods.get(name).await.unwrap();
+        let status = pod.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready && status.pod_ip.is_some() {
+            return pod;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod {name} was not Ready with an IP within {CONVERGE:?}: {:?}",
+            pod.status
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_is_left() {
+    let devices_before = net_devices();
+    let cp = ControlPlane::start(Options {
+        nodes: 1,
+        real_node: true,
+        ..Options::new(Kube::Newest)
+    })
+    .await
+    .expect("control plane with a real node starts");
+    let node = cp.real_node().expect("the real node").clone();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace("real-node").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    let memcached_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "memcached"},
+        "spec": {
+            "nodeSelector": {REAL_NODE_KEY: "true"},
+            "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{
+                "name": "memcached",
+                "image": node.memcached_image,
+                "args": ["-m", "64", "-p", "11211"],
+                "ports": [{"containerPort": 11211}],
+                "readinessProbe": {"tcpSocket": {"port": 11211}, "periodSeconds": 1},
+                "securityContext": {
+                    "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &memcached_pod)
+        .await
+        .unwrap();
+    // Without the toleration the same pod goes to a fake node.
+    let mut elsewhere = memcached_pod.clone();
+    elsewhere.metadata.name = Some("elsewhere".into());
+    let spec = elsewhere.spec.as_mut().unwrap();
+    spec.node_selector = None;
+    spec.tolerations = None;
+    pods.create(&PostParams::default(), &elsewhere)
+        .await
+        .unwrap();
+
+    let pod = running_pod(&pods, "memcached").await;
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(node.name.as_str()));
+    let ip: Ipv4Addr = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let subnet = node.pod_subnet.trim_end_matches("0/24");
+    assert!(
+        ip.to_string().starts_with(subnet),
+        "the pod's IP {ip} is on the node's bridge ({})",
+        node.pod_subnet
+    );
+    // memcached itself answers, at the pod's address: a value set is read back.
+    let version = memcached((ip, 11211), "version\r\n", 1);
+    assert!(
+        version
+            .first()
+            .is_some_and(|l| l.starts_with("VERSION 1.6")),
+        "memcached's version: {version:?}"
+    );
+    let got = memcached(
+        (ip, 11211),
+        "set greeting 0 0 5\r\nhello\r\nget greeting\r\n",
+        4,
+    );
+    assert_eq!(got, ["STORED", "VALUE greeting 0 5", "hello", "END"]);
+    // The kubelet's own account: the container started once and runs.
+    let statuses = pod.status.as_ref().unwrap().container_statuses.clone();
+    let status = &statuses.unwrap()[0];
+    assert_eq!(status.restart_count, 0);
+    assert!(status.state.as_ref().unwrap().running.is_some());
+
+    let other = running_pod(&pods, "elsewhere").await;
+    assert_ne!(
+        other.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(node.name.as_str()),
+        "a pod without the toleration stays off the real node"
+    );
+
+    drop(cp);
+    let left = leftovers(&node);
+    assert!(left.is_empty(), "left on the host: {left:#?}");
+    let added: Vec<String> = net_devices().difference(&devices_before).cloned().collect();
+    assert!(added.is_empty(), "network devices left: {added:?}");
+}
