@@ -1,8 +1,8 @@
-//! The real node: a pod that tolerates its taint runs the locally built memcached under
-//! containerd, runc and the pinned kubelet, on a bridge, and answers on its pod IP from the
-//! host; a pod that does not tolerate it stays on the fake nodes; and once the control plane
-//! stops, nothing of the node is left on the host (no process, mount, cgroup, bridge, veth,
-//! CNI cache entry or log link).
+//! The real node, on each pinned version: a pod that tolerates its taint runs the locally
+//! built memcached under containerd, runc and the pinned kubelet, on a bridge, and answers on
+//! its pod IP from the host; a pod that does not tolerate the taint is not scheduled there;
+//! and once the control plane stops, nothing of the node is left on the host (no process,
+//! mount, cgroup, bridge, veth, CNI cache entry or log link).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
 
 use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, leftovers};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -59,13 +59,51 @@ async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
     }
 }
 
+/// One real node at a time: the check for network devices left behind compares the host's
+/// devices before and after.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The scheduler's verdict on a pod (its `PodScheduled` condition, once it has one).
+async fn scheduled_condition(pods: &Api<Pod>, name: &str) -> PodCondition {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let pod = pods.get(name).await.unwrap();
+        let condition = pod
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "PodScheduled"));
+        if let Some(c) = condition {
+            return c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the scheduler did not decide on pod {name} within {CONVERGE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test]
-async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_is_left() {
+async fn memcached_on_the_real_node_newest() {
+    memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_is_left(Kube::Newest)
+        .await;
+}
+
+#[tokio::test]
+async fn memcached_on_the_real_node_oldest() {
+    memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_is_left(Kube::Oldest)
+        .await;
+}
+
+async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_is_left(
+    kube: Kube,
+) {
+    let _one = ONE_AT_A_TIME.lock().await;
     let devices_before = net_devices();
     let cp = ControlPlane::start(Options {
         nodes: 1,
         real_node: true,
-        ..Options::new(Kube::Newest)
+        ..Options::new(kube)
     })
     .await
     .expect("control plane with a real node starts");
@@ -97,13 +135,11 @@ async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_
     pods.create(&PostParams::default(), &memcached_pod)
         .await
         .unwrap();
-    // Without the toleration the same pod goes to a fake node.
-    let mut elsewhere = memcached_pod.clone();
-    elsewhere.metadata.name = Some("elsewhere".into());
-    let spec = elsewhere.spec.as_mut().unwrap();
-    spec.node_selector = None;
-    spec.tolerations = None;
-    pods.create(&PostParams::default(), &elsewhere)
+    // Without the toleration the same pod may not go there: the scheduler says why.
+    let mut untolerated = memcached_pod.clone();
+    untolerated.metadata.name = Some("untolerated".into());
+    untolerated.spec.as_mut().unwrap().tolerations = None;
+    pods.create(&PostParams::default(), &untolerated)
         .await
         .unwrap();
 
@@ -143,11 +179,18 @@ async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_
     assert_eq!(status.restart_count, 0);
     assert!(status.state.as_ref().unwrap().running.is_some());
 
-    let other = running_pod(&pods, "elsewhere").await;
-    assert_ne!(
-        other.spec.as_ref().unwrap().node_name.as_deref(),
-        Some(node.name.as_str()),
-        "a pod without the toleration stays off the real node"
+    let scheduled = scheduled_condition(&pods, "untolerated").await;
+    assert_eq!(
+        (scheduled.status.as_str(), scheduled.reason.as_deref()),
+        ("False", Some("Unschedulable")),
+        "a pod without the toleration stays off the real node: {scheduled:?}"
+    );
+    assert!(
+        scheduled
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("untolerated taint")),
+        "the scheduler names a taint as the reason: {scheduled:?}"
     );
 
     drop(cp);
