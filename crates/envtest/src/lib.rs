@@ -52,7 +52,10 @@ pub use binaries::{bin_root, k8s_bin_dir, kubectl_path, tool_path};
 pub use error::Error;
 pub(crate) use error::io_err;
 pub use kubeconfig::client_from_kubeconfig;
-pub use node::{REAL_NODE_KEY, REAL_NODE_NAME, REAL_NODE_START_TIMEOUT, RealNodeInfo, leftovers};
+pub use node::{
+    REAL_NODE_KEY, REAL_NODE_NAME, REAL_NODE_START_TIMEOUT, RealNodeInfo, leftovers,
+    real_node_record,
+};
 pub use process::Process;
 pub use versions::{Kube, Version, pinned_kube_versions, repo_root};
 

@@ -5,7 +5,7 @@
 //!
 //! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and tainted
 //! `envtest/real-node:NoSchedule`, so that only pods which tolerate the taint land there.
-//! Its pods get addresses on a bridge of their own (`envtest<K>`, `10.199.K.0/24`, the host
+//! Its pods get addresses on a bridge of their own (`et<pid>-<n>`, `10.199.K.0/24`, the host
 //! at `10.199.K.1`, which is also the node's address and where the kubelet listens), so the
 //! test reaches a pod at its IP from the host.
 //!
@@ -243,14 +243,13 @@ impl HostLock {
     }
 }
 
-/// The first `K` whose subnet `10.199.K.0/24` no interface of the host uses and whose bridge
-/// name is free.
+/// The first `K` whose subnet `10.199.K.0/24` no interface of the host uses.
 fn free_subnet() -> Result<u8, Error> {
     let addrs = run(Command::new("ip").args(["-4", "-o", "addr", "show"]))?;
     (0..=255u8)
         .find(|k| {
             let prefix = format!(" 10.199.{k}.");
-            !addrs.contains(&prefix) && !Path::new(&format!("/sys/class/net/envtest{k}")).exists()
+            !addrs.contains(&prefix)
         })
         .ok_or_else(|| node_err("no free subnet in 10.199.0.0/16 for the real node's pods"))
 }
@@ -317,6 +316,7 @@ impl RealNode {
         let run_dir = PathBuf::from(format!("/run/envtest-{id}"));
         let cgroup = format!("envtest-{id}");
         let lock = HostLock::take()?;
+        sweep_dead_nodes();
         let k = free_subnet()?;
         let node_ip = Ipv4Addr::new(10, 199, k, 1);
         let mut node = RealNode {
@@ -326,14 +326,19 @@ impl RealNode {
                 pause_image,
                 node_ip,
                 pod_subnet: format!("10.199.{k}.0/24"),
-                bridge: format!("envtest{k}"),
+                // Unique to this node (at most 15 characters: a network device's name).
+                bridge: format!("et{id}"),
                 cgroup: cgroup.clone(),
                 dirs: vec![dir.clone(), run_dir.clone()],
             },
             kubelet: None,
             containerd: None,
         };
-        // From here on, dropping `node` removes whatever was made.
+        // From here on, dropping `node` removes whatever was made; and should this process
+        // die without dropping it, the next real node removes it (see `sweep_dead_nodes`).
+        std::fs::create_dir_all(&run_dir)
+            .map_err(io_err(format!("creating {}", run_dir.display())))?;
+        node.write_record(&run_dir)?;
         let bridge = node.info.bridge.clone();
         run(Command::new("ip").args(["link", "add", &bridge, "type", "bridge"]))?;
         run(Command::new("ip").args(["addr", "add", &format!("{node_ip}/24"), "dev", &bridge]))?;
@@ -531,6 +536,25 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
         Ok(node)
     }
 
+    /// What the node makes on the host, in `<run_dir>/node`, for [`sweep_dead_nodes`].
+    fn write_record(&self, run_dir: &Path) -> Result<(), Error> {
+        let mut record = format!(
+            "name {}\nmemcached {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
+            self.info.name,
+            self.info.memcached_image,
+            self.info.pause_image,
+            self.info.node_ip,
+            self.info.pod_subnet,
+            self.info.bridge,
+            self.info.cgroup
+        );
+        for d in &self.info.dirs {
+            record.push_str(&format!("dir {}\n", d.display()));
+        }
+        let p = run_dir.join("node");
+        std::fs::write(&p, record).map_err(io_err(format!("writing {}", p.display())))
+    }
+
     pub(crate) fn info(&self) -> &RealNodeInfo {
         &self.info
     }
@@ -666,10 +690,66 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     }
 }
 
+/// Removes what the real nodes of test binaries that died without stopping them left (a
+/// killed binary takes containerd and the kubelet with it, by their parent-death signal,
+/// but not the shims and containers): every `/run/envtest-<pid>-<n>/node` record whose
+/// process is gone.
+fn sweep_dead_nodes() {
+    for e in std::fs::read_dir("/run").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("envtest-")
+            .and_then(|id| id.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+        if alive {
+            continue;
+        }
+        if let Some(info) = real_node_record(&e.path().join("node")) {
+            tracing::warn!(record = %e.path().display(), "removing the real node of a test binary that died");
+            drop(RealNode {
+                info,
+                kubelet: None,
+                containerd: None,
+            });
+        }
+    }
+}
+
 impl Drop for RealNode {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The real node a test binary recorded in `/run/envtest-<pid>-<n>/node` (for a test of
+/// what a killed binary leaves).
+pub fn real_node_record(path: &Path) -> Option<RealNodeInfo> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .map(str::to_string)
+    };
+    Some(RealNodeInfo {
+        name: field("name")?,
+        memcached_image: field("memcached")?,
+        pause_image: field("pause")?,
+        node_ip: field("node-ip")?.parse().ok()?,
+        pod_subnet: field("subnet")?,
+        bridge: field("bridge")?,
+        cgroup: field("cgroup")?,
+        dirs: text
+            .lines()
+            .filter_map(|l| l.strip_prefix("dir "))
+            .map(PathBuf::from)
+            .collect(),
+    })
 }
 
 /// What is left on the host of a stopped node: processes in its cgroup, its cgroups, mounts

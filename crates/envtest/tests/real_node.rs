@@ -2,14 +2,17 @@
 //! built memcached under containerd, runc and the pinned kubelet, on a bridge, and answers on
 //! its pod IP from the host; a pod that does not tolerate the taint is not scheduled there;
 //! and once the control plane stops, nothing of the node is left on the host (no process,
-//! mount, cgroup, bridge, veth, CNI cache entry or log link).
+//! mount, cgroup, bridge, veth, CNI cache entry or log link), even when the test binary that
+//! started it was killed: the next real node removes it.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
 
-use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, leftovers};
+use envtest::{
+    ControlPlane, Kube, Options, REAL_NODE_KEY, client_from_kubeconfig, leftovers, real_node_record,
+};
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -36,6 +39,29 @@ fn memcached(addr: (Ipv4Addr, u16), request: &str, n: usize) -> Vec<String> {
         .take(n)
         .map(|l| l.expect("reading memcached's answer"))
         .collect()
+}
+
+fn memcached_pod(image: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "memcached"},
+        "spec": {
+            "nodeSelector": {REAL_NODE_KEY: "true"},
+            "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{
+                "name": "memcached",
+                "image": image,
+                "args": ["-m", "64", "-p", "11211"],
+                "ports": [{"containerPort": 11211}],
+                "readinessProbe": {"tcpSocket": {"port": 11211}, "periodSeconds": 1},
+                "securityContext": {
+                    "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+            }],
+        },
+    }))
+    .unwrap()
 }
 
 async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
@@ -112,26 +138,7 @@ async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_
     let ns = cp.namespace("real-node").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
-    let memcached_pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "memcached"},
-        "spec": {
-            "nodeSelector": {REAL_NODE_KEY: "true"},
-            "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{
-                "name": "memcached",
-                "image": node.memcached_image,
-                "args": ["-m", "64", "-p", "11211"],
-                "ports": [{"containerPort": 11211}],
-                "readinessProbe": {"tcpSocket": {"port": 11211}, "periodSeconds": 1},
-                "securityContext": {
-                    "runAsNonRoot": true, "allowPrivilegeEscalation": false,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-            }],
-        },
-    }))
-    .unwrap();
+    let memcached_pod = memcached_pod(&node.memcached_image);
     pods.create(&PostParams::default(), &memcached_pod)
         .await
         .unwrap();
@@ -198,4 +205,95 @@ async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_
     assert!(left.is_empty(), "left on the host: {left:#?}");
     let added: Vec<String> = net_devices().difference(&devices_before).cloned().collect();
     assert!(added.is_empty(), "network devices left: {added:?}");
+}
+
+/// A test binary killed with its real node running (SIGKILL: no drop) takes containerd and
+/// the kubelet with it, but its shims and containers stay; the next real node removes them
+/// and everything else the dead one made.
+#[tokio::test]
+async fn a_killed_binary_s_real_node_is_removed_by_the_next_real_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let devices_before = net_devices();
+    let work = std::env::temp_dir().join(format!("real-node-killed-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let kubeconfig = work.join("kubeconfig");
+    let log = std::fs::File::create(work.join("dev-cluster.log")).unwrap();
+    let mut dev_cluster = std::process::Command::new(env!("CARGO_BIN_EXE_dev-cluster"))
+        .args([
+            "--kube",
+            "newest",
+            "--nodes",
+            "1",
+            "--real-node",
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .arg("--audit-log")
+        .arg(work.join("audit.log"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + CONVERGE;
+    while !kubeconfig.exists() {
+        assert!(
+            dev_cluster.try_wait().unwrap().is_none() && Instant::now() < deadline,
+            "dev-cluster --real-node did not start: {}",
+            std::fs::read_to_string(work.join("dev-cluster.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let record = std::fs::read_dir("/run")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("node"))
+        .find(|p| {
+            p.parent().and_then(|d| d.file_name()).is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with(&format!("envtest-{}-", dev_cluster.id()))
+            })
+        })
+        .expect("dev-cluster's real node record in /run");
+    let dead = real_node_record(&record).expect("a readable record");
+    let client = client_from_kubeconfig(&kubeconfig).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    pods.create(
+        &PostParams::default(),
+        &memcached_pod(&dead.memcached_image),
+    )
+    .await
+    .unwrap();
+    running_pod(&pods, "memcached").await;
+
+    dev_cluster.kill().unwrap();
+    dev_cluster.wait().unwrap();
+    let left = leftovers(&dead);
+    assert!(
+        left.iter().any(|l| l.starts_with("processes in cgroup")),
+        "the killed binary's containers outlive it: {left:#?}"
+    );
+
+    let cp = ControlPlane::start(Options {
+        nodes: 1,
+        real_node: true,
+        ..Options::new(Kube::Newest)
+    })
+    .await
+    .expect("the next real node starts");
+    let left = leftovers(&dead);
+    assert!(
+        left.is_empty(),
+        "left of the killed binary's node: {left:#?}"
+    );
+    let node = cp.real_node().unwrap().clone();
+    drop(cp);
+    let left = leftovers(&node);
+    assert!(left.is_empty(), "left on the host: {left:#?}");
+    let added: Vec<String> = net_devices().difference(&devices_before).cloned().collect();
+    assert!(added.is_empty(), "network devices left: {added:?}");
+    // The killed binary's control plane files (its processes died with it).
+    if let Some(cp_dir) = dead.dirs.first().and_then(|d| d.parent()) {
+        let _ = std::fs::remove_dir_all(cp_dir);
+    }
+    let _ = std::fs::remove_dir_all(&work);
 }

@@ -36,6 +36,10 @@ struct Args {
     /// `memcached-operator bench --audit-log` counts).
     #[arg(long, default_value = "bin/dev-cluster.audit.log")]
     audit_log: PathBuf,
+    /// Also a real node (containerd and the pinned kubelet, built by `make node`; needs
+    /// root): pods that tolerate the taint `envtest/real-node` run there.
+    #[arg(long)]
+    real_node: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         };
         let cp = match ControlPlane::start(Options {
             nodes: args.nodes,
+            real_node: args.real_node,
             ..Options::new(kube)
         })
         .await
@@ -81,6 +86,17 @@ fn main() -> ExitCode {
             kubeconfig.display(),
             cp.bin_dir().display(),
         );
+        if let Some(node) = cp.real_node() {
+            println!(
+                "real node {} at {} (pods on {}; they tolerate the taint {}:NoSchedule)\n\
+                 memcached image: {}",
+                node.name,
+                node.node_ip,
+                node.pod_subnet,
+                envtest::REAL_NODE_KEY,
+                node.memcached_image,
+            );
+        }
         let _ = std::fs::remove_file(&args.audit_log);
         if let Err(e) = std::os::unix::fs::symlink(cp.audit_log(), &args.audit_log) {
             eprintln!("dev-cluster: linking {}: {e}", args.audit_log.display());
