@@ -19,10 +19,12 @@
 //! directory under the system's temp dir. An owned [`ControlPlane`] stops its processes when
 //! dropped; the shared ones stop when the test binary exits. Each process is also told by the
 //! kernel to die with the test binary (`PR_SET_PDEATHSIG`), so a crashed or killed test leaves
-//! no process behind.
+//! no process behind (but a real node's containers and their shims, which the next real node
+//! removes).
 //!
 //! This file starts and stops the control plane; `process` runs its processes, `certs`
-//! makes its certificates, `workloads` creates kwok's nodes, `binaries` and `versions`
+//! makes its certificates, `workloads` creates kwok's nodes, `node` runs the real node
+//! ([`Options::real_node`]: containerd and the kubelet, `make node`), `binaries` and `versions`
 //! find what is pinned, `kubeconfig` writes and reads kubeconfigs, `audit` reads the log.
 pub mod audit;
 mod binaries;
