@@ -89,18 +89,24 @@ KUBE ?= newest
 # The pinned kubectl of the newest version (the dev cluster's tools).
 KUBECTL_PINNED = $(lastword $(sort $(wildcard bin/k8s-v*/kubectl)))
 DEV_KUBECONFIG ?= bin/dev-cluster.kubeconfig
+# NODE=real adds a real node (containerd and the kubelet, make node; needs root) beside the
+# kwok nodes: pods that tolerate the taint envtest/real-node run there.
+NODE ?= fake
+DEV_NODE_ARGS = $(if $(filter real,$(NODE)),--real-node)
+# Seconds the dev cluster may take to start (a real node registers and turns Ready).
+DEV_START_SECONDS = $(if $(filter real,$(NODE)),180,60)
 
 .PHONY: dev-cluster
-dev-cluster: controlplane ## Start a local cluster (real control plane, 3 kwok nodes) in the background; prints the KUBECONFIG to export.
+dev-cluster: controlplane $(if $(filter real,$(NODE)),node) ## Start a local cluster (real control plane, 3 kwok nodes; NODE=real: and a real node) in the background; prints the KUBECONFIG to export.
 	@if [ -f bin/dev-cluster.pid ] && kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; then \
 	  echo "dev-cluster already running (pid $$(cat bin/dev-cluster.pid)); make dev-cluster-down first"; exit 1; fi
 	$(CARGO) build -q -p envtest --bin dev-cluster
 	@rm -f $(DEV_KUBECONFIG)
-	@nohup target/debug/dev-cluster --kube $(KUBE) --kubeconfig $(DEV_KUBECONFIG) > bin/dev-cluster.log 2>&1 & echo $$! > bin/dev-cluster.pid
-	@for i in $$(seq 1 600); do \
+	@nohup target/debug/dev-cluster --kube $(KUBE) --kubeconfig $(DEV_KUBECONFIG) $(DEV_NODE_ARGS) > bin/dev-cluster.log 2>&1 & echo $$! > bin/dev-cluster.pid
+	@for i in $$(seq 1 $$(( $(DEV_START_SECONDS) * 10 ))); do \
 	  if [ -f $(DEV_KUBECONFIG) ]; then cat bin/dev-cluster.log; exit 0; fi; \
 	  if ! kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; then cat bin/dev-cluster.log; rm -f bin/dev-cluster.pid; exit 1; fi; \
-	  sleep 0.1; done; echo "dev-cluster did not start within 60 s; see bin/dev-cluster.log"; exit 1
+	  sleep 0.1; done; echo "dev-cluster did not start within $(DEV_START_SECONDS) s; see bin/dev-cluster.log"; exit 1
 
 .PHONY: dev-cluster-down
 dev-cluster-down: ## Stop the local cluster started by make dev-cluster (its data is thrown away).
