@@ -193,10 +193,11 @@ pub async fn run_controller(
         normal_forms,
     ));
 
-    let woken = futures::stream::select(
+    let woken = futures::stream::select_all([
         watches::child_triggers(caches),
         watches::secret_triggers(caches),
-    );
+        watches::served_triggers(caches),
+    ]);
     let children = triggers::batch(woken, config.status_batch, Some(busy))
         .filter_map(move |key| futures::future::ready(queued(Some(key))));
     Controller::for_stream(memcacheds, caches.memcacheds.store())
