@@ -563,8 +563,12 @@ async fn a_backlog_gets_its_children_before_any_event_and_no_event_is_lost() {
             .expect("Memcached created");
     }
     server.set_latency(Duration::from_millis(20));
+    // Events wait for a free slot at most 10 s by default, which a debug build's backlog
+    // can outlast on a loaded machine; the order is what is asserted, so they may wait for
+    // as long as the backlog takes.
     let config = ControllerConfig {
         concurrency: 2,
+        event_max_hold: common::DEADLINE,
         ..ControllerConfig::default()
     };
     let env = Env::start_on(server, config, |_| {}).await;
