@@ -177,7 +177,7 @@ async fn objects_of_a_childs_name_that_it_did_not_create_are_never_touched(serve
         .expect("delete");
     // kube-controller-manager's garbage collector learns of a new kind from discovery,
     // refreshed every 30 s.
-    wait_for_within("the Memcached and its children gone", Duration::from_secs(90), || async {
+    wait_for_within("the Memcached and its children gone", common::DEADLINE, || async {
         let gone = memcacheds.get_opt("shop").await.ok()?.is_none()
             && deployments.get_opt("shop").await.ok()?.is_none()
             && cluster.api::<Service>().get_opt("shop-headless").await.ok()?.is_none();

@@ -914,7 +914,7 @@ fn extstore_holds_four_times_the_memory() {
     );
     // A cache, not a store: when memcached's slab rebalancer moves a page between item
     // sizes it drops what it cannot rescue (`slab_reassign_evictions_nomem`), more often on
-    // a busy machine (1.1 % of the items under a load of 15 on two cores, 0.2 % idle). The
+    // a busy machine (1.1 % of the items under a load of 15 on two cores). The
     // claim is the capacity: all but a sliver of four times the memory is read back, and
     // every item missing is one memcached counted as dropped (below).
     assert!(
