@@ -8,19 +8,22 @@
 //!   recreated, the finalizer is not touched, and once it is removed nothing is left.
 //! - Orphan, then recreate: the new Memcached re-adopts the children the operator created
 //!   for the old one, without restarting a pod.
+//! - A node lost (NotReady, then deleted): its pod leaves the status, the endpoints and
+//!   the budget's healthy count, and is replaced on a remaining node.
 //!
 //! The operator runs in-process, scoped to the test's namespace, under an identity of its
 //! own (impersonated), so that the API server's audit log tells its requests apart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use envtest::{ControlPlane, Kube};
+use envtest::{ControlPlane, KWOK_NODE_ANNOTATION, Kube};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, Resource, ResourceExt};
 use memcached_api::{Memcached, condition};
 use memcached_operator::controller::{self, ControllerConfig, ReconcileCounters};
@@ -465,5 +468,288 @@ async fn a_foreign_finalizer_holds_a_deleted_memcached_and_its_children_are_not_
         gone.then_some(())
     })
     .await;
+}
+}
+
+/// The label and taint that keep a test's own kwok nodes to its own pool.
+const POOL_KEY: &str = "disruption.example.com/pool";
+
+/// Creates `n` kwok nodes of the test's own (labelled and tainted with [`POOL_KEY`]=`ns`,
+/// over zones a, b, c), so that taking one away disturbs no other test's pods; returns
+/// their names once kwok reports them Ready.
+async fn own_nodes(env: &Env, n: usize) -> Vec<String> {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let mut names = Vec::new();
+    for i in 0..n {
+        let name = format!("{}-node-{i}", env.ns);
+        let zone = ["zone-a", "zone-b", "zone-c"][i % 3];
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64", "type": "kwok",
+                    "topology.kubernetes.io/zone": zone,
+                    POOL_KEY: env.ns,
+                },
+            },
+            "spec": {
+                "podCIDR": format!("10.{}.0.0/16", 200 + i),
+                "podCIDRs": [format!("10.{}.0.0/16", 200 + i)],
+                "taints": [{"key": POOL_KEY, "value": env.ns, "effect": "NoSchedule"}],
+            },
+            "status": {
+                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            },
+        }))
+        .expect("Node");
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap_or_else(|e| panic!("creating node {name}: {e}"));
+        names.push(name);
+    }
+    for name in &names {
+        wait_for_within(&format!("node {name} Ready"), CONVERGE, || async {
+            node_ready(&nodes.get(name).await.ok()?).then_some(())
+        })
+        .await;
+    }
+    names
+}
+
+/// Polls `probe` until it returns `Some` (it also says what it saw), failing the test
+/// after [`CONVERGE`] with what it saw last.
+async fn wait_observing<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (Option<T>, String)>,
+{
+    let deadline = std::time::Instant::now() + CONVERGE;
+    loop {
+        let (done, seen) = probe().await;
+        if let Some(v) = done {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {CONVERGE:?} waiting for: {what}; last seen: {seen}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The pods of `name` not being deleted: pod name → node.
+async fn placed(env: &Env, name: &str) -> BTreeMap<String, String> {
+    let lp = ListParams::default().labels(&format!("{INSTANCE}={name}"));
+    env.api::<Pod>()
+        .list(&lp)
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            (p.name_any(), node.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// The endpoints of the Service `service` in its EndpointSlices: pod name → ready.
+async fn slice_endpoints(env: &Env, service: &str) -> BTreeMap<String, bool> {
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
+    env.api::<EndpointSlice>()
+        .list(&lp)
+        .await
+        .expect("EndpointSlices")
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints)
+        .filter_map(|e| {
+            let pod = e.target_ref.as_ref()?.name.clone()?;
+            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
+            Some((pod, ready))
+        })
+        .collect()
+}
+
+/// The budget's (currentHealthy, desiredHealthy, expectedPods, disruptionsAllowed), once
+/// its controller has seen its current generation.
+async fn budget(env: &Env, name: &str) -> Option<(i32, i32, i32, i32)> {
+    let pdb = env.api::<PodDisruptionBudget>().get(name).await.ok()?;
+    let status = pdb.status?;
+    (status.observed_generation == pdb.metadata.generation).then_some((
+        status.current_healthy,
+        status.desired_healthy,
+        status.expected_pods,
+        status.disruptions_allowed,
+    ))
+}
+
+on_both_versions! {
+async fn a_lost_node_s_pod_is_dropped_and_replaced_on_a_remaining_node(kube: Kube) {
+    let env = Env::start(kube, "node-loss").await;
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let own = own_nodes(&env, 4).await;
+    // Three pods, at most one a node (the hostname rule is strict), on the test's nodes.
+    env.apply(
+        "spread",
+        json!({}),
+        json!({
+            "size": 3,
+            "topologySpread": "Required",
+            "nodeSelector": {POOL_KEY: env.ns},
+            "tolerations": [{"key": POOL_KEY, "operator": "Equal", "value": env.ns,
+                             "effect": "NoSchedule"}],
+        }),
+    )
+    .await;
+    env.converged("spread", 3).await;
+    let before = placed(&env, "spread").await;
+    let hosts: BTreeSet<&String> = before.values().collect();
+    assert_eq!(hosts.len(), 3, "one pod a node: {before:?}");
+    assert!(hosts.iter().all(|h| own.contains(h)), "{before:?}");
+    wait_for_within("the budget healthy at 3", CONVERGE, || async {
+        (budget(&env, "spread").await? == (3, 2, 3, 1)).then_some(())
+    })
+    .await;
+    let (lost_pod, lost_node) = before.iter().next().map(|(p, n)| (p.clone(), n.clone())).expect("a pod");
+
+    // The node is lost. kwok would keep it alive (it renews the node's Lease whatever its
+    // annotations say, so the node lifecycle controller never finds it silent): the test
+    // does what that controller does to a node whose kubelet stopped reporting, through
+    // the same API: the node's Ready condition Unknown, the unreachable taints, and its
+    // pods' Ready condition False. What follows from that is the real controllers' doing:
+    // the EndpointSlices, the budget, the operator's status.
+    nodes
+        .patch(
+            &lost_node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: null}}})),
+        )
+        .await
+        .expect("unmanage the node");
+    let now = jiff::Timestamp::now().to_string();
+    let unknown = json!({
+        "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    });
+    nodes
+        .patch_status(
+            &lost_node,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [unknown]}})),
+        )
+        .await
+        .expect("the node's Ready condition Unknown");
+    nodes
+        .patch(
+            &lost_node,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"taints": [
+                {"key": POOL_KEY, "value": env.ns, "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": now},
+            ]}})),
+        )
+        .await
+        .expect("the unreachable taints");
+    env.api::<Pod>()
+        .patch_status(
+            &lost_pod,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": now},
+            ]}})),
+        )
+        .await
+        .expect("the lost pod not Ready");
+    let memcacheds = env.api::<Memcached>();
+    wait_observing("the lost pod out of service", || async {
+        let pod = env.api::<Pod>().get(&lost_pod).await.ok();
+        let mc = memcacheds.get("spread").await.ok();
+        let status = mc.and_then(|mc| mc.status);
+        let endpoints = slice_endpoints(&env, "spread").await;
+        let budget = budget(&env, "spread").await;
+        let pod_ready = pod.as_ref().map(pod_ready);
+        let node = nodes.get(&lost_node).await.ok();
+        let unreachable = node.as_ref().is_some_and(|n| {
+            n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| {
+                t.iter().any(|t| t.key == "node.kubernetes.io/unreachable")
+            })
+        });
+        let node_ready = node.as_ref().map(node_ready);
+        let seen = format!(
+            "node ready {node_ready:?} unreachable {unreachable}, pod ready {pod_ready:?}, status ready {:?} endpoints {:?}, slices {endpoints:?}, budget {budget:?}",
+            status.as_ref().map(|s| s.ready_replicas),
+            status.as_ref().map(|s| &s.endpoints),
+        );
+        let done = pod_ready == Some(false)
+            && status.as_ref().is_some_and(|s| s.ready_replicas == 2 && s.endpoints.len() == 2)
+            && endpoints.get(&lost_pod) == Some(&false)
+            && budget == Some((2, 2, 3, 0));
+        (done.then_some(()), seen)
+    })
+    .await;
+    let ip = env.api::<Pod>().get(&lost_pod).await.expect("the lost pod").status.and_then(|s| s.pod_ip).expect("its IP");
+    let mc = memcacheds.get("spread").await.expect("spread");
+    assert!(
+        !mc.status.as_ref().expect("status").endpoints.iter().any(|e| e.starts_with(&format!("{ip}:"))),
+        "the status still serves {lost_pod} at {ip}: {:?}",
+        mc.status
+    );
+
+    // The node deleted: its pod is garbage-collected and replaced on the one node left
+    // without a pod, the hostname rule kept.
+    nodes
+        .delete(&lost_node, &DeleteParams::default())
+        .await
+        .expect("delete the node");
+    let after = wait_for_within("spread back at 3 Ready pods", CONVERGE, || async {
+        let pods = placed(&env, "spread").await;
+        let all = env.api::<Pod>().list(&ListParams::default().labels(&format!("{INSTANCE}=spread"))).await.ok()?.items;
+        let ready = all.iter().filter(|p| pod_ready(p)).count();
+        (pods.len() == 3 && ready == 3 && !pods.contains_key(&lost_pod)).then_some(pods)
+    })
+    .await;
+    let hosts: BTreeSet<&String> = after.values().collect();
+    assert_eq!(hosts.len(), 3, "still one pod a node: {after:?}");
+    assert!(!hosts.contains(&lost_node), "{after:?}");
+    assert!(hosts.iter().all(|h| own.contains(h)), "{after:?}");
+    let names: Vec<String> = after.keys().cloned().collect();
+    let mc = env.converged("spread", 3).await;
+    assert_eq!(mc.status.expect("status").nodes, names, "the status lists the pods that run");
+    wait_for_within("the EndpointSlices list the running pods, Ready", CONVERGE, || async {
+        let endpoints = slice_endpoints(&env, "spread").await;
+        (endpoints.keys().cloned().collect::<Vec<_>>() == names && endpoints.values().all(|r| *r))
+            .then_some(())
+    })
+    .await;
+    wait_for_within("the budget healthy at 3 again", CONVERGE, || async {
+        (budget(&env, "spread").await? == (3, 2, 3, 1)).then_some(())
+    })
+    .await;
+
+    for node in own.iter().filter(|n| **n != lost_node) {
+        let _ = nodes.delete(node, &DeleteParams::default()).await;
+    }
 }
 }
