@@ -10,15 +10,17 @@
 //!   for the old one, without restarting a pod.
 //! - A node lost (NotReady, then deleted): its pod leaves the status, the endpoints and
 //!   the budget's healthy count, and is replaced on a remaining node.
+//! - kube-apiserver restarted under the operator (the binary, on a control plane of its
+//!   own): it does not exit, and converges what is asked after, no pod restarted.
 //!
-//! The operator runs in-process, scoped to the test's namespace, under an identity of its
+//! Except for the restart, the operator runs in-process, scoped to the test's namespace, under an identity of its
 //! own (impersonated), so that the API server's audit log tells its requests apart.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use envtest::{ControlPlane, KWOK_NODE_ANNOTATION, Kube};
+use envtest::{ControlPlane, KWOK_NODE_ANNOTATION, Kube, Options};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -31,6 +33,7 @@ use serde_json::{Value, json};
 
 mod common;
 use common::cluster::apply_crd;
+use common::process::{Operator, TempDir};
 use common::wait_for_within;
 
 /// How long the real controllers (scheduler, garbage collector, kwok) may take on the
@@ -751,5 +754,104 @@ async fn a_lost_node_s_pod_is_dropped_and_replaced_on_a_remaining_node(kube: Kub
     for node in own.iter().filter(|n| **n != lost_node) {
         let _ = nodes.delete(node, &DeleteParams::default()).await;
     }
+}
+}
+
+on_both_versions! {
+async fn the_operator_outlives_a_kube_apiserver_restart_and_converges_after_it(kube: Kube) {
+    // A control plane of its own: its API server goes away for a while.
+    let cp = ControlPlane::start(Options::new(kube))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.unwrap_or_else(|e| panic!("{e}"));
+    let ns = cp.namespace("apiserver-restart").await.unwrap_or_else(|e| panic!("{e}"));
+    apply_crd(&client, &Memcached::crd()).await;
+    let dir = TempDir::new("apiserver-restart");
+    let mut op = Operator::spawn(
+        cp.kubeconfig(),
+        dir.path(),
+        "operator",
+        &[
+            format!("--namespace={ns}"),
+            "--metrics-bind-address=0".into(),
+            "--health-probe-bind-address=0".into(),
+        ],
+        &[],
+    );
+    let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let apply = |name: &'static str, size: i32| {
+        let memcacheds = memcacheds.clone();
+        async move {
+            let mc = json!({
+                "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+                "metadata": {"name": name}, "spec": {"size": size},
+            });
+            memcacheds
+                .patch(name, &PatchParams::apply("test").force(), &Patch::Apply(&mc))
+                .await
+                .unwrap_or_else(|e| panic!("applying {name}: {e}"));
+        }
+    };
+    let converged = |name: &'static str, size: usize| {
+        let memcacheds = memcacheds.clone();
+        async move {
+            wait_for_within(&format!("{name} converged at {size}"), CONVERGE, || async {
+                let mc = memcacheds.get_opt(name).await.ok().flatten()?;
+                let available = mc.condition(condition::AVAILABLE)?.status == "True";
+                let settled = mc.condition(condition::PROGRESSING)?.status == "False";
+                let status = mc.status.as_ref()?;
+                (available
+                    && settled
+                    && status.ready_replicas == size as i32
+                    && status.nodes.len() == size
+                    && status.observed_generation == mc.metadata.generation)
+                    .then_some(())
+            })
+            .await
+        }
+    };
+    let pods = |name: &'static str| {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        async move {
+            let lp = ListParams::default().labels(&format!("{INSTANCE}={name}"));
+            names(pods.list(&lp).await)
+                .into_iter()
+                .collect::<BTreeMap<String, String>>()
+        }
+    };
+    apply("steady", 2).await;
+    converged("steady", 2).await;
+    let before = pods("steady").await;
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // The API server killed: the operator's watches and requests fail. It keeps running
+    // and keeps trying (its log shows the failures) while nothing changes.
+    let logged = op.logs().len();
+    cp.stop_component("kube-apiserver").unwrap_or_else(|e| panic!("{e}"));
+    let deadline = std::time::Instant::now() + CONVERGE;
+    while op.logs().len() == logged {
+        assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the operator logged nothing about the lost API server:\n{}",
+            op.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
+    cp.start_component("kube-apiserver").await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
+
+    // Back: a new Memcached and a scaled one converge, through watches re-established.
+    apply("fresh", 2).await;
+    apply("steady", 3).await;
+    converged("fresh", 2).await;
+    converged("steady", 3).await;
+    let after = pods("steady").await;
+    assert_eq!(after.len(), 3, "{after:?}");
+    for (pod, uid) in &before {
+        assert_eq!(after.get(pod), Some(uid), "{pod} was restarted: {after:?}");
+    }
+    assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
 }
 }
