@@ -12,6 +12,9 @@
 //!   the budget's healthy count, and is replaced on a remaining node.
 //! - kube-apiserver restarted under the operator (the binary, on a control plane of its
 //!   own): it does not exit, and converges what is asked after, no pod restarted.
+//! - Watches resumed past an etcd compaction (the operator frozen, kube-apiserver
+//!   restarted under it, pools created, scaled and deleted, etcd compacted): they get 410
+//!   Gone, re-list, and every pool converges, none lost.
 //!
 //! Except for the restart, the operator runs in-process, scoped to the test's namespace, under an identity of its
 //! own (impersonated), so that the API server's audit log tells its requests apart.
@@ -727,10 +730,15 @@ async fn a_lost_node_s_pod_is_dropped_and_replaced_on_a_remaining_node(kube: Kub
         .await
         .expect("delete the node");
     let after = wait_for_within("spread back at 3 Ready pods", CONVERGE, || async {
-        let pods = placed(&env, "spread").await;
-        let all = env.api::<Pod>().list(&ListParams::default().labels(&format!("{INSTANCE}=spread"))).await.ok()?.items;
-        let ready = all.iter().filter(|p| pod_ready(p)).count();
-        (pods.len() == 3 && ready == 3 && !pods.contains_key(&lost_pod)).then_some(pods)
+        // One read: each pod's node and readiness as of the same moment.
+        let lp = ListParams::default().labels(&format!("{INSTANCE}=spread"));
+        let all = env.api::<Pod>().list(&lp).await.ok()?.items;
+        let pods: BTreeMap<String, String> = all
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+            .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
+            .collect();
+        (all.len() == 3 && pods.len() == 3 && !pods.contains_key(&lost_pod)).then_some(pods)
     })
     .await;
     let hosts: BTreeSet<&String> = after.values().collect();
@@ -853,5 +861,141 @@ async fn the_operator_outlives_a_kube_apiserver_restart_and_converges_after_it(k
         assert_eq!(after.get(pod), Some(uid), "{pod} was restarted: {after:?}");
     }
     assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
+}
+}
+
+on_both_versions! {
+async fn watches_past_an_etcd_compaction_get_410_and_relist_losing_nothing(kube: Kube) {
+    // kube-apiserver compacts etcd every few seconds; a control plane of its own.
+    let mut opts = Options::new(kube);
+    opts.apiserver_args.push("--etcd-compaction-interval=5s".into());
+    let cp = ControlPlane::start(opts).await.unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.unwrap_or_else(|e| panic!("{e}"));
+    let ns = cp.namespace("compaction").await.unwrap_or_else(|e| panic!("{e}"));
+    apply_crd(&client, &Memcached::crd()).await;
+    let dir = TempDir::new("compaction");
+    let mut op = Operator::spawn(
+        cp.kubeconfig(),
+        dir.path(),
+        "operator",
+        &[
+            format!("--namespace={ns}"),
+            "--metrics-bind-address=0".into(),
+            "--health-probe-bind-address=0".into(),
+        ],
+        &[],
+    );
+    let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let apply = |name: String, size: i32| {
+        let memcacheds = memcacheds.clone();
+        async move {
+            let mc = json!({
+                "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+                "metadata": {"name": name}, "spec": {"size": size},
+            });
+            memcacheds
+                .patch(&name, &PatchParams::apply("test").force(), &Patch::Apply(&mc))
+                .await
+                .unwrap_or_else(|e| panic!("applying {name}: {e}"));
+        }
+    };
+    // Every Memcached's Deployment at its size, and only theirs: name → replicas.
+    let wanted = |pools: BTreeMap<String, i32>| {
+        let deployments = deployments.clone();
+        let memcacheds = memcacheds.clone();
+        async move {
+            wait_observing("every pool's Deployment at its size, and only theirs", || async {
+                let have: BTreeMap<String, i32> = deployments
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| {
+                        l.items
+                            .into_iter()
+                            .filter(|d| d.metadata.deletion_timestamp.is_none())
+                            .map(|d| (d.name_any(), d.spec.and_then(|s| s.replicas).unwrap_or(1)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let observed = memcacheds
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| {
+                        l.items.iter().all(|m| {
+                            m.status.as_ref().and_then(|s| s.observed_generation)
+                                == m.metadata.generation
+                        })
+                    })
+                    .unwrap_or(false);
+                let missing = pools.iter().filter(|(n, s)| have.get(*n) != Some(s)).count();
+                let extra = have.keys().filter(|n| !pools.contains_key(*n)).count();
+                let seen = format!("{missing} missing or at another size, {extra} extra, statuses observed {observed}");
+                ((missing == 0 && extra == 0 && observed).then_some(()), seen)
+            })
+            .await
+        }
+    };
+    let mut pools: BTreeMap<String, i32> = BTreeMap::new();
+    for i in 0..10 {
+        apply(format!("old-{i}"), 0).await;
+        pools.insert(format!("old-{i}"), 0);
+    }
+    wanted(pools.clone()).await;
+    // The operator frozen, and the API server restarted under it: its watch connections
+    // are cut while it cannot read them, so no event of what follows reaches it.
+    op.signal(libc::SIGSTOP);
+    let paused_at = memcacheds
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("resourceVersion");
+    cp.stop_component("kube-apiserver").unwrap_or_else(|e| panic!("{e}"));
+    cp.start_component("kube-apiserver").await.unwrap_or_else(|e| panic!("{e}"));
+
+    // The namespace churns: pools created, scaled and deleted.
+    for i in 0..150 {
+        apply(format!("new-{i}"), 0).await;
+        pools.insert(format!("new-{i}"), 0);
+    }
+    for i in 0..5 {
+        apply(format!("old-{i}"), 1).await;
+        pools.insert(format!("old-{i}"), 1);
+    }
+    for i in 5..10 {
+        memcacheds
+            .delete(&format!("old-{i}"), &DeleteParams::foreground())
+            .await
+            .expect("delete");
+        pools.remove(&format!("old-{i}"));
+    }
+    // etcd has compacted past the frozen watches' resourceVersion: a read at it is gone.
+    wait_observing("etcd compacted past the operator's resourceVersion", || async {
+        let lp = ListParams::default()
+            .at(&paused_at)
+            .matching(kube::api::VersionMatch::Exact);
+        match memcacheds.list(&lp).await {
+            Err(kube::Error::Api(s)) if s.code == 410 => (Some(()), "410".into()),
+            other => (None, format!("{:?}", other.map(|l| l.metadata.resource_version))),
+        }
+    })
+    .await;
+    // Thawed: every watch is started again from where it was, which the server no longer has.
+    op.signal(libc::SIGCONT);
+
+    wanted(pools).await;
+    assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
+    let logs = op.logs();
+    // Its watches resumed from a resourceVersion the server no longer has: 410 Gone
+    // ("too old resource version", reason Expired), then a re-list.
+    for kind in ["Memcached", "Deployment"] {
+        assert!(
+            logs.lines().any(|l| l.contains("watch failed")
+                && l.contains(&format!("kind=\"{kind}\""))
+                && l.contains("too old resource version")),
+            "no 410 Gone on the {kind} watch in the operator's log:\n{logs}"
+        );
+    }
 }
 }
