@@ -38,6 +38,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Shared(String),
+    #[error("no component {0} in this control plane")]
+    NoComponent(String),
 }
 
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
