@@ -987,9 +987,11 @@ async fn watches_past_an_etcd_compaction_get_410_and_relist_losing_nothing(kube:
     wanted(pools).await;
     assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
     let logs = op.logs();
-    // Its watches resumed from a resourceVersion the server no longer has: 410 Gone
-    // ("too old resource version", reason Expired), then a re-list.
-    for kind in ["Memcached", "Deployment"] {
+    // Its Memcached watch resumed from a resourceVersion the server no longer has: 410 Gone
+    // ("too old resource version", reason Expired), then a re-list. (The Deployment watch
+    // gets one too on most runs, but not always: one run at v1.33 resumed it without one,
+    // its last resourceVersion presumably still within the restarted server's reach.)
+    for kind in ["Memcached"] {
         assert!(
             logs.lines().any(|l| l.contains("watch failed")
                 && l.contains(&format!("kind=\"{kind}\""))
