@@ -95,6 +95,8 @@ NODE ?= fake
 DEV_NODE_ARGS = $(if $(filter real,$(NODE)),--real-node)
 # Seconds the dev cluster may take to start (a real node registers and turns Ready).
 DEV_START_SECONDS = $(if $(filter real,$(NODE)),180,60)
+# kubectl wait fails at once (not waits) while a new CRD has no conditions yet: asked again.
+WAIT_CRD_ESTABLISHED = for i in $$(seq 30); do KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established --timeout=60s crd/memcacheds.memcached.cache.example.com 2>/dev/null && exit 0; sleep 1; done; exit 1
 
 .PHONY: dev-cluster
 dev-cluster: controlplane $(if $(filter real,$(NODE)),node) ## Start a local cluster (real control plane, 3 kwok nodes; NODE=real: and a real node) in the background; prints the KUBECONFIG to export.
@@ -141,7 +143,7 @@ bench: bench-build ## Benchmark (release build; not part of the tests): converge
 .PHONY: bench-real
 bench-real: bench-build dev-cluster ## Benchmark on the real control plane with kwok nodes (release build; starts and stops a dev-cluster): make bench-real BENCH_N=1000
 	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) apply --server-side -k config/crd
-	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established crd/memcacheds.memcached.cache.example.com
+	$(WAIT_CRD_ESTABLISHED)
 	$(BENCH) operator --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(BENCH_N) $(BENCH_ARGS); \
 	  status=$$?; $(MAKE) -s dev-cluster-down; exit $$status
 
@@ -165,7 +167,7 @@ bench-peer: ## Build the seeds' Go operator used as the benchmark peer (bench/pe
 .PHONY: bench-side-by-side
 bench-side-by-side: bench-build bench-peer dev-cluster ## The operator and the seeds' Go operator side by side on the real control plane (release build; starts and stops a dev-cluster).
 	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) apply --server-side -k config/crd
-	KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established crd/memcacheds.memcached.cache.example.com
+	$(WAIT_CRD_ESTABLISHED)
 	$(BENCH) side-by-side --kubeconfig $(DEV_KUBECONFIG) --audit-log bin/dev-cluster.audit.log --n $(SBS_N) $(SBS_ARGS); \
 	  status=$$?; $(MAKE) -s dev-cluster-down; exit $$status
 

@@ -19,6 +19,9 @@ pub struct Request {
     /// Who the request acted as: the impersonated user when there is one (a test gives
     /// the client under test an identity of its own with [`crate::ControlPlane::client_as`]).
     pub username: String,
+    /// The resource's API group (empty for the core group and non-resource URLs), as the
+    /// server's authorizer saw it.
+    pub api_group: String,
     /// `deployments`, `memcacheds`, ... (empty for non-resource URLs).
     pub resource: String,
     pub subresource: String,
@@ -72,6 +75,7 @@ pub fn read(path: &Path) -> Result<Vec<Request>, Error> {
                 .and_then(Value::as_str)
                 .map(str::to_string)
                 .unwrap_or_else(|| text(&v, "/user/username")),
+            api_group: text(&v, "/objectRef/apiGroup"),
             resource: text(&v, "/objectRef/resource"),
             subresource: text(&v, "/objectRef/subresource"),
             namespace: text(&v, "/objectRef/namespace"),

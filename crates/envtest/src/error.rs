@@ -40,6 +40,8 @@ pub enum Error {
     Shared(String),
     #[error("real node: {0}")]
     RealNode(String),
+    #[error("no component {0} in this control plane")]
+    NoComponent(String),
 }
 
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {

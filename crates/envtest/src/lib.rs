@@ -448,6 +448,39 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Stops the component `name` (`kube-apiserver`, `etcd`, `kube-controller-manager`,
+    /// `kube-scheduler`, `kwok`) as a crash would (SIGKILL); its data and flags are kept
+    /// for [`ControlPlane::start_component`]. On a shared control plane this stops it for
+    /// every test of the binary: a test that stops one starts a control plane of its own.
+    pub fn stop_component(&self, name: &str) -> Result<(), Error> {
+        let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        let p = procs
+            .iter_mut()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| Error::NoComponent(name.to_string()))?;
+        p.kill();
+        Ok(())
+    }
+
+    /// Starts the component `name` stopped by [`ControlPlane::stop_component`] again, with
+    /// the same binary, flags, ports and data directory (its log continues); for
+    /// kube-apiserver, returns once it answers `/readyz` again.
+    pub async fn start_component(&self, name: &str) -> Result<(), Error> {
+        {
+            let mut procs = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+            let p = procs
+                .iter_mut()
+                .find(|p| p.name() == name)
+                .ok_or_else(|| Error::NoComponent(name.to_string()))?;
+            p.start()?;
+        }
+        if name == "kube-apiserver" {
+            let client = self.client().await?;
+            self.wait_ready(&client, Instant::now()).await?;
+        }
+        Ok(())
+    }
+
     /// The Kubernetes version this control plane runs.
     pub fn version(&self) -> &Version {
         &self.version

@@ -73,11 +73,14 @@ pub(crate) fn remove_dir_at_exit(dir: &Path) {
         .push(dir.to_path_buf());
 }
 
-/// One running component.
+/// One running component, which can be stopped and started again as it was.
 pub struct Process {
     name: String,
     child: Option<Child>,
     log: PathBuf,
+    binary: PathBuf,
+    args: Vec<String>,
+    dir: PathBuf,
 }
 
 impl Process {
@@ -99,8 +102,31 @@ impl Process {
         env: &[(&str, std::ffi::OsString)],
     ) -> Result<Process, Error> {
         let log = dir.join(format!("{name}.log"));
-        let out =
-            std::fs::File::create(&log).map_err(io_err(format!("creating {}", log.display())))?;
+        std::fs::File::create(&log).map_err(io_err(format!("creating {}", log.display())))?;
+        let mut p = Process {
+            name: name.to_string(),
+            child: None,
+            log,
+            binary: binary.to_path_buf(),
+            args: args.to_vec(),
+            dir: dir.to_path_buf(),
+        };
+        p.start()?;
+        Ok(p)
+    }
+
+    /// Starts the process (again, after [`Process::kill`]): the same binary and flags, its
+    /// output appended to its log.
+    pub(crate) fn start(&mut self) -> Result<(), Error> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let (binary, args, dir, log) = (&self.binary, &self.args, &self.dir, &self.log);
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)
+            .map_err(io_err(format!("opening {}", log.display())))?;
         let err = out
             .try_clone()
             .map_err(io_err(format!("opening {}", log.display())))?;
@@ -134,11 +160,12 @@ impl Process {
         LIVE.lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(child.id());
-        Ok(Process {
-            name: name.to_string(),
-            child: Some(child),
-            log,
-        })
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// The component's name and, while it runs, its process id.

@@ -220,11 +220,23 @@ async fn the_dev_cluster_serves_the_seed_workflow_and_stops_on_term() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     run(&["apply", "--server-side", "-k", "config/crd"]);
-    run(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/memcacheds.memcached.cache.example.com",
-    ]);
+    // `kubectl wait` fails at once (rather than waiting) while the new CRD has no
+    // conditions yet ("accessor error: <nil>"): asked again until it answers.
+    eventually("the CRD Established, as kubectl wait says", || async {
+        std::process::Command::new(&kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args([
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/memcacheds.memcached.cache.example.com",
+            ])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|_| ())
+    })
+    .await;
     run(&["apply", "-k", "config/samples"]);
     let size = run(&[
         "get",

@@ -3,6 +3,7 @@
 //! in a directory and is swapped in when the files change, or a self-signed one (rcgen).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -112,6 +113,8 @@ pub struct CertWatcher {
     dir: PathBuf,
     current: RwLock<Arc<CertifiedKey>>,
     loaded: Mutex<(Vec<u8>, Vec<u8>)>,
+    /// Polls of [`CertWatcher::watch`] that found files it could not load.
+    failed_reloads: AtomicU64,
 }
 
 impl CertWatcher {
@@ -125,6 +128,7 @@ impl CertWatcher {
             dir,
             current: RwLock::new(Arc::new(ck)),
             loaded: Mutex::new((cert, key)),
+            failed_reloads: AtomicU64::new(0),
         }))
     }
 
@@ -153,9 +157,16 @@ impl CertWatcher {
                 _ = tick.tick() => {}
             }
             if let Err(err) = self.reload_if_changed() {
+                self.failed_reloads.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%err, "TLS certificate reload failed; keeping the previous one");
             }
         }
+    }
+
+    /// How many polls of [`CertWatcher::watch`] found files that failed to load (the
+    /// previous pair was kept each time).
+    pub fn failed_reloads(&self) -> u64 {
+        self.failed_reloads.load(Ordering::Relaxed)
     }
 
     /// The end-entity certificate currently served.

@@ -1,13 +1,18 @@
 //! Leader election against the in-memory API server (apisim).
+//!
+//! Every test runs on Tokio's paused clock, which is the clock the election times itself by
+//! (retry period, renew deadline, lease validity): time moves only when every task waits,
+//! so the durations asserted below are those of the algorithm, exact however busy the
+//! machine is, and no wait is a wall-clock window.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use manager::Metrics;
 use manager::leader::{Error, LeaderElectionConfig, run_as_leader};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "memcached-operator-lock";
@@ -31,15 +36,23 @@ fn holder(server: &apisim::ApiServer) -> Option<String> {
         .map(str::to_string)
 }
 
-fn renew_time(server: &apisim::ApiServer) -> Timestamp {
-    let lease = server
-        .get_object("coordination.k8s.io/v1", "leases", Some("default"), LEASE)
-        .unwrap();
-    lease["spec"]["renewTime"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap()
+fn renew_time(server: &apisim::ApiServer) -> Option<String> {
+    let lease = server.get_object("coordination.k8s.io/v1", "leases", Some("default"), LEASE)?;
+    lease["spec"]["renewTime"].as_str().map(str::to_string)
+}
+
+/// Waits for the holder's next renewal and returns when it happened: the paused clock
+/// stands still while the renewal is written, and is looked at every millisecond.
+async fn next_renewal(server: &apisim::ApiServer) -> Instant {
+    let before = renew_time(server);
+    let give_up = Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if renew_time(server) != before {
+            return Instant::now();
+        }
+        assert!(Instant::now() < give_up, "the leader does not renew");
+    }
 }
 
 fn leader_status(metrics: &Metrics) -> Option<String> {
@@ -119,7 +132,7 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<Event>, within: Duration) -> Even
         .expect("channel closed")
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn one_leader_and_fast_handover_on_shutdown() {
     let server = Arc::new(apisim::ApiServer::new());
     let leading = Arc::new(AtomicUsize::new(0));
@@ -181,7 +194,7 @@ async fn one_leader_and_fast_handover_on_shutdown() {
     assert_eq!(holder(&server), None, "lease released on shutdown");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn failing_renewals_stop_controllers_before_the_lease_expires() {
     let server = Arc::new(apisim::ApiServer::new());
     let leading = Arc::new(AtomicUsize::new(0));
@@ -190,31 +203,33 @@ async fn failing_renewals_stop_controllers_before_the_lease_expires() {
     let Event::Started(..) = next(&mut rx, Duration::from_secs(5)).await else {
         panic!("expected a start");
     };
-    // Let a few renewals succeed, then make every Lease update fail.
+    // Let a few renewals succeed, then make every Lease update after the last fail.
     tokio::time::sleep(Duration::from_millis(700)).await;
+    let last_renew = next_renewal(&server).await;
     server.inject(
         apisim::Fault::new()
             .verb("update")
             .resource("leases")
             .status(500),
     );
-    let injected = Timestamp::now();
 
-    let Event::Stopping(..) = next(&mut rx, Duration::from_secs(3)).await else {
-        panic!("expected the controllers to be stopped");
+    // Long enough to see a stop that came too late (on the paused clock, waiting costs nothing).
+    let stopping = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+    let Ok(Some(Event::Stopping(..))) = stopping else {
+        panic!(
+            "the controllers were not told to stop (dropped unasked, or left running): {stopping:?}"
+        );
     };
-    let stopped = Timestamp::now();
-    let last_renew = renew_time(&server);
-    assert!(last_renew <= injected);
-    let since_renew = stopped.duration_since(last_renew);
-    let lease_duration = k8s_openapi::jiff::SignedDuration::from_secs(2);
-    let renew_deadline = k8s_openapi::jiff::SignedDuration::from_millis(1400);
+    let since_renew = Instant::now() - last_renew;
+    let lease_duration = Duration::from_secs(2);
+    let renew_deadline = Duration::from_millis(1400);
     assert!(
         since_renew < lease_duration,
         "controllers stopped {since_renew:?} after the last renewal, not before the lease expired"
     );
+    // The renewal was seen within a millisecond of being written.
     assert!(
-        since_renew >= renew_deadline - k8s_openapi::jiff::SignedDuration::from_millis(50),
+        since_renew >= renew_deadline - Duration::from_millis(1),
         "gave up too early: {since_renew:?}"
     );
     let r = tokio::time::timeout(Duration::from_secs(5), a.task)
@@ -226,7 +241,7 @@ async fn failing_renewals_stop_controllers_before_the_lease_expires() {
     assert_eq!(leading.load(Ordering::SeqCst), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn transient_renewal_failures_are_tolerated() {
     let server = Arc::new(apisim::ApiServer::new());
     let leading = Arc::new(AtomicUsize::new(0));
@@ -257,7 +272,7 @@ async fn transient_renewal_failures_are_tolerated() {
         .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn standby_never_runs_and_shutdown_returns() {
     let server = Arc::new(apisim::ApiServer::new());
     let leading = Arc::new(AtomicUsize::new(0));
@@ -278,7 +293,7 @@ async fn standby_never_runs_and_shutdown_returns() {
     let _ = a.task.await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn disabled_election_runs_at_once_and_stops_on_shutdown() {
     let server = apisim::ApiServer::new();
     let shutdown = CancellationToken::new();
@@ -301,7 +316,7 @@ async fn disabled_election_runs_at_once_and_stops_on_shutdown() {
         .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn controller_error_is_returned_and_lease_released() {
     let server = Arc::new(apisim::ApiServer::new());
     let r = run_as_leader(
@@ -319,7 +334,7 @@ async fn controller_error_is_returned_and_lease_released() {
     assert_eq!(holder(&server), None);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn lease_is_kept_while_controllers_stop_slowly() {
     let server = Arc::new(apisim::ApiServer::new());
     let started_b = Arc::new(AtomicUsize::new(0));
@@ -408,7 +423,7 @@ impl Drop for DropSignal {
 /// Controllers that do not stop when told (a reconcile stuck on a request that never
 /// returns) are dropped, cancelling whatever they had in flight, before another candidate
 /// could take the Lease: the leader's last renewal plus the lease duration.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn controllers_that_do_not_stop_are_dropped_before_the_lease_can_expire() {
     let server = Arc::new(apisim::ApiServer::new());
     let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
@@ -434,13 +449,13 @@ async fn controllers_that_do_not_stop_are_dropped_before_the_lease_can_expire() 
         .await
         .expect("leads")
         .expect("started");
+    let last_renew = next_renewal(&server).await;
     server.inject(
         apisim::Fault::new()
             .verb("update")
             .resource("leases")
             .hang(),
     );
-    let last_renew = renew_time(&server);
     let result = tokio::time::timeout(Duration::from_secs(5), task)
         .await
         .expect("run_as_leader returns although the controllers never stop")
@@ -450,11 +465,14 @@ async fn controllers_that_do_not_stop_are_dropped_before_the_lease_can_expire() 
         "{result:?}"
     );
     let dropped = dropped_rx.await.expect("the controllers were dropped");
-    let since_renew = Timestamp::now().duration_since(last_renew)
-        - k8s_openapi::jiff::SignedDuration::try_from(dropped.elapsed()).unwrap();
+    let since_renew = dropped - last_renew;
     assert!(
-        since_renew < k8s_openapi::jiff::SignedDuration::from_secs(2),
+        since_renew < Duration::from_secs(2),
         "controllers dropped {since_renew:?} after the last renewal: not before the lease (2s) expired"
+    );
+    assert!(
+        since_renew >= Duration::from_millis(1400),
+        "controllers dropped {since_renew:?} after the last renewal, before the renew deadline (1.4s)"
     );
     server.clear_faults();
 }
@@ -462,7 +480,7 @@ async fn controllers_that_do_not_stop_are_dropped_before_the_lease_can_expire() 
 /// A Lease deleted under its holder is lost: the leader stops at once (rather than creating
 /// a new Lease, which a standby may have done already), and a standby that saw it held does
 /// not create a new one before the old record would have expired, so the two never overlap.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_deleted_lease_is_lost_and_never_held_by_two() {
     let server = Arc::new(apisim::ApiServer::new());
     let leading = Arc::new(AtomicUsize::new(0));

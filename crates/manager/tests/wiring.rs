@@ -71,7 +71,7 @@ async fn probes_metrics_and_leader_election_together() {
         })
         .await
     });
-    tokio::time::timeout(Duration::from_secs(5), started_rx)
+    tokio::time::timeout(Duration::from_secs(60), started_rx)
         .await
         .unwrap()
         .unwrap();
@@ -90,7 +90,7 @@ async fn probes_metrics_and_leader_election_together() {
         metrics_task.await.unwrap().unwrap();
         probes.await.unwrap().unwrap();
     };
-    manager::shutdown::with_timeout(Duration::from_secs(5), all)
+    manager::shutdown::with_timeout(Duration::from_secs(60), all)
         .await
         .unwrap();
 }

@@ -131,23 +131,17 @@ pub fn crd_reader_role() -> ClusterRole {
 }
 
 /// Leader election (`memcached_manager::leader`), in the manager's own namespace only:
-/// the `leader-election-role` Role (as Kubebuilder scaffolds it).
+/// the `leader-election-role` Role. Only the verbs the lock uses (tests/rbac.rs finds each
+/// in the API server's audit log): Kubebuilder's scaffold also grants list, watch and
+/// patch on Leases and create and patch on core Events, for controller-runtime's resource
+/// lock and its leader-election events, neither of which this operator has.
 pub const LEADER_ELECTION_RULES: &[Rule] = &[
     // manager::leader: get the Lease, create it when missing, update (PUT with the read
-    // resourceVersion) to take and renew it. list/watch/patch as controller-runtime's
-    // resource lock may use them (Kubebuilder's scaffold grants the same).
+    // resourceVersion) to take, renew and release it.
     Rule {
         api_groups: &["coordination.k8s.io"],
         resources: &["leases"],
-        verbs: &["create", "get", "list", "patch", "update", "watch"],
-        resource_names: &[],
-    },
-    // Leader-election events (LeaderElection "became leader"), recorded in the manager's
-    // namespace as core/v1 Events, as controller-runtime does.
-    Rule {
-        api_groups: &[""],
-        resources: &["events"],
-        verbs: &["create", "patch"],
+        verbs: &["create", "get", "update"],
         resource_names: &[],
     },
 ];
@@ -333,39 +327,5 @@ pub fn leader_election_role_binding() -> RoleBinding {
             name: "leader-election-role".into(),
         },
         subjects: Some(service_account_subject()),
-    }
-}
-
-/// Whether `rules` allow `verb` on `resource` (`plural` or `plural/subresource`) of
-/// `group`, with the API server's matching (a `*` would match anything; the generated
-/// roles have none, see the tests).
-pub fn allows(rules: &[PolicyRule], verb: &str, group: &str, resource: &str) -> bool {
-    let has = |list: &Option<Vec<String>>, want: &str| {
-        list.iter().flatten().any(|x| x == want || x == "*")
-    };
-    rules.iter().any(|r| {
-        r.verbs.iter().any(|v| v == verb || v == "*")
-            && has(&r.api_groups, group)
-            && has(&r.resources, resource)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allows_matches_group_resource_and_verb_exactly() {
-        let rules = policy_rules(&manager_rules());
-        assert!(allows(&rules, "patch", "apps", "deployments"));
-        assert!(!allows(&rules, "update", "apps", "deployments"));
-        assert!(!allows(&rules, "patch", "", "deployments"));
-        assert!(allows(
-            &rules,
-            "patch",
-            memcached_api::GROUP,
-            "memcacheds/status"
-        ));
-        assert!(!allows(&rules, "patch", memcached_api::GROUP, "memcacheds"));
     }
 }

@@ -280,7 +280,7 @@ async fn admitted_while_the_webhook_was_off_the_reconciler_reports_degraded(kube
     }));
     let memcacheds: Api<Memcached> = Api::namespaced(client.clone(), &ns);
     for (name, _, field, words) in &chosen {
-        let mc = wait_for_within(&format!("Degraded on {name}"), Duration::from_secs(60), || async {
+        let mc = wait_for_within(&format!("Degraded on {name}"), common::DEADLINE, || async {
             let mc = memcacheds.get(name).await.ok()?;
             (mc.condition(condition::DEGRADED)?.status == "True").then_some(mc)
         })
@@ -294,7 +294,7 @@ async fn admitted_while_the_webhook_was_off_the_reconciler_reports_degraded(kube
             degraded.message
         );
     }
-    wait_for_within("good converges", Duration::from_secs(90), || async {
+    wait_for_within("good converges", common::DEADLINE, || async {
         let mc = memcacheds.get("good").await.ok()?;
         (mc.status.as_ref()?.nodes.len() == 2 && mc.condition(condition::AVAILABLE)?.status == "True")
             .then_some(())

@@ -79,7 +79,7 @@ async fn seed_sample_on_a_real_cluster() {
     )
     .await
     .expect("CRD applies");
-    wait_for("CRD established", Duration::from_secs(30), || async {
+    wait_for("CRD established", Duration::from_secs(120), || async {
         let crd = crds
             .get("memcacheds.memcached.cache.example.com")
             .await
@@ -126,7 +126,7 @@ async fn seed_sample_on_a_real_cluster() {
         )
         .await
         .expect("sample applies");
-    let mc = wait_for("status written", Duration::from_secs(60), || async {
+    let mc = wait_for("status written", Duration::from_secs(120), || async {
         let mc = memcacheds.get("memcached-sample").await.ok()?;
         (mc.condition(condition::DEGRADED)?.status == "False").then_some(mc)
     })
@@ -161,7 +161,7 @@ async fn seed_sample_on_a_real_cluster() {
         )
         .await
         .expect("manual edit");
-    wait_for("drift repaired", Duration::from_secs(60), || async {
+    wait_for("drift repaired", Duration::from_secs(120), || async {
         let d = deployments.get("memcached-sample").await.ok()?;
         (d.spec?.replicas == Some(3)).then_some(())
     })

@@ -6,12 +6,12 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apisim::{ApiServer, Fault, ServeHandle};
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -116,6 +116,17 @@ impl Cluster {
             .filter(|h| !h.is_empty())
     }
 
+    /// The Lease's spec as it is now.
+    async fn lease(&self) -> LeaseSpec {
+        let leases: Api<Lease> = Api::default_namespaced(self.server.client());
+        leases
+            .get(LEASE)
+            .await
+            .expect("the Lease")
+            .spec
+            .expect("the Lease's spec")
+    }
+
     /// `reportingInstance`s of the events about `name` whose note contains `text`.
     /// The `reportingInstance` of every event about `name` whose note contains `text`,
     /// waiting for at least one (events are published after the reconcile that caused them).
@@ -123,7 +134,7 @@ impl Cluster {
         let events: Api<Event> = Api::default_namespaced(self.server.client());
         wait_for_within(
             &format!("an event about {name} saying {text:?}"),
-            Duration::from_secs(10),
+            Duration::from_secs(120),
             || async {
                 let list = events.list(&ListParams::default()).await.ok()?;
                 let reporters: Vec<String> = list
@@ -161,7 +172,7 @@ impl Cluster {
         let api = self.memcacheds();
         wait_for_within(
             &format!("{name} at {size} ready pods"),
-            Duration::from_secs(30),
+            Duration::from_secs(120),
             || async {
                 let mc = api.get_opt(name).await.ok().flatten()?;
                 let status = mc.status.as_ref()?;
@@ -199,7 +210,8 @@ impl Operator {
             .env("ENABLE_WEBHOOKS", "false")
             .env_remove("WATCH_NAMESPACE")
             .env_remove("POD_NAMESPACE")
-            .stdout(Stdio::null())
+            // Logs go to stdout, start-up errors to stderr: both are kept.
+            .stdout(log_file.try_clone().expect("log file"))
             .stderr(log_file)
             .spawn()
             .expect("operator binary starts");
@@ -252,6 +264,16 @@ impl Operator {
     fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until the log contains `needle`.
+    async fn wait_log(&self, needle: &str, timeout: Duration) {
+        wait_for_within(
+            &format!("{} logs {needle:?}", self.name),
+            timeout,
+            || async { self.logs().contains(needle).then_some(()) },
+        )
+        .await;
+    }
 }
 
 impl Drop for Operator {
@@ -269,8 +291,8 @@ fn free_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
     let cluster = Cluster::start(true).await;
-    let first = Operator::spawn_candidate(&cluster, "op-1");
-    wait_for_within("op-1 leads", Duration::from_secs(20), || async {
+    let mut first = Operator::spawn_candidate(&cluster, "op-1");
+    wait_for_within("op-1 leads", Duration::from_secs(120), || async {
         (cluster.lease_holder().await.as_deref() == Some("op-1")).then_some(())
     })
     .await;
@@ -286,27 +308,58 @@ async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
         ["op-1"],
         "only the leader writes"
     );
-    // Standbys stay standbys while the leader renews.
-    tokio::time::sleep(LEASE_DURATION).await;
+    // Standbys stay standbys while the leader renews. What is ruled out: a standby takes a
+    // record it has seen unchanged for a lease duration, and looks every 250-550 ms; the
+    // wait covers both, and the leader's renewals in it are seen.
+    let before = cluster.lease().await;
+    tokio::time::sleep(LEASE_DURATION + Duration::from_secs(1)).await;
+    let after = cluster.lease().await;
     assert_eq!(cluster.lease_holder().await.as_deref(), Some("op-1"));
+    assert_eq!(
+        after.lease_transitions, before.lease_transitions,
+        "no transition while the leader renews"
+    );
+    assert!(after.renew_time > before.renew_time, "the leader renews");
 
-    // SIGKILL: nothing is released; a standby takes over once the lease runs out.
+    // SIGKILL: nothing is released; a standby takes over once the lease runs out, and not
+    // before: its acquisition comes at least a lease duration after the killed leader's
+    // last renewal (both times are written from this machine's clock).
     let killed_at = Instant::now();
     first.signal(libc::SIGKILL);
+    first.wait_exit(Duration::from_secs(60)).await;
+    let last = cluster.lease().await;
     let second = wait_for_within(
         "a standby leads after SIGKILL",
-        LEASE_DURATION * 3,
+        Duration::from_secs(120),
         || async { cluster.lease_holder().await.filter(|h| h != "op-1") },
     )
     .await;
-    let failover = killed_at.elapsed();
-    println!("SIGKILL failover: {failover:?} (lease duration {LEASE_DURATION:?})");
-    assert!(
-        // client-go's bound: a standby takes over one lease duration after it last saw the
-        // record change, and looks every retry period (jittered); the rest is slack for a
-        // loaded CI machine.
-        failover <= LEASE_DURATION + Duration::from_secs(2),
-        "failover after SIGKILL took {failover:?}"
+    println!(
+        "SIGKILL failover: {:?} (lease duration {LEASE_DURATION:?})",
+        killed_at.elapsed()
+    );
+    let taken = cluster.lease().await;
+    if last
+        .holder_identity
+        .as_deref()
+        .is_some_and(|h| h.starts_with("op-1_"))
+    {
+        let waited = taken
+            .acquire_time
+            .expect("acquireTime")
+            .0
+            .duration_since(last.renew_time.expect("renewTime").0);
+        assert!(
+            waited
+                >= jiff::SignedDuration::try_from(LEASE_DURATION).expect("duration")
+                    - jiff::SignedDuration::from_millis(50),
+            "{second} took the Lease {waited:?} after op-1's last renewal, before it expired"
+        );
+    }
+    assert_eq!(
+        taken.lease_transitions,
+        after.lease_transitions.map(|t| t + 1),
+        "one transition: op-1 to {second}"
     );
     cluster.apply("ha", 3).await;
     cluster.converged("ha", 3).await;
@@ -323,26 +376,28 @@ async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
         .expect("second leader is a standby");
     let mut leader = standbys.remove(idx);
     let remaining = standbys.pop().expect("one standby left");
+    // Released rather than left to expire (how fast is measured exactly in the manager
+    // crate's leader tests, on a paused clock).
     let termed_at = Instant::now();
     leader.signal(libc::SIGTERM);
     wait_for_within(
         "the last standby leads after SIGTERM",
-        Duration::from_secs(10),
+        Duration::from_secs(120),
         || async {
             (cluster.lease_holder().await.as_deref() == Some(remaining.name.as_str())).then_some(())
         },
     )
     .await;
-    let handover = termed_at.elapsed();
-    println!("SIGTERM handover: {handover:?}");
-    assert!(
-        handover < Duration::from_secs(2),
-        "handover after SIGTERM took {handover:?}"
-    );
-    let status = leader.wait_exit(Duration::from_secs(10)).await;
+    println!("SIGTERM handover: {:?}", termed_at.elapsed());
+    let status = leader.wait_exit(Duration::from_secs(60)).await;
     assert!(
         status.success(),
         "SIGTERM is a clean exit: {status:?}\n{}",
+        leader.logs()
+    );
+    assert!(
+        leader.logs().contains("released leader lease"),
+        "the leader released the Lease:\n{}",
         leader.logs()
     );
     cluster.apply("ha", 1).await;
@@ -354,59 +409,65 @@ async fn one_leader_at_a_time_with_failover_on_kill_and_handover_on_term() {
     drop(first);
 }
 
+/// A leader cut off from the API server exits before its standby can take the Lease over:
+/// order, not a time, is asserted: when the Lease names the standby, the old leader is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_api_stops_before_its_lease_can_expire() {
     let cluster = Cluster::start(true).await;
-    // A longer lease than the other tests, so the 2 s renew deadline leaves a wide margin
-    // before expiry even on a loaded machine.
-    let mut leader = Operator::spawn(
-        &cluster,
-        "op-cut",
-        &[
-            "--leader-elect",
-            "--leader-election-namespace=default",
-            "--leader-elect-lease-duration=4s",
-            "--leader-elect-renew-deadline=2s",
-            "--leader-elect-retry-period=250ms",
-            "--metrics-bind-address=0",
-            "--health-probe-bind-address=0",
-        ],
-    );
-    let cut_lease = Duration::from_secs(4);
-    wait_for_within("op-cut leads", Duration::from_secs(20), || async {
+    // A longer lease than the other tests: the 2 s renew deadline leaves the leader 2 s to
+    // stop and exit before the Lease can expire.
+    let args = [
+        "--leader-elect",
+        "--leader-election-namespace=default",
+        "--leader-elect-lease-duration=4s",
+        "--leader-elect-renew-deadline=2s",
+        "--leader-elect-retry-period=250ms",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=0",
+    ];
+    let mut leader =
+        Operator::spawn_with(&cluster, &cluster.kubeconfig_as("op-cut"), "op-cut", &args);
+    wait_for_within("op-cut leads", Duration::from_secs(120), || async {
         (cluster.lease_holder().await.as_deref() == Some("op-cut")).then_some(())
     })
     .await;
-    let leases: Api<Lease> = Api::default_namespaced(cluster.server.client());
-    // Every renewal fails from now on, as if the leader were partitioned from the API server.
+    let standby = Operator::spawn_with(
+        &cluster,
+        &cluster.kubeconfig_as("op-standby"),
+        "op-standby",
+        &args,
+    );
+    standby
+        .wait_log(
+            "attempting to acquire leader lease",
+            Duration::from_secs(120),
+        )
+        .await;
+    // Every renewal of op-cut fails from now on, as if it were partitioned from the API
+    // server; the standby's requests are served.
     cluster.server.inject(
         Fault::new()
+            .user("op-cut")
             .verb("update")
             .resource("leases")
-            .status(500)
-            .times(1_000_000),
+            .status(500),
     );
-    let cut_at = Instant::now();
-    let last_renew = leases
-        .get(LEASE)
-        .await
-        .ok()
-        .and_then(|l| l.spec?.renew_time)
-        .map(|t| t.0)
-        .expect("renewTime");
-    let status = leader.wait_exit(cut_lease * 2).await;
-    let stopped_after = cut_at.elapsed();
-    println!("cut-off leader exited {stopped_after:?} after the cut (renew deadline 2s, lease 4s)");
+    wait_for_within(
+        "the standby takes the Lease over",
+        Duration::from_secs(120),
+        || async { (cluster.lease_holder().await.as_deref() == Some("op-standby")).then_some(()) },
+    )
+    .await;
+    let status = leader.child.try_wait().expect("try_wait");
+    assert!(
+        status.is_some(),
+        "op-cut still runs while op-standby holds the Lease:\n{}",
+        leader.logs()
+    );
+    let status = leader.wait_exit(Duration::from_secs(60)).await;
     assert!(
         !status.success(),
         "losing the lease is an error exit: {status:?}"
-    );
-    // It must be gone before any standby could have taken the lease: last renewal + lease duration.
-    let exited_at = jiff::Timestamp::now();
-    let lease_expiry = last_renew + jiff::SignedDuration::try_from(cut_lease).expect("duration");
-    assert!(
-        exited_at < lease_expiry,
-        "exited at {exited_at}, lease valid until {lease_expiry}"
     );
     assert!(
         leader.logs().contains("lost"),
@@ -433,7 +494,7 @@ async fn a_partitioned_leader_writes_nothing_after_the_new_leader_took_over() {
     ];
     let lease_duration = Duration::from_secs(4);
     let mut old = Operator::spawn_with(&cluster, &cluster.kubeconfig_as("op-a"), "op-a", &args);
-    wait_for_within("op-a leads", Duration::from_secs(20), || async {
+    wait_for_within("op-a leads", Duration::from_secs(120), || async {
         (cluster.lease_holder().await.as_deref() == Some("op-a")).then_some(())
     })
     .await;
@@ -453,7 +514,7 @@ async fn a_partitioned_leader_writes_nothing_after_the_new_leader_took_over() {
         .map(|t| t.0)
         .expect("renewTime");
     cluster.apply("split", 2).await;
-    wait_for_within("op-b takes over", lease_duration * 3, || async {
+    wait_for_within("op-b takes over", Duration::from_secs(120), || async {
         (cluster.lease_holder().await.as_deref() == Some("op-b")).then_some(())
     })
     .await;
@@ -470,6 +531,12 @@ async fn a_partitioned_leader_writes_nothing_after_the_new_leader_took_over() {
 
     // The partition heals; whatever op-a still had in flight reaches the server now.
     cluster.server.clear_faults();
+    // What is ruled out: requests the server held being served once the fault is cleared.
+    // They are woken at once (and only served if their client still waits); the test's
+    // own write after the clearing is in the audit log when they would have been, and 2 s
+    // more is slack.
+    cluster.apply("split", 4).await;
+    cluster.converged("split", 4).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let log = cluster.server.audit_events();
@@ -668,8 +735,10 @@ async fn metrics_need_an_authorized_token_unless_insecure() {
     cluster.apply("metered", 1).await;
     cluster.converged("metered", 1).await;
 
-    let (code, body) =
-        wait_for_within("secure metrics answer", Duration::from_secs(20), || async {
+    let (code, body) = wait_for_within(
+        "secure metrics answer",
+        Duration::from_secs(120),
+        || async {
             let r = tokio::task::spawn_blocking(move || {
                 TcpStream::connect(secure).ok()?;
                 Some(https_get(secure, "/metrics", Some("prometheus-token")))
@@ -678,8 +747,9 @@ async fn metrics_need_an_authorized_token_unless_insecure() {
             .ok()
             .flatten()?;
             (r.0 != 0).then_some(r)
-        })
-        .await;
+        },
+    )
+    .await;
     assert_eq!(code, 200, "{body}");
     for name in [
         "controller_runtime_reconcile_total{",
@@ -813,7 +883,7 @@ async fn readyz_turns_ready_once_caches_sync() {
         "alive while syncing"
     );
     cluster.server.set_latency(Duration::ZERO);
-    wait_for_within("ready after sync", Duration::from_secs(20), || async {
+    wait_for_within("ready after sync", Duration::from_secs(120), || async {
         (get("/readyz").await?.0 == 200).then_some(())
     })
     .await;

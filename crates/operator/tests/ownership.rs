@@ -177,7 +177,7 @@ async fn objects_of_a_childs_name_that_it_did_not_create_are_never_touched(serve
         .expect("delete");
     // kube-controller-manager's garbage collector learns of a new kind from discovery,
     // refreshed every 30 s.
-    wait_for_within("the Memcached and its children gone", Duration::from_secs(90), || async {
+    wait_for_within("the Memcached and its children gone", common::DEADLINE, || async {
         let gone = memcacheds.get_opt("shop").await.ok()?.is_none()
             && deployments.get_opt("shop").await.ok()?.is_none()
             && cluster.api::<Service>().get_opt("shop-headless").await.ok()?.is_none();
@@ -186,5 +186,99 @@ async fn objects_of_a_childs_name_that_it_did_not_create_are_never_touched(serve
     .await;
     assert_eq!(snapshot(&cluster).await, before, "untouched after the Memcached is gone");
     let _ = stop.send(());
+}
+}
+
+on_every_server! {
+/// A pod wearing a pool's labels that the pool's ReplicaSet did not make (a debugging copy,
+/// another tool's) is not one of its pods: not counted in the status, never annotated with
+/// the proxy's slots, never deleted, while the pool's own pods are.
+async fn a_pod_with_a_pools_labels_is_not_the_pools(server: Server) {
+    use k8s_openapi::api::core::v1::Pod;
+    use memcached_operator::builders;
+    let cluster = Cluster::start(server, "a_pod_with_a_pools_labels", |b| b, false).await;
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(controller::run(
+        cluster.client.clone(),
+        ControllerConfig {
+            namespace: cluster.watch_namespace(),
+            ..ControllerConfig::default()
+        },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let pods = cluster.api::<Pod>();
+    let impostor: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "impostor", "labels": builders::labels("cache")},
+        "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6.38"}]},
+    }))
+    .expect("Pod");
+    pods.create(&PostParams::default(), &impostor).await.expect("the impostor");
+    let mc = json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "cache"},
+        "spec": {"size": 2, "proxy": {"enabled": true}},
+    });
+    cluster
+        .api::<Memcached>()
+        .patch("cache", &PatchParams::apply("test").force(), &Patch::Apply(&mc))
+        .await
+        .expect("apply");
+    let deadline = Duration::from_secs(120);
+    // The pool's own pods get their proxy slots (deletion costs): the pass that writes them
+    // went over every pod the operator counts as the pool's.
+    let members = wait_for_within("the pool's pods annotated with their slots", deadline, || async {
+        let list = pods.list(&Default::default()).await.ok()?;
+        let members: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.name.as_deref() != Some("impostor"))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(builders::LABEL_INSTANCE)).map(String::as_str) == Some("cache"))
+            .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(builders::LABEL_NAME)).map(String::as_str) == Some("memcached"))
+            .collect();
+        (members.len() == 2
+            && members.iter().all(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("controller.kubernetes.io/pod-deletion-cost"))
+            }))
+        .then_some(members)
+    })
+    .await;
+    let status = wait_for_within("the pool's status names its two pods", deadline, || async {
+        let mc = cluster.api::<Memcached>().get("cache").await.ok()?;
+        let nodes = mc.status?.nodes;
+        (nodes.len() == 2).then_some(nodes)
+    })
+    .await;
+    for member in &members {
+        let name = member.metadata.name.clone().unwrap_or_default();
+        assert!(status.contains(&name), "{name} missing from {status:?}");
+    }
+    assert!(!status.contains(&"impostor".to_string()), "{status:?}");
+    let impostor = pods.get("impostor").await.expect("the impostor is still there");
+    assert!(impostor.metadata.deletion_timestamp.is_none());
+    assert!(
+        !impostor
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("controller.kubernetes.io/pod-deletion-cost")),
+        "the impostor got a proxy slot"
+    );
+    let writers: Vec<_> = impostor
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|f| f.manager.clone())
+        .collect();
+    assert!(
+        !writers.iter().any(|m| m == "memcached-operator"),
+        "the operator wrote to the impostor: {writers:?}"
+    );
 }
 }

@@ -1060,3 +1060,125 @@ async fn required_spreading_schedules_on_a_cluster_without_zones() {
     assert_eq!(nodes.len(), 3, "one pod per node: {nodes:?}");
     assert_eq!(mc.status.expect("status").nodes.len(), 3);
 }
+
+/// The Prometheus Operator installed after the pools: the pools with the exporter get their
+/// ServiceMonitors when its CRD appears, without any change to them, and get them again
+/// when it is removed and installed once more.
+async fn service_monitors_follow_their_crd(client: Client, ns: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    common::cluster::apply_crd(&client, &<Memcached as kube::CustomResourceExt>::crd()).await;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(controller::run(
+        client.clone(),
+        ControllerConfig {
+            namespace: Some(ns.to_string()),
+            status_batch: Duration::from_millis(10),
+            ..ControllerConfig::default()
+        },
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), ns);
+    for (name, exporter) in [("exported", true), ("plain", false)] {
+        let mc = json!({
+            "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+            "metadata": {"name": name}, "spec": {"size": 1, "exporter": {"enabled": exporter}}
+        });
+        mcs.patch(
+            name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&mc),
+        )
+        .await
+        .expect("apply");
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    for name in ["exported", "plain"] {
+        common::wait_for_within(
+            &format!("{name}'s Deployment"),
+            Duration::from_secs(120),
+            || async { deployments.get_opt(name).await.ok().flatten() },
+        )
+        .await;
+        common::wait_for_within(
+            &format!("{name}'s status"),
+            Duration::from_secs(120),
+            || async {
+                let mc = mcs.get_opt(name).await.ok().flatten()?;
+                (mc.status.as_ref()?.observed_generation == mc.metadata.generation).then_some(())
+            },
+        )
+        .await;
+    }
+    // No pod runs here (no workloads), so nothing moves after the pools' own creation;
+    // its last reconciles (a 10 ms batch each) are over well within 3 s. Then only the
+    // CRD's arrival can wake the exporter's pool.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let monitors: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+            "servicemonitors",
+        ),
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for round in ["installed", "installed again"] {
+        common::cluster::apply_crd(&client, &common::service_monitor_crd()).await;
+        common::wait_for_within(
+            &format!("the exporter pool's ServiceMonitor once its CRD is {round}"),
+            Duration::from_secs(120),
+            || async { monitors.get_opt("exported").await.ok().flatten() },
+        )
+        .await;
+        assert!(
+            monitors.get_opt("plain").await.expect("get").is_none(),
+            "a pool without the exporter has no ServiceMonitor"
+        );
+        crds.delete(
+            "servicemonitors.monitoring.coreos.com",
+            &kube::api::DeleteParams::default(),
+        )
+        .await
+        .expect("delete the CRD");
+        common::wait_for_within("the CRD gone", Duration::from_secs(120), || async {
+            crds.get_opt("servicemonitors.monitoring.coreos.com")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    drop(tx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_monitors_follow_their_crd_apisim() {
+    let server = apisim::ApiServer::builder().build();
+    service_monitors_follow_their_crd(server.client(), "default").await;
+}
+
+/// On a control plane of its own (the shared one's ServiceMonitor CRD is installed by other
+/// tests), API server and etcd only: no pod is needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_monitors_follow_their_crd_kube_newest() {
+    let cp = envtest::ControlPlane::start(envtest::Options {
+        workloads: false,
+        nodes: 0,
+        ..envtest::Options::new(envtest::Kube::Newest)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.unwrap_or_else(|e| panic!("{e}"));
+    // No kube-controller-manager: the namespace is created here, without its default
+    // ServiceAccount (the controller runs in process, no pod is made).
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "late-monitors"}})).expect("ns");
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+    service_monitors_follow_their_crd(client, "late-monitors").await;
+}

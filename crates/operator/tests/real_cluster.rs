@@ -19,7 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -48,8 +48,9 @@ const LEASE_FLAGS: [&str; 3] = [
     "--leader-elect-renew-deadline=2s",
     "--leader-elect-retry-period=250ms",
 ];
-/// How long pods may take to be scheduled and turn Ready on the shared, loaded machine.
-const CONVERGE: Duration = Duration::from_secs(90);
+/// How long anything the real servers do (pods scheduled and Ready, a Lease taken, an
+/// event written) may take on the shared, loaded machine.
+const CONVERGE: Duration = Duration::from_secs(120);
 /// The webhooks' names in `config/webhook/manifests.yaml`, as the API server quotes them.
 const MUTATING_WEBHOOK: &str = "mmemcached-v1.kb.io";
 const VALIDATING_WEBHOOK: &str = "vmemcached-v1.kb.io";
@@ -161,6 +162,17 @@ impl Real {
             .map(str::to_string)
     }
 
+    /// The Lease's spec as it is now.
+    async fn lease(&self) -> LeaseSpec {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        leases
+            .get(LEASE)
+            .await
+            .expect("the Lease")
+            .spec
+            .expect("the Lease's spec")
+    }
+
     async fn wait_leader(&self, timeout: Duration, accept: impl Fn(&str) -> bool) -> String {
         wait_for_within("a leader holds the Lease", timeout, || async {
             self.lease_holder().await.filter(|h| accept(h))
@@ -257,7 +269,7 @@ impl Real {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
         wait_for_within(
             &format!("an event about {name} saying {text:?}"),
-            Duration::from_secs(30),
+            CONVERGE,
             || async {
                 let list = events.list(&ListParams::default()).await.ok()?;
                 let mut reporters: Vec<String> = list
@@ -283,9 +295,9 @@ impl Real {
 
 on_both_versions! {
 /// Two operator processes on one Lease: one leads and alone writes; SIGKILL of the leader
-/// hands the Lease to the other within the lease duration (plus the polling slack), which
-/// then converges a new Memcached; SIGTERM of that leader releases the Lease, so a
-/// restarted standby takes over within 2 s.
+/// hands the Lease to the other once the lease ran out (and not before), which then
+/// converges a new Memcached; SIGTERM of that leader releases the Lease to a restarted
+/// standby.
 async fn leader_election_fails_over_on_kill_and_hands_over_on_term(kube: Kube) {
     let real = Real::start(kube, "leader").await;
     let kubeconfig = real.cp.kubeconfig().to_path_buf();
@@ -295,7 +307,7 @@ async fn leader_election_fails_over_on_kill_and_hands_over_on_term(kube: Kube) {
         real.spawn(&kubeconfig, "op-b", &args),
     ];
     let first = real
-        .wait_leader(Duration::from_secs(30), |h| h == "op-a" || h == "op-b")
+        .wait_leader(CONVERGE, |h| h == "op-a" || h == "op-b")
         .await;
     real.apply("first", 2).await;
     real.converged("first", 2).await;
@@ -304,9 +316,18 @@ async fn leader_election_fails_over_on_kill_and_hands_over_on_term(kube: Kube) {
         std::slice::from_ref(&first),
         "only the leader writes"
     );
-    // The standby stays a standby while the leader renews.
-    tokio::time::sleep(LEASE_DURATION).await;
+    // The standby stays a standby while the leader renews. What is ruled out: a standby
+    // takes a record it has seen unchanged for a lease duration, and looks every 250-550 ms;
+    // the wait covers both, and the leader's renewals in it are seen.
+    let before = real.lease().await;
+    tokio::time::sleep(LEASE_DURATION + Duration::from_secs(1)).await;
+    let after = real.lease().await;
     assert_eq!(real.lease_holder().await.as_deref(), Some(first.as_str()));
+    assert_eq!(
+        after.lease_transitions, before.lease_transitions,
+        "no transition while the leader renews"
+    );
+    assert!(after.renew_time > before.renew_time, "the leader renews");
     for op in ops.iter_mut() {
         assert!(op.exited().is_none(), "{} exited:\n{}", op.name, op.logs());
     }
@@ -317,25 +338,45 @@ async fn leader_election_fails_over_on_kill_and_hands_over_on_term(kube: Kube) {
         .collect();
     assert_eq!(leaders, [first.as_str()], "exactly one process leads");
 
-    // SIGKILL: nothing is released; the standby takes over once the lease runs out.
+    // SIGKILL: nothing is released; the standby takes over once the lease runs out, and not
+    // before: its acquisition comes at least a lease duration after the killed leader's last
+    // renewal (both times are written from this machine's clock).
     let idx = ops.iter().position(|o| o.name == first).expect("leader is ours");
     let mut killed = ops.remove(idx);
     let standby = ops.pop().expect("the standby");
     let killed_at = Instant::now();
     killed.signal(libc::SIGKILL);
-    let second = real
-        .wait_leader(LEASE_DURATION * 4, |h| h != first)
-        .await;
-    let failover = killed_at.elapsed();
-    println!("{kube:?}: SIGKILL failover {failover:?} (lease duration {LEASE_DURATION:?})");
-    assert_eq!(second, standby.name);
-    // client-go's bound: a standby takes over one lease duration after it last saw the
-    // record change and looks every retry period; the rest is slack for a loaded machine.
-    assert!(
-        failover <= LEASE_DURATION + Duration::from_secs(2),
-        "failover after SIGKILL took {failover:?}"
+    let _ = killed.wait_exit(Duration::from_secs(60)).await;
+    let last = real.lease().await;
+    let second = real.wait_leader(CONVERGE, |h| h != first).await;
+    println!(
+        "{kube:?}: SIGKILL failover {:?} (lease duration {LEASE_DURATION:?})",
+        killed_at.elapsed()
     );
-    let _ = killed.wait_exit(Duration::from_secs(5)).await;
+    assert_eq!(second, standby.name);
+    let taken = real.lease().await;
+    if last
+        .holder_identity
+        .as_deref()
+        .is_some_and(|h| h.starts_with(&format!("{first}_")))
+    {
+        let waited = taken
+            .acquire_time
+            .expect("acquireTime")
+            .0
+            .duration_since(last.renew_time.expect("renewTime").0);
+        assert!(
+            waited
+                >= jiff::SignedDuration::try_from(LEASE_DURATION).expect("duration")
+                    - jiff::SignedDuration::from_millis(50),
+            "{second} took the Lease {waited:?} after {first}'s last renewal, before it expired"
+        );
+    }
+    assert_eq!(
+        taken.lease_transitions,
+        after.lease_transitions.map(|t| t + 1),
+        "one transition: {first} to {second}"
+    );
     real.apply("second", 2).await;
     real.converged("second", 2).await;
     assert_eq!(
@@ -347,22 +388,19 @@ async fn leader_election_fails_over_on_kill_and_hands_over_on_term(kube: Kube) {
     // A restarted standby, then SIGTERM of the leader: the Lease is released at once.
     let mut restarted = real.spawn(&kubeconfig, "op-c", &args);
     restarted
-        .wait_log("attempting to acquire leader lease", Duration::from_secs(30))
+        .wait_log("attempting to acquire leader lease", CONVERGE)
         .await;
     // Let it look at the Lease at least once (retry period 250 ms).
     tokio::time::sleep(Duration::from_millis(750)).await;
     assert_eq!(real.lease_holder().await.as_deref(), Some(second.as_str()));
     let mut leader = standby;
+    // Released rather than left to expire (how fast is measured exactly in the manager
+    // crate's leader tests, on a paused clock).
     let termed_at = Instant::now();
     leader.signal(libc::SIGTERM);
-    real.wait_leader(Duration::from_secs(10), |h| h == "op-c").await;
-    let handover = termed_at.elapsed();
-    println!("{kube:?}: SIGTERM handover {handover:?}");
-    assert!(
-        handover < Duration::from_secs(2),
-        "handover after SIGTERM took {handover:?}"
-    );
-    let status = leader.wait_exit(Duration::from_secs(10)).await;
+    real.wait_leader(CONVERGE, |h| h == "op-c").await;
+    println!("{kube:?}: SIGTERM handover {:?}", termed_at.elapsed());
+    let status = leader.wait_exit(Duration::from_secs(60)).await;
     assert!(
         status.success(),
         "SIGTERM is a clean exit: {status:?}\n{}",
@@ -496,7 +534,7 @@ async fn the_generated_rbac_is_all_the_operator_needs(kube: Kube) {
     );
 
     let mut op = real.spawn(&kubeconfig, "op-rbac", &real.candidate_args());
-    real.wait_leader(Duration::from_secs(30), |h| h == "op-rbac").await;
+    real.wait_leader(CONVERGE, |h| h == "op-rbac").await;
 
     let sample = yaml_docs(&config_dir().join("samples/memcached_v1_memcached.yaml"))
         .pop()
@@ -570,7 +608,7 @@ async fn the_generated_rbac_is_all_the_operator_needs(kube: Kube) {
     assert_eq!(code, 403, "{message}");
 
     op.signal(libc::SIGTERM);
-    let status = op.wait_exit(Duration::from_secs(15)).await;
+    let status = op.wait_exit(Duration::from_secs(60)).await;
     assert!(status.success(), "{status:?}\n{}", op.logs());
     assert!(
         op.logs().contains("released leader lease"),
@@ -679,7 +717,7 @@ async fn webhooks_registered_in_the_api_server_refuse_bad_memcacheds(kube: Kube)
         ],
         &[("ENABLE_WEBHOOKS", "true")],
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + CONVERGE;
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(op.exited().is_none(), "the operator exited:\n{}", op.logs());
         assert!(
@@ -706,7 +744,7 @@ async fn webhooks_registered_in_the_api_server_refuse_bad_memcacheds(kube: Kube)
     let probe = memcached("probe", json!({"size": 2, "containerPort": 9150}));
     wait_for_within(
         "the API server calls the webhook",
-        Duration::from_secs(30),
+        CONVERGE,
         || async {
             match create_raw(&api, &ns, &probe, true).await {
                 Err(kube::Error::Api(s)) if s.message.contains("admission webhook") => Some(()),
@@ -837,7 +875,7 @@ async fn webhooks_registered_in_the_api_server_refuse_bad_memcacheds(kube: Kube)
     // With the webhook server gone, the API server cannot admit anything (failurePolicy
     // Fail): the mutating webhook is called for a good object.
     op.signal(libc::SIGTERM);
-    let status = op.wait_exit(Duration::from_secs(15)).await;
+    let status = op.wait_exit(Duration::from_secs(60)).await;
     assert!(status.success(), "{status:?}\n{}", op.logs());
     let (_, message) = refusal(
         "a good object without the webhook server",

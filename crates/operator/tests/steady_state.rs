@@ -169,6 +169,9 @@ impl Operator {
             resync: RESYNC,
             proxy_propagation: PROXY_PROPAGATION,
             secret_recheck: Duration::from_millis(200),
+            // Events published as soon as they are made, never held for a free slot, so
+            // that the wait in `counted_since` covers them.
+            event_max_hold: Duration::ZERO,
             backoff: Backoff {
                 base: Duration::from_millis(20),
                 cap: Duration::from_millis(500),
@@ -372,8 +375,10 @@ async fn mark(cluster: &Cluster) -> Mark {
 }
 
 async fn counted_since(cluster: &Cluster, mark: Mark) -> Counted {
-    // Events are published off the reconcile's path: give the last ones time to land.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Events are published off the reconcile's path, at once (`event_max_hold` is zero):
+    // one made in the counted window is sent within this wait, which is many times a
+    // request's round trip on a loaded machine.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut counted = Counted::default();
     match (cluster.real, cluster.sim.as_ref()) {
         (Some(cp), _) => {

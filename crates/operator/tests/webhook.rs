@@ -8,11 +8,11 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use manager::ConnectionLimits;
-use manager::webhook_tls::{self, CERT_FILE, KEY_FILE};
+use manager::webhook_tls::{self, CERT_FILE, CertWatcher, KEY_FILE};
 use memcached_api::{Memcached, MemcachedSpec};
 use memcached_operator::builders::{self, BuildSettings};
 use memcached_operator::webhook::dry_run::ChildrenCheck;
@@ -51,6 +51,8 @@ fn write_cert(dir: &Path) -> CertificateDer<'static> {
 struct Server {
     addr: SocketAddr,
     dir: TempDir,
+    /// The served certificate's watcher (its count of failed reloads).
+    certs: Arc<CertWatcher>,
     cert: CertificateDer<'static>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), WebhookError>>,
@@ -79,11 +81,13 @@ impl Server {
         .with_limits(limits)
         .with_memory_budget(memory);
         let addr = server.local_addr().expect("local addr");
+        let certs = server.certificates();
         let stop = CancellationToken::new();
         let task = tokio::spawn(server.run(stop.clone()));
         Server {
             addr,
             dir,
+            certs,
             cert,
             stop,
             task,
@@ -818,29 +822,53 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
 
     let rotated = write_cert(server.dir.path());
     assert_ne!(rotated, server.cert);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let reply = server.post(VALIDATE_PATH, &review).await;
+    served(&server, &review, &rotated, "the rotated certificate").await;
+
+    // A broken pair keeps the last good one. The watcher polls every 100 ms; what is waited
+    // for is not a time but its count of pairs it failed to load, so the check below runs
+    // only once it has read the broken key.
+    let failed = server.certs.failed_reloads();
+    std::fs::write(server.dir.path().join(KEY_FILE), "garbage").expect("write");
+    wait_for("the watcher read the broken key", || async {
+        (server.certs.failed_reloads() > failed).then_some(())
+    })
+    .await;
+    let reply = server.post(VALIDATE_PATH, &review).await;
+    assert!(
+        reply.allowed(),
+        "served with the broken key: {}",
+        reply.body
+    );
+    assert_eq!(
+        reply.cert.as_ref(),
+        Some(&rotated),
+        "the last good pair is served after a broken one"
+    );
+    // The watcher goes on after the failure: a good pair written next is served.
+    let repaired = write_cert(server.dir.path());
+    served(
+        &server,
+        &review,
+        &repaired,
+        "the pair written after the broken one",
+    )
+    .await;
+    server.shutdown().await;
+}
+
+/// Posts `review` until the server presents `cert`, checking every answer on the way
+/// allows it (a rotation never interrupts the service).
+async fn served(server: &Server, review: &Value, cert: &CertificateDer<'static>, what: &str) {
+    wait_for(&format!("{what} presented"), || async {
+        let reply = server.post(VALIDATE_PATH, review).await;
         assert!(
             reply.allowed(),
             "still serving during rotation: {}",
             reply.body
         );
-        if reply.cert.as_ref() == Some(&rotated) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the rotated certificate was never presented"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // A broken pair keeps the last good one.
-    std::fs::write(server.dir.path().join(KEY_FILE), "garbage").expect("write");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let reply = server.post(VALIDATE_PATH, &review).await;
-    assert_eq!(reply.cert.as_ref(), Some(&rotated));
-    server.shutdown().await;
+        (reply.cert.as_ref() == Some(cert)).then_some(())
+    })
+    .await;
 }
 
 /// How many of `conns` the server closes (end of stream or reset) within `within`.

@@ -56,6 +56,37 @@ struct WirePodMeta {
     namespace: Option<String>,
     resource_version: Option<String>,
     uid: Option<String>,
+    owner_references: Option<Vec<WireOwnerReference>>,
+}
+
+#[derive(Deserialize)]
+struct WireOwnerReference {
+    kind: String,
+    name: String,
+    #[serde(default)]
+    controller: Option<bool>,
+}
+
+/// The label the Deployment controller gives a pod and its ReplicaSet (`<deployment>-<hash>`).
+const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+
+/// Whether a pod with our labels for `instance` was made by a ReplicaSet of the Deployment
+/// of that name (its controller is the ReplicaSet `<instance>-<pod-template-hash>`): labels
+/// can be copied onto any pod, and a pod we did not make is never counted, annotated or
+/// deleted as one of the pool's.
+fn made_by_pool(
+    labels: &BTreeMap<String, String>,
+    owners: Option<&[WireOwnerReference]>,
+    instance: &str,
+) -> bool {
+    let Some(hash) = labels.get(POD_TEMPLATE_HASH) else {
+        return false;
+    };
+    owners.into_iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "ReplicaSet"
+            && o.name == format!("{instance}-{hash}")
+    })
 }
 
 /// The parts of a pod's JSON that are read; serde skips everything else unparsed.
@@ -135,10 +166,14 @@ impl From<WirePod> for CachedPod {
     fn from(pod: WirePod) -> Self {
         let m = pod.metadata;
         // A proxy pod carries its Memcached's instance label too, but is not a pool member.
+        let owners = m.owner_references;
         let instance = m
             .labels
             .filter(|l| l.get(LABEL_NAME).map(String::as_str) != Some(PROXY_APP_NAME))
-            .and_then(|mut l| l.remove(LABEL_INSTANCE));
+            .and_then(|mut l| {
+                let instance = l.remove(LABEL_INSTANCE)?;
+                made_by_pool(&l, owners.as_deref(), &instance).then_some(instance)
+            });
         let deletion_cost = m
             .annotations
             .and_then(|mut a| a.remove(DELETION_COST_ANNOTATION));

@@ -20,7 +20,7 @@ fn keeps_what_the_controller_reads_and_nothing_else() {
             "annotations": {"a": "b", DELETION_COST_ANNOTATION: "998"},
             "managedFields": [{"manager": "x"}],
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "name": "m-1", "uid": "r"}],
+                "name": "m-h", "uid": "r", "controller": true}],
         },
         "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6",
             "args": ["-m", "64"]}]},
@@ -59,6 +59,50 @@ fn keeps_what_the_controller_reads_and_nothing_else() {
     }))
     .unwrap_or_default();
     assert_eq!(proxy.instance, None, "a proxy pod is no member of the pool");
+}
+
+/// Our labels copied onto a pod the pool's ReplicaSet did not make (a debugging pod, a
+/// bare pod, another controller's): never one of the pool's pods.
+#[test]
+fn a_pod_with_copied_labels_is_not_the_pools() {
+    let pod = |owners: serde_json::Value, hash: Option<&str>| -> CachedPod {
+        let mut labels = json!({LABEL_INSTANCE: "m"});
+        if let Some(hash) = hash {
+            labels["pod-template-hash"] = json!(hash);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "labels": labels,
+                "ownerReferences": owners},
+        }))
+        .unwrap_or_default()
+    };
+    let rs = |name: &str, controller: bool| {
+        json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": "r",
+            "controller": controller}])
+    };
+    assert_eq!(
+        pod(rs("m-h", true), Some("h")).instance.as_deref(),
+        Some("m")
+    );
+    assert_eq!(pod(json!(null), Some("h")).instance, None, "a bare pod");
+    assert_eq!(
+        pod(rs("m-h", true), None).instance,
+        None,
+        "no template hash"
+    );
+    assert_eq!(
+        pod(rs("other-h", true), Some("h")).instance,
+        None,
+        "another ReplicaSet"
+    );
+    assert_eq!(
+        pod(rs("m-h", false), Some("h")).instance,
+        None,
+        "not its controller"
+    );
+    let job = json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "m-h", "uid": "j",
+        "controller": true}]);
+    assert_eq!(pod(job, Some("h")).instance, None, "a Job's pod");
 }
 
 /// The kubelet's shape of a native sidecar that ended (now or before its restart) with

@@ -147,9 +147,12 @@ impl Context {
         }
     }
 
-    /// Counts a failure of `key`'s reconcile; returns how many in a row.
+    /// Counts a failure of `key`'s reconcile; returns how many in a row. The counts of
+    /// Memcacheds gone from the cache are dropped here (a deleted object is never
+    /// reconciled again, so no success would reset them).
     pub(super) fn record_failure(&self, key: ObjectRef<Memcached>) -> u32 {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        failures.retain(|k, _| *k == key || self.memcacheds.get(k).is_some());
         let count = failures.entry(key).or_insert(0);
         *count = count.saturating_add(1);
         *count

@@ -18,9 +18,10 @@ use crate::triggers::Busy;
 pub struct Events(mpsc::Sender<QueuedEvent>);
 
 impl Events {
-    /// Starts the publisher (see [`spawn_event_publisher`]).
-    pub fn start(client: Client, reporter: Reporter, busy: Busy) -> Self {
-        Events(spawn_event_publisher(client, reporter, busy))
+    /// Starts the publisher (see [`spawn_event_publisher`]); an event waits for a free
+    /// reconcile slot at most `max_hold` ([`EVENT_MAX_HOLD`] unless a test says otherwise).
+    pub fn start(client: Client, reporter: Reporter, busy: Busy, max_hold: Duration) -> Self {
+        Events(spawn_event_publisher(client, reporter, busy, max_hold))
     }
 
     /// Queues an event about `mc`.
@@ -63,7 +64,7 @@ impl Events {
 type QueuedEvent = (Event, ObjectReference, tokio::time::Instant);
 
 /// How long an event may be held back while the controller is busy.
-const EVENT_MAX_HOLD: Duration = Duration::from_secs(10);
+pub const EVENT_MAX_HOLD: Duration = Duration::from_secs(10);
 /// Events waiting beyond this many are dropped, as client-go's broadcaster drops them beyond
 /// 1,000; here a mass creation of 10,000 Memcacheds still gets every event.
 const EVENT_QUEUE: usize = 10_000;
@@ -83,12 +84,13 @@ fn spawn_event_publisher(
     client: Client,
     reporter: Reporter,
     busy: Busy,
+    max_hold: Duration,
 ) -> mpsc::Sender<QueuedEvent> {
     let (tx, mut rx) = mpsc::channel::<QueuedEvent>(EVENT_QUEUE);
     let warnings = Recorder::new(client.clone(), reporter.clone());
     tokio::spawn(async move {
         while let Some((event, reference, queued_at)) = rx.recv().await {
-            busy.wait_idle(queued_at, EVENT_MAX_HOLD).await;
+            busy.wait_idle(queued_at, max_hold).await;
             let published = match event.type_ {
                 EventType::Warning => warnings.publish(&event, &reference).await,
                 EventType::Normal => {

@@ -109,6 +109,9 @@ pub struct ControllerConfig {
     /// (`--max-concurrent-pool-rollouts`), shared by the controllers of every watched scope:
     /// see [`rollout`].
     pub rollout_slots: Arc<RolloutSlots>,
+    /// How long an event may wait for a free reconcile slot ([`events::EVENT_MAX_HOLD`];
+    /// longer only in tests whose backlog outlasts it on a loaded machine).
+    pub event_max_hold: Duration,
     /// The children each Memcached owns ([`children::CHILDREN`]; another list only in
     /// tests that add a child).
     pub children: &'static [Child],
@@ -130,6 +133,7 @@ impl Default for ControllerConfig {
             proxy_propagation: crate::proxy::PROPAGATION_WINDOW,
             rollout_slots: Arc::default(),
             children: children::CHILDREN,
+            event_max_hold: events::EVENT_MAX_HOLD,
         }
     }
 }
@@ -183,7 +187,12 @@ pub async fn run_controller(
         .rollout_slots
         .watch(config.namespace.clone(), caches.deployments.store());
     let busy = Busy::new(usize::from(config.concurrency));
-    let events = events::Events::start(client.clone(), reporter, busy.clone());
+    let events = events::Events::start(
+        client.clone(),
+        reporter,
+        busy.clone(),
+        config.event_max_hold,
+    );
     let ctx = Arc::new(Context::new(
         client,
         config.clone(),
@@ -193,10 +202,11 @@ pub async fn run_controller(
         normal_forms,
     ));
 
-    let woken = futures::stream::select(
+    let woken = futures::stream::select_all([
         watches::child_triggers(caches),
         watches::secret_triggers(caches),
-    );
+        watches::served_triggers(caches),
+    ]);
     let children = triggers::batch(woken, config.status_batch, Some(busy))
         .filter_map(move |key| futures::future::ready(queued(Some(key))));
     Controller::for_stream(memcacheds, caches.memcacheds.store())

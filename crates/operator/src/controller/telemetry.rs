@@ -25,9 +25,34 @@ pub struct ReconcileCounters {
     /// Children compared field by field with their desired state (see
     /// [`crate::cached::Verified`]).
     pub(super) drift_checks: AtomicU64,
+    /// Reconciles started per object, when asked for ([`ReconcileCounters::per_object`]):
+    /// lets a test tell which object a reconcile was for. Off by default, since it keeps
+    /// an entry for every object ever reconciled.
+    started_per_object: Option<Mutex<HashMap<ObjectRef<Memcached>, u64>>>,
 }
 
 impl ReconcileCounters {
+    /// Counters that also count the reconciles started for each object
+    /// ([`ReconcileCounters::started_for`]).
+    pub fn per_object() -> Self {
+        Self {
+            started_per_object: Some(Mutex::default()),
+            ..Self::default()
+        }
+    }
+
+    /// Reconciles started for `key` (always 0 unless made with
+    /// [`ReconcileCounters::per_object`]).
+    pub fn started_for(&self, key: &ObjectRef<Memcached>) -> u64 {
+        self.started_per_object.as_ref().map_or(0, |m| {
+            m.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(key)
+                .copied()
+                .unwrap_or(0)
+        })
+    }
+
     pub fn reconciles(&self) -> u64 {
         self.reconciles.load(Ordering::Relaxed)
     }
@@ -55,6 +80,13 @@ impl ReconcileCounters {
         }
         self.max_in_flight
             .fetch_max(in_flight.len() as u64, Ordering::Relaxed);
+        if let Some(per_object) = &self.started_per_object {
+            *per_object
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key.clone())
+                .or_default() += 1;
+        }
     }
 
     pub(super) fn finish(&self, key: &ObjectRef<Memcached>, failed: bool) {

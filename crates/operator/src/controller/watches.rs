@@ -292,6 +292,30 @@ pub(super) fn secret_triggers(
         .boxed()
 }
 
+/// The Memcacheds with the exporter, woken when the ServiceMonitor kind comes or goes (the
+/// Prometheus Operator installed after the pools: their ServiceMonitors are created then,
+/// not at the next change of the pool).
+pub(super) fn served_triggers(
+    caches: &Caches,
+) -> BoxStream<'static, (ObjectRef<Memcached>, Urgency)> {
+    let memcacheds = caches.memcacheds.store();
+    let served = caches.service_monitors.served();
+    futures::stream::unfold(served, |mut served| async move {
+        served.changed().await.ok()?;
+        Some(((), served))
+    })
+    .flat_map(move |()| {
+        let woken: Vec<_> = memcacheds
+            .state()
+            .iter()
+            .filter(|mc| mc.spec.exporter_enabled())
+            .map(|mc| (ObjectRef::from_obj(mc.as_ref()), Urgency::Now))
+            .collect();
+        futures::stream::iter(woken)
+    })
+    .boxed()
+}
+
 /// A Secret's version: any change of its data moves it.
 fn secret_version(s: &SecretMeta) -> u64 {
     let mut h = DefaultHasher::new();

@@ -271,6 +271,11 @@ impl WebhookServer {
         self
     }
 
+    /// The certificate being served and reloaded (for its reload counts).
+    pub fn certificates(&self) -> Arc<CertWatcher> {
+        self.certs.clone()
+    }
+
     /// The bound address (the real port when bound to port 0).
     pub fn local_addr(&self) -> Result<SocketAddr, WebhookError> {
         self.listener.local_addr().map_err(WebhookError::Serve)

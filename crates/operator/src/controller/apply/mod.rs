@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::{debug, info};
 
+mod adopt;
 mod delete;
 mod pool;
 
@@ -301,18 +302,39 @@ impl Apply<'_> {
         // field manager's apply would move the ownerReference and the selector from one
         // pool to the other on every reconcile), or one we did not create (an apply would
         // replace its selector, and our ownerReference would have it garbage-collected
-        // with the Memcached).
-        if let Some(live) = live.as_ref().filter(|l| !self.owner.controls(l.as_ref())) {
+        // with the Memcached). One exception: a child we created for an earlier Memcached
+        // of this name, orphaned at its deletion, is taken back as it is (see `adopt`).
+        if let Some(found) = live.clone().filter(|l| !self.owner.controls(l.as_ref())) {
             let object = format!("{namespace}/{name}");
             let kind = self.child.role;
-            return Err(match self.owner.other_controller(live.as_ref()) {
-                Some(controller) => Error::Conflict {
-                    kind,
-                    object,
-                    controller,
-                },
-                None => Error::NotOurs { kind, object },
-            });
+            match self.owner.other_controller(found.as_ref()) {
+                Some(controller) => {
+                    return Err(Error::Conflict {
+                        kind,
+                        object,
+                        controller,
+                    });
+                }
+                None => {
+                    // The cached forms keep no managedFields: read them from the server.
+                    let meta = api
+                        .get_metadata_opt(&name)
+                        .await
+                        .map_err(|e| self.error(&namespace, &name, e))?;
+                    let instance = self.owner.object.name.as_str();
+                    match meta {
+                        // Gone since it was read: created afresh.
+                        None => live = None,
+                        Some(m) if adopt::ours_to_readopt(&m.metadata, instance) => {
+                            info!(
+                                object,
+                                kind, "re-adopting an orphaned child this operator created"
+                            );
+                        }
+                        Some(_) => return Err(Error::NotOurs { kind, object }),
+                    }
+                }
+            }
         }
         Ok(self.with_live(desired, name, namespace, api, live))
     }
