@@ -81,6 +81,7 @@ pub struct Process {
     binary: PathBuf,
     args: Vec<String>,
     dir: PathBuf,
+    env: Vec<(String, std::ffi::OsString)>,
 }
 
 impl Process {
@@ -110,6 +111,10 @@ impl Process {
             binary: binary.to_path_buf(),
             args: args.to_vec(),
             dir: dir.to_path_buf(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
         };
         p.start()?;
         Ok(p)
@@ -121,7 +126,8 @@ impl Process {
         if self.child.is_some() {
             return Ok(());
         }
-        let (binary, args, dir, log) = (&self.binary, &self.args, &self.dir, &self.log);
+        let (binary, args, dir, log, env) =
+            (&self.binary, &self.args, &self.dir, &self.log, &self.env);
         let out = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
@@ -132,7 +138,7 @@ impl Process {
             .map_err(io_err(format!("opening {}", log.display())))?;
         let mut cmd = Command::new(binary);
         cmd.args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_os_str())))
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(out)
