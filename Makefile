@@ -58,7 +58,7 @@ lint: ## Lint the code (clippy, warnings are errors).
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: controlplane memcached-proxy tools previous-release peer-test ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, helm and operator-sdk, then every test, the real-server suites included.
+test: controlplane memcached-proxy node tools previous-release peer-test ## Run all tests (what CI runs): builds the pinned control plane, memcached with its proxy, a real node, helm and operator-sdk, then every test, the real-server and real-node suites included.
 	$(CARGO) test --workspace --locked
 
 ##@ Control plane (a real Kubernetes without a cluster)
@@ -84,27 +84,29 @@ previous-release: ## Build the operator of the last release (hack/previous-relea
 memcached-proxy: ## Build memcached with its built-in proxy from Debian's source package into bin/ (for tests/real_proxy.rs; only when missing).
 	hack/memcached/build.sh
 
+# Where cargo puts what it builds (CARGO_TARGET_DIR when set).
+TARGET_DIR = $(or $(CARGO_TARGET_DIR),target)
 # Which pinned Kubernetes version the dev cluster runs: newest or oldest.
 KUBE ?= newest
 # The pinned kubectl of the newest version (the dev cluster's tools).
 KUBECTL_PINNED = $(lastword $(sort $(wildcard bin/k8s-v*/kubectl)))
 DEV_KUBECONFIG ?= bin/dev-cluster.kubeconfig
-# NODE=real adds a real node (containerd and the kubelet, make node; needs root) beside the
-# kwok nodes: pods that tolerate the taint envtest/real-node run there.
+# NODE=real: one real node (containerd and the kubelet, make node; needs root) instead of the
+# kwok nodes, so every pod (make install run, kubectl apply -k config/samples) really runs.
 NODE ?= fake
-DEV_NODE_ARGS = $(if $(filter real,$(NODE)),--real-node)
+DEV_NODE_ARGS = $(if $(filter real,$(NODE)),--real-node --nodes 0)
 # Seconds the dev cluster may take to start (a real node registers and turns Ready).
 DEV_START_SECONDS = $(if $(filter real,$(NODE)),180,60)
 # kubectl wait fails at once (not waits) while a new CRD has no conditions yet: asked again.
 WAIT_CRD_ESTABLISHED = for i in $$(seq 30); do KUBECONFIG=$(DEV_KUBECONFIG) $(KUBECTL_PINNED) wait --for=condition=Established --timeout=60s crd/memcacheds.memcached.cache.example.com 2>/dev/null && exit 0; sleep 1; done; exit 1
 
 .PHONY: dev-cluster
-dev-cluster: controlplane $(if $(filter real,$(NODE)),node) ## Start a local cluster (real control plane, 3 kwok nodes; NODE=real: and a real node) in the background; prints the KUBECONFIG to export.
+dev-cluster: controlplane $(if $(filter real,$(NODE)),node) ## Start a local cluster (real control plane, 3 kwok nodes; NODE=real: one real node instead) in the background; prints the KUBECONFIG to export.
 	@if [ -f bin/dev-cluster.pid ] && kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; then \
 	  echo "dev-cluster already running (pid $$(cat bin/dev-cluster.pid)); make dev-cluster-down first"; exit 1; fi
 	$(CARGO) build -q -p envtest --bin dev-cluster
 	@rm -f $(DEV_KUBECONFIG)
-	@nohup target/debug/dev-cluster --kube $(KUBE) --kubeconfig $(DEV_KUBECONFIG) $(DEV_NODE_ARGS) > bin/dev-cluster.log 2>&1 & echo $$! > bin/dev-cluster.pid
+	@nohup $(TARGET_DIR)/debug/dev-cluster --kube $(KUBE) --kubeconfig $(DEV_KUBECONFIG) $(DEV_NODE_ARGS) > bin/dev-cluster.log 2>&1 & echo $$! > bin/dev-cluster.pid
 	@for i in $$(seq 1 $$(( $(DEV_START_SECONDS) * 10 ))); do \
 	  if [ -f $(DEV_KUBECONFIG) ]; then cat bin/dev-cluster.log; exit 0; fi; \
 	  if ! kill -0 "$$(cat bin/dev-cluster.pid)" 2>/dev/null; then cat bin/dev-cluster.log; rm -f bin/dev-cluster.pid; exit 1; fi; \
@@ -130,7 +132,7 @@ BENCH_N ?= 100,1000,5000
 BENCH_ARGS ?=
 
 # The benchmark harness is its own binary (crates/bench); the shipped operator carries none of it.
-BENCH = target/release/bench
+BENCH = $(TARGET_DIR)/release/bench
 
 .PHONY: bench-build
 bench-build:

@@ -85,9 +85,10 @@ pub struct Options {
     pub apiserver_args: Vec<String>,
     /// Where the binaries are, instead of [`bin_root`].
     pub bin_root: Option<PathBuf>,
-    /// One real node beside the fake ones (needs [`Options::workloads`] and root; built by
-    /// `make node`): containerd and the pinned kubelet, running pods that tolerate its taint
-    /// ([`REAL_NODE_KEY`]) from locally built images. See [`ControlPlane::real_node`].
+    /// One real node (needs [`Options::workloads`] and root; built by `make node`):
+    /// containerd and the pinned kubelet, running pods from locally built images. Beside
+    /// kwok nodes ([`Options::nodes`] > 0) it is tainted, and runs only the pods that
+    /// tolerate [`REAL_NODE_KEY`]; alone, it runs every pod. See [`ControlPlane::real_node`].
     pub real_node: bool,
 }
 
@@ -376,6 +377,7 @@ impl ControlPlane {
                         dir: &dir,
                         kubeconfig: &kubeconfig,
                         ca_crt: &ca_crt,
+                        tainted: opts.nodes > 0,
                     },
                     &client,
                 )

@@ -3,8 +3,9 @@
 //! (`hack/node`), running the locally built images (`bin/node-images`: pause and memcached;
 //! nothing is pulled).
 //!
-//! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and tainted
-//! `envtest/real-node:NoSchedule`, so that only pods which tolerate the taint land there.
+//! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and, beside
+//! kwok nodes, tainted `envtest/real-node:NoSchedule`, so that only pods which tolerate the
+//! taint land there; alone (no kwok nodes), it is untainted and takes every pod.
 //! Its pods get addresses on a bridge of their own (`et<pid>-<n>`, `10.199.K.0/24`, the host
 //! at `10.199.K.1`, which is also the node's address and where the kubelet listens), so the
 //! test reaches a pod at its IP from the host.
@@ -88,6 +89,9 @@ pub(crate) struct NodeInputs<'a> {
     pub dir: &'a Path,
     pub kubeconfig: &'a Path,
     pub ca_crt: &'a Path,
+    /// Tainted [`REAL_NODE_KEY`]`:NoSchedule`, so that only pods which tolerate it land
+    /// there (when there are kwok nodes beside it); untainted, it takes every pod.
+    pub tainted: bool,
 }
 
 fn node_err(what: impl Into<String>) -> Error {
@@ -482,7 +486,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             .and_then(|l| l.local_addr())
             .map_err(io_err("binding a free port on the node's address"))?
             .port();
-        let kubelet_config = json!({
+        let mut kubelet_config = json!({
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             // The API server calls the kubelet (logs, exec) with the admin's certificate.
@@ -514,8 +518,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 "memory.available": "100Mi", "nodefs.available": "1%",
                 "nodefs.inodesFree": "1%", "imagefs.available": "1%",
             },
-            "registerWithTaints": [{"key": REAL_NODE_KEY, "effect": "NoSchedule"}],
         });
+        if inputs.tainted {
+            kubelet_config["registerWithTaints"] =
+                json!([{"key": REAL_NODE_KEY, "effect": "NoSchedule"}]);
+        }
         let kubelet_yaml = write("kubelet.yaml", kubelet_config.to_string())?;
         node.kubelet = Some(Process::spawn_with_env(
             "kubelet",

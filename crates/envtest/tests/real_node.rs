@@ -297,3 +297,43 @@ async fn a_killed_binary_s_real_node_is_removed_by_the_next_real_node() {
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// Alone (no kwok nodes: `make dev-cluster NODE=real`), the real node is untainted and takes
+/// every pod: a pod with neither toleration nor node selector runs memcached there.
+#[tokio::test]
+async fn alone_the_real_node_runs_every_pod() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::start(Options {
+        nodes: 0,
+        real_node: true,
+        ..Options::new(Kube::Newest)
+    })
+    .await
+    .expect("control plane with only a real node starts");
+    let node = cp.real_node().expect("the real node").clone();
+    let client = cp.client().await.unwrap();
+    let ns = cp.namespace("alone").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let mut plain = memcached_pod(&node.memcached_image);
+    let spec = plain.spec.as_mut().unwrap();
+    spec.tolerations = None;
+    spec.node_selector = None;
+    pods.create(&PostParams::default(), &plain).await.unwrap();
+    let pod = running_pod(&pods, "memcached").await;
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.name.as_str())
+    );
+    let ip: Ipv4Addr = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let got = memcached((ip, 11211), "set k 0 0 1\r\nv\r\nget k\r\n", 4);
+    assert_eq!(got, ["STORED", "VALUE k 0 1", "v", "END"]);
+    drop(cp);
+    let left = leftovers(&node);
+    assert!(left.is_empty(), "left on the host: {left:#?}");
+}

@@ -37,7 +37,8 @@ struct Args {
     #[arg(long, default_value = "bin/dev-cluster.audit.log")]
     audit_log: PathBuf,
     /// Also a real node (containerd and the pinned kubelet, built by `make node`; needs
-    /// root): pods that tolerate the taint `envtest/real-node` run there.
+    /// root). With `--nodes 0` it is the only node and runs every pod; beside kwok nodes,
+    /// only the pods that tolerate the taint `envtest/real-node`.
     #[arg(long)]
     real_node: bool,
 }
@@ -87,14 +88,18 @@ fn main() -> ExitCode {
             cp.bin_dir().display(),
         );
         if let Some(node) = cp.real_node() {
+            let which = if args.nodes == 0 {
+                "every pod runs there".to_string()
+            } else {
+                format!(
+                    "pods that tolerate the taint {}:NoSchedule run there",
+                    envtest::REAL_NODE_KEY
+                )
+            };
             println!(
-                "real node {} at {} (pods on {}; they tolerate the taint {}:NoSchedule)\n\
+                "real node {} at {} (pods on {}; {which})\n\
                  memcached image: {}",
-                node.name,
-                node.node_ip,
-                node.pod_subnet,
-                envtest::REAL_NODE_KEY,
-                node.memcached_image,
+                node.name, node.node_ip, node.pod_subnet, node.memcached_image,
             );
         }
         let _ = std::fs::remove_file(&args.audit_log);
