@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds memcached with its built-in proxy (and TLS) from Debian's source package into
+# Builds memcached with its built-in proxy (and TLS, and SASL with its password database) from Debian's source package into
 # bin/memcached-VERSION/memcached (git-ignored), for the proxy tests (tests/real_proxy.rs):
 # Debian's binary package is built without --enable-proxy. Only when missing.
 #   hack/memcached/build.sh
-# Needs a C toolchain, libevent and OpenSSL headers:
-#   apt-get install build-essential pkg-config libevent-dev libssl-dev   (.ci/run does)
+# Needs a C toolchain, libevent, OpenSSL and Cyrus SASL headers:
+#   apt-get install build-essential pkg-config libevent-dev libssl-dev libsasl2-dev   (.ci/run does)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -17,9 +17,9 @@ stamp="$(cat "$here/build.sh" | sha256sum | cut -c1-16)"
 if [[ -x "$out/memcached" && -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$stamp" ]]; then
   echo "up to date: $out/memcached"; exit 0
 fi
-for header in event.h openssl/ssl.h; do
+for header in event.h openssl/ssl.h sasl/sasl.h; do
   if ! echo "#include <$header>" | cc -E - >/dev/null 2>&1; then
-    echo "missing <$header>: apt-get install build-essential pkg-config libevent-dev libssl-dev" >&2
+    echo "missing <$header>: apt-get install build-essential pkg-config libevent-dev libssl-dev libsasl2-dev" >&2
     exit 1
   fi
 done
@@ -32,7 +32,7 @@ echo "$sha256  $work/src.tar.xz" | sha256sum -c - >/dev/null
 tar -C "$work" -xf "$work/src.tar.xz"
 (
   cd "$work/memcached-$version"
-  ./configure --enable-proxy --enable-tls --disable-docs >"$work/configure.log" 2>&1 \
+  ./configure --enable-proxy --enable-tls --enable-sasl --enable-sasl-pwdb --disable-docs >"$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log" >&2; exit 1; }
   make -j"$(nproc)" >"$work/make.log" 2>&1 \
     || { tail -30 "$work/make.log" >&2; exit 1; }
