@@ -1,7 +1,7 @@
 //! A real node beside kwok's fake ones ([`Options::real_node`](crate::Options)): containerd
 //! with runc and a CNI bridge, and the pinned kubelet, all built by `make node`
-//! (`hack/node`), running the locally built images (`bin/node-images`: pause and memcached;
-//! nothing is pulled).
+//! (`hack/node`), running the locally built images (`bin/node-images`: pause, memcached and
+//! the TLS reload agent; nothing is pulled).
 //!
 //! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and, beside
 //! kwok nodes, tainted `envtest/real-node:NoSchedule`, so that only pods which tolerate the
@@ -61,6 +61,9 @@ pub struct RealNodeInfo {
     /// The memcached image (memcached with its proxy and TLS, `make memcached-proxy`), as
     /// pods name it; imported, never pulled.
     pub memcached_image: String,
+    /// The TLS reload agent's image (crates/tls-agent, its binary at `/memcached-tls-agent`,
+    /// the operator's `--tls-agent-image`); imported, never pulled.
+    pub tls_agent_image: String,
     /// The pod sandbox image.
     pub pause_image: String,
     /// The node's address (the bridge's, on the host).
@@ -292,9 +295,11 @@ impl RealNode {
                 .ok_or_else(|| node_err(format!("bin/node-images/names names no {which} image")))
         };
         let (pause_image, memcached_image) = (image("pause")?, image("memcached")?);
+        let tls_agent_image = image("tls-agent")?;
         let tarballs = [
             require_file(images.join("pause.tar"), &build)?,
             require_file(images.join("memcached.tar"), &build)?,
+            require_file(images.join("tls-agent.tar"), &build)?,
         ];
 
         // The kubelet's and containerd's mounts must propagate (kind's entrypoint does this).
@@ -327,6 +332,7 @@ impl RealNode {
             info: RealNodeInfo {
                 name: REAL_NODE_NAME.to_string(),
                 memcached_image,
+                tls_agent_image,
                 pause_image,
                 node_ip,
                 pod_subnet: format!("10.199.{k}.0/24"),
@@ -546,9 +552,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     /// What the node makes on the host, in `<run_dir>/node`, for [`sweep_dead_nodes`].
     fn write_record(&self, run_dir: &Path) -> Result<(), Error> {
         let mut record = format!(
-            "name {}\nmemcached {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
+            "name {}\nmemcached {}\ntls-agent {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
             self.info.name,
             self.info.memcached_image,
+            self.info.tls_agent_image,
             self.info.pause_image,
             self.info.node_ip,
             self.info.pod_subnet,
@@ -746,6 +753,8 @@ pub fn real_node_record(path: &Path) -> Option<RealNodeInfo> {
     Some(RealNodeInfo {
         name: field("name")?,
         memcached_image: field("memcached")?,
+        // Not in the records of nodes from before the agent's image.
+        tls_agent_image: field("tls-agent").unwrap_or_default(),
         pause_image: field("pause")?,
         node_ip: field("node-ip")?.parse().ok()?,
         pod_subnet: field("subnet")?,

@@ -98,8 +98,13 @@ fn main() -> ExitCode {
             };
             println!(
                 "real node {} at {} (pods on {}; {which})\n\
-                 memcached image: {}",
-                node.name, node.node_ip, node.pod_subnet, node.memcached_image,
+                 memcached image: {}\n\
+                 tls-agent image: {}",
+                node.name,
+                node.node_ip,
+                node.pod_subnet,
+                node.memcached_image,
+                node.tls_agent_image,
             );
         }
         let _ = std::fs::remove_file(&args.audit_log);
