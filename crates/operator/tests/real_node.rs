@@ -1,0 +1,789 @@
+//! The operator (in-process: pods on the real node cannot reach the API server) running real
+//! memcached on the real node (crates/envtest: containerd, runc and the pinned kubelet), on
+//! each pinned version: what the kwok suites only simulate, the kubelet decides here.
+//! - the seed's sample (config/samples, placed on the real node): pods Ready by their
+//!   probes, a value set on each pod through its pod IP read back, `status.nodes` naming
+//!   them, scaled to 5 and back to 3, nothing restarted;
+//! - TLS `InPlace`: the Secret rotated, the kubelet swaps the mounted files, the reload
+//!   agent (its own image, `/memcached-tls-agent`) has memcached load them: the next
+//!   handshake on each pod IP presents the new certificate, every item is still there, no
+//!   container restarted, and `CertificatesReloaded` is `True` (`InPlace`);
+//! - SASL: a client with the Secret's password is served, one without (or with a wrong one)
+//!   is refused.
+//!
+//! Needs root and `make node` (the kubelet, containerd, and bin/node-images: memcached built
+//! with SASL by `make memcached-proxy`, the TLS reload agent). No Services: clients use pod
+//! IPs, reachable from the host on the node's bridge.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, RealNodeInfo};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use memcached_api::{Memcached, MemcachedSpec, RolloutSpec, SaslSpec, TlsSpec, condition};
+use memcached_operator::builders::BuildSettings;
+use memcached_operator::controller::{self, ControllerConfig};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
+use serde_json::json;
+
+mod common;
+use common::cluster::apply_crd;
+
+/// Polls `probe` every half second until it returns `Some`, failing after `timeout`.
+async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Long enough for a loaded 2-core machine: scheduling, sandboxes, images, probes.
+const CONVERGE: Duration = Duration::from_secs(300);
+/// How long a rotated Secret may take to reach the pods and be loaded: the kubelet
+/// refreshes a Secret volume at its periodic sync (about a minute, plus its cache's TTL),
+/// the agent looks every 2 s.
+const ROTATION: Duration = Duration::from_secs(420);
+
+/// One real node at a time in this binary (and, across binaries, `flock /tmp/real-node.lock`).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The seed's sample, as `kubectl apply -k config/samples` creates it.
+const SAMPLE: &str = include_str!("../../../config/samples/memcached_v1_memcached.yaml");
+
+/// A control plane with a real node, the CRD, a namespace, and the controller watching it
+/// with the node's images as its defaults.
+struct Env {
+    cp: ControlPlane,
+    node: RealNodeInfo,
+    client: Client,
+    ns: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Env {
+    async fn start(kube: Kube, test: &str) -> Env {
+        let cp = ControlPlane::start(Options {
+            nodes: 1,
+            real_node: true,
+            ..Options::new(kube)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("control plane with a real node (make node): {e}"));
+        let node = cp.real_node().expect("the real node").clone();
+        let client = cp.client().await.unwrap();
+        let ns = cp.namespace(test).await.unwrap();
+        apply_crd(&client, &<Memcached as kube::CustomResourceExt>::crd()).await;
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let config = ControllerConfig {
+            namespace: Some(ns.clone()),
+            build: BuildSettings {
+                default_image: node.memcached_image.clone(),
+                tls_agent_image: node.tls_agent_image.clone(),
+                ..BuildSettings::default()
+            },
+            ..ControllerConfig::default()
+        };
+        let task = tokio::spawn(controller::run(client.clone(), config, async {
+            let _ = stop_rx.await;
+        }));
+        Env {
+            cp,
+            node,
+            client,
+            ns,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Stops the controller, then the control plane and the node.
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let Env { cp, .. } = self;
+        drop(cp);
+    }
+
+    /// `spec` placed on the real node: its label selected, its taint tolerated.
+    fn on_the_real_node(&self, spec: &mut MemcachedSpec) {
+        spec.node_selector = Some(BTreeMap::from([(
+            REAL_NODE_KEY.to_string(),
+            "true".to_string(),
+        )]));
+        spec.tolerations = Some(vec![
+            serde_json::from_value(
+                json!({"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}),
+            )
+            .unwrap(),
+        ]);
+    }
+
+    /// Waits until the pool `name` has `size` pods, every one Ready (by its probes, the
+    /// kubelet's verdict), with an IP, on the real node, none being deleted, and
+    /// `status.nodes` names exactly them; returns them (name → IP).
+    async fn ready_pool(&self, name: &str, size: usize) -> BTreeMap<String, Ipv4Addr> {
+        let memcacheds: Api<Memcached> = self.api();
+        let pods: Api<Pod> = self.api();
+        let selector = format!("app.kubernetes.io/instance={name}");
+        let node = self.node.name.clone();
+        let (pool, _) = poll(
+            &format!("{size} Ready pods of {name} on the real node, named by status.nodes"),
+            CONVERGE,
+            || async {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .ok()?;
+                let mut pool = BTreeMap::new();
+                for pod in &list.items {
+                    let status = pod.status.as_ref()?;
+                    let ready = status
+                        .conditions
+                        .as_ref()?
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    let on_node = pod.spec.as_ref()?.node_name.as_deref() == Some(&*node);
+                    if !ready || !on_node || pod.metadata.deletion_timestamp.is_some() {
+                        return None;
+                    }
+                    pool.insert(pod.name_any(), status.pod_ip.as_deref()?.parse().ok()?);
+                }
+                let m = memcacheds.get(name).await.ok()?;
+                let status = m.status?;
+                let mut nodes = status.nodes.clone();
+                nodes.sort();
+                (pool.len() == size
+                    && status.ready_replicas == size as i32
+                    && nodes == pool.keys().cloned().collect::<Vec<_>>())
+                .then_some((pool, ()))
+            },
+        )
+        .await;
+        pool
+    }
+
+    /// Every container's (and native sidecar's) restart count in the pool's pods.
+    async fn restarts(&self, name: &str) -> Vec<(String, String, i32)> {
+        let pods: Api<Pod> = self.api();
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for pod in list.items {
+            let status = pod.status.clone().unwrap_or_default();
+            for c in status
+                .container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .chain(status.init_container_statuses.unwrap_or_default())
+            {
+                out.push((pod.name_any(), c.name, c.restart_count));
+            }
+        }
+        out
+    }
+}
+
+fn assert_no_restarts(restarts: &[(String, String, i32)], expected_containers: usize) {
+    assert_eq!(
+        restarts.len(),
+        expected_containers,
+        "every container's status is reported: {restarts:?}"
+    );
+    assert!(
+        restarts.iter().all(|(_, _, n)| *n == 0),
+        "no container restarted: {restarts:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// memcached's text protocol, over TCP or TLS
+
+struct Text<S: Read + Write>(BufReader<S>);
+
+impl<S: Read + Write> Text<S> {
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.0.read_line(&mut line).expect("read from memcached");
+        assert!(!line.is_empty(), "memcached closed the connection");
+        line.trim_end().to_string()
+    }
+
+    fn set(&mut self, key: &str, value: &str) {
+        let cmd = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+        self.0.get_mut().write_all(cmd.as_bytes()).unwrap();
+        assert_eq!(self.line(), "STORED", "set {key}");
+    }
+
+    fn get(&mut self, key: &str) -> Option<String> {
+        self.0
+            .get_mut()
+            .write_all(format!("get {key}\r\n").as_bytes())
+            .unwrap();
+        let header = self.line();
+        if header == "END" {
+            return None;
+        }
+        assert!(header.starts_with(&format!("VALUE {key} ")), "{header}");
+        let value = self.line();
+        assert_eq!(self.line(), "END", "get {key}");
+        Some(value)
+    }
+}
+
+fn connect(ip: Ipv4Addr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&SocketAddr::from((ip, 11211)), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("connecting to memcached at {ip}:11211: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn plain(ip: Ipv4Addr) -> Text<TcpStream> {
+    Text(BufReader::new(connect(ip)))
+}
+
+/// Accepts any server certificate (the test compares the one presented with the ones it
+/// put in the Secret), but checks the handshake's signatures: the server holds the key.
+#[derive(Debug)]
+struct AcceptAny(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+type TlsStream = StreamOwned<ClientConnection, TcpStream>;
+
+/// A new TLS connection to memcached at `ip`, and the DER of the certificate it presented.
+fn tls(ip: Ipv4Addr) -> Result<(Text<TlsStream>, Vec<u8>), String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    let name = ServerName::try_from("memcached.test").map_err(|e| e.to_string())?;
+    let mut conn = ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut sock =
+        TcpStream::connect_timeout(&SocketAddr::from((ip, 11211)), Duration::from_secs(10))
+            .map_err(|e| format!("connecting to {ip}:11211: {e}"))?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock)
+            .map_err(|e| format!("TLS handshake with {ip}: {e}"))?;
+    }
+    let presented = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec())
+        .ok_or("no certificate presented")?;
+    Ok((
+        Text(BufReader::new(StreamOwned::new(conn, sock))),
+        presented,
+    ))
+}
+
+struct Cert {
+    pem: String,
+    key_pem: String,
+    der: Vec<u8>,
+}
+
+fn self_signed(name: &str) -> Cert {
+    let certified = rcgen::generate_simple_self_signed(vec![name.to_string()]).expect("rcgen");
+    Cert {
+        pem: certified.cert.pem(),
+        key_pem: certified.signing_key.serialize_pem(),
+        der: certified.cert.der().to_vec(),
+    }
+}
+
+fn tls_secret(cert: &Cert) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("certs".into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([
+            ("tls.crt".to_string(), ByteString(cert.pem.clone().into())),
+            (
+                "tls.key".to_string(),
+                ByteString(cert.key_pem.clone().into()),
+            ),
+        ])),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// memcached's binary protocol, for SASL
+
+/// One binary-protocol request; the answer's status and value.
+fn binary(
+    s: &mut TcpStream,
+    opcode: u8,
+    key: &[u8],
+    extras: &[u8],
+    value: &[u8],
+) -> (u16, Vec<u8>) {
+    let body = extras.len() + key.len() + value.len();
+    let mut req = vec![0x80, opcode];
+    req.extend((key.len() as u16).to_be_bytes());
+    req.push(extras.len() as u8);
+    req.push(0); // data type
+    req.extend(0u16.to_be_bytes()); // vbucket
+    req.extend((body as u32).to_be_bytes());
+    req.extend(0u32.to_be_bytes()); // opaque
+    req.extend(0u64.to_be_bytes()); // cas
+    req.extend(extras);
+    req.extend(key);
+    req.extend(value);
+    s.write_all(&req).unwrap();
+    let mut header = [0u8; 24];
+    s.read_exact(&mut header).expect("a binary-protocol answer");
+    assert_eq!(header[0], 0x81, "a response's magic");
+    let status = u16::from_be_bytes([header[6], header[7]]);
+    let total = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+    let (extras_len, key_len) = (
+        header[4] as usize,
+        u16::from_be_bytes([header[2], header[3]]) as usize,
+    );
+    let mut rest = vec![0; total];
+    s.read_exact(&mut rest).unwrap();
+    (status, rest[extras_len + key_len..].to_vec())
+}
+
+const SASL_AUTH: u8 = 0x21;
+const GET: u8 = 0x00;
+const SET: u8 = 0x01;
+const STATUS_OK: u16 = 0x0000;
+const STATUS_AUTH_ERROR: u16 = 0x0020;
+
+/// A SASL PLAIN authentication; memcached's status.
+fn sasl_plain(s: &mut TcpStream, user: &str, password: &str) -> u16 {
+    let token = format!("\0{user}\0{password}");
+    binary(s, SASL_AUTH, b"PLAIN", &[], token.as_bytes()).0
+}
+
+fn binary_set(s: &mut TcpStream, key: &str, value: &str) -> u16 {
+    // flags, expiry
+    binary(s, SET, key.as_bytes(), &[0; 8], value.as_bytes()).0
+}
+
+fn binary_get(s: &mut TcpStream, key: &str) -> (u16, Vec<u8>) {
+    binary(s, GET, key.as_bytes(), &[], &[])
+}
+
+/// Runs blocking client code on this (multi-threaded) runtime's worker.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. The seed's sample
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_runs_real_memcached_newest() {
+    the_sample_runs_real_memcached_and_scales(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_runs_real_memcached_oldest() {
+    the_sample_runs_real_memcached_and_scales(Kube::Oldest).await;
+}
+
+async fn the_sample_runs_real_memcached_and_scales(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = Env::start(kube, "sample").await;
+    let memcacheds: Api<Memcached> = env.api();
+    let mut sample: Memcached = serde_yaml::from_str(SAMPLE).expect("config/samples parses");
+    assert_eq!(sample.spec.size, 3, "the seed's sample");
+    env.on_the_real_node(&mut sample.spec);
+    let name = sample.name_any();
+    let started = Instant::now();
+    memcacheds
+        .create(&PostParams::default(), &sample)
+        .await
+        .unwrap();
+
+    let pool = env.ready_pool(&name, 3).await;
+    println!(
+        "{kube:?}: 3 real memcached pods Ready after {:?}: {pool:?}",
+        started.elapsed()
+    );
+    let subnet = env.node.pod_subnet.trim_end_matches("0/24").to_string();
+    for (pod, ip) in &pool {
+        assert!(ip.to_string().starts_with(&subnet), "{pod} at {ip}");
+        blocking(|| {
+            let mut c = plain(*ip);
+            c.set("owner", pod);
+            assert_eq!(
+                c.get("owner").as_deref(),
+                Some(pod.as_str()),
+                "{pod} at {ip}"
+            );
+        });
+    }
+    // Each pod is its own memcached: reading back through a new connection gives its value.
+    for (pod, ip) in &pool {
+        let got = blocking(|| plain(*ip).get("owner"));
+        assert_eq!(got.as_deref(), Some(pod.as_str()), "{pod} at {ip}");
+    }
+
+    // Scale to 5: two more real pods, each answering.
+    let started = Instant::now();
+    memcacheds
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 5}})),
+        )
+        .await
+        .unwrap();
+    let five = env.ready_pool(&name, 5).await;
+    println!("{kube:?}: scaled to 5 in {:?}", started.elapsed());
+    for pod in pool.keys() {
+        assert!(
+            five.contains_key(pod),
+            "{pod} kept while scaling up: {five:?}"
+        );
+    }
+    for (pod, ip) in &five {
+        blocking(|| {
+            let mut c = plain(*ip);
+            c.set("scaled", "5");
+            assert_eq!(c.get("scaled").as_deref(), Some("5"), "{pod} at {ip}");
+        });
+    }
+
+    // And back to 3: the pods that stay keep their values.
+    let started = Instant::now();
+    memcacheds
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 3}})),
+        )
+        .await
+        .unwrap();
+    let three = env.ready_pool(&name, 3).await;
+    println!("{kube:?}: back to 3 in {:?}: {three:?}", started.elapsed());
+    for (pod, ip) in &three {
+        assert!(five.contains_key(pod), "{pod} was one of the 5: {five:?}");
+        let got = blocking(|| plain(*ip).get("scaled"));
+        assert_eq!(got.as_deref(), Some("5"), "{pod} at {ip} kept its items");
+        if pool.contains_key(pod) {
+            let got = blocking(|| plain(*ip).get("owner"));
+            assert_eq!(got.as_deref(), Some(pod.as_str()), "{pod} at {ip}");
+        }
+    }
+    assert_no_restarts(&env.restarts(&name).await, 3);
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. TLS, the certificate reloaded in place
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_reloaded_in_place_newest() {
+    a_rotated_certificate_is_reloaded_in_place(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_reloaded_in_place_oldest() {
+    a_rotated_certificate_is_reloaded_in_place(Kube::Oldest).await;
+}
+
+async fn a_rotated_certificate_is_reloaded_in_place(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = Env::start(kube, "tls").await;
+    let secrets: Api<Secret> = env.api();
+    let memcacheds: Api<Memcached> = env.api();
+    let (first, second) = (
+        self_signed("memcached.first"),
+        self_signed("memcached.second"),
+    );
+    secrets
+        .create(&PostParams::default(), &tls_secret(&first))
+        .await
+        .unwrap();
+    let mut spec = MemcachedSpec {
+        tls: Some(TlsSpec::secret("certs")),
+        rollout: Some(RolloutSpec {
+            min_ready_seconds: 0,
+        }),
+        ..MemcachedSpec::with_size(3)
+    };
+    env.on_the_real_node(&mut spec);
+    memcacheds
+        .create(&PostParams::default(), &Memcached::new("tls", spec))
+        .await
+        .unwrap();
+    let pool = env.ready_pool("tls", 3).await;
+    let in_place = |m: &Memcached| {
+        m.condition(condition::CERTIFICATES_RELOADED)
+            .is_some_and(|c| c.status == "True" && c.reason == "InPlace")
+    };
+    poll("CertificatesReloaded=True (InPlace)", CONVERGE, || async {
+        memcacheds.get("tls").await.ok().filter(in_place)
+    })
+    .await;
+
+    // Items on each pod, over TLS; the first certificate presented.
+    let items: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("k{i}"), format!("v{i}")))
+        .collect();
+    for (pod, ip) in &pool {
+        blocking(|| {
+            let (mut c, presented) = tls(*ip).unwrap();
+            assert!(
+                presented == first.der,
+                "{pod} at {ip} presents the first certificate"
+            );
+            for (k, v) in &items {
+                c.set(k, v);
+            }
+        });
+    }
+
+    // Rotate: a new certificate and key in the same Secret.
+    let rotated = Instant::now();
+    secrets
+        .replace("certs", &PostParams::default(), &{
+            let mut s = secrets.get("certs").await.unwrap();
+            s.data = tls_secret(&second).data;
+            s
+        })
+        .await
+        .unwrap();
+    let mut reloaded = BTreeMap::new();
+    while reloaded.len() < pool.len() {
+        for (pod, ip) in &pool {
+            if reloaded.contains_key(pod) {
+                continue;
+            }
+            if let Ok((_, presented)) = blocking(|| tls(*ip))
+                && presented == second.der
+            {
+                reloaded.insert(pod.clone(), rotated.elapsed());
+            }
+        }
+        assert!(
+            rotated.elapsed() < ROTATION,
+            "within {ROTATION:?} of the Secret's rotation, only {reloaded:?} presented the \
+             new certificate (pods: {pool:?}); CertificatesReloaded: {:?}",
+            memcacheds
+                .get("tls")
+                .await
+                .ok()
+                .and_then(|m| m.condition(condition::CERTIFICATES_RELOADED).cloned())
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("{kube:?}: the new certificate presented by each pod after: {reloaded:?}");
+
+    // No restart, no rollout: the same pods, every item still there.
+    let after = env.ready_pool("tls", 3).await;
+    assert_eq!(after, pool, "the same pods, at the same addresses");
+    for (pod, ip) in &pool {
+        blocking(|| {
+            let (mut c, presented) = tls(*ip).unwrap();
+            assert!(presented == second.der, "{pod} at {ip}");
+            for (k, v) in &items {
+                assert_eq!(c.get(k).as_ref(), Some(v), "{k} on {pod} at {ip}");
+            }
+        });
+    }
+    // memcached and its reload agent (a native sidecar) in each of the 3 pods.
+    assert_no_restarts(&env.restarts("tls").await, 6);
+    let m = memcacheds.get("tls").await.unwrap();
+    let c = m.condition(condition::CERTIFICATES_RELOADED).cloned();
+    assert!(
+        in_place(&m),
+        "CertificatesReloaded after the rotation: {c:?}"
+    );
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. SASL
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_serves_only_the_password_newest() {
+    sasl_serves_only_the_password(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_serves_only_the_password_oldest() {
+    sasl_serves_only_the_password(Kube::Oldest).await;
+}
+
+async fn sasl_serves_only_the_password(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = Env::start(kube, "sasl").await;
+    let secrets: Api<Secret> = env.api();
+    let memcacheds: Api<Memcached> = env.api();
+    // memcached appends its host's name (the pod's) to a user name without `@` before it
+    // looks the user up, so the database's users (and the clients') name a domain.
+    let (user, password) = ("app@memcached", "s3cret-on-the-node");
+    secrets
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("sasl".into()),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([(
+                    "sasl-pwdb".to_string(),
+                    ByteString(format!("{user}:{password}\n").into()),
+                )])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut spec = MemcachedSpec {
+        sasl: Some(SaslSpec {
+            secret_name: "sasl".into(),
+        }),
+        ..MemcachedSpec::with_size(2)
+    };
+    env.on_the_real_node(&mut spec);
+    memcacheds
+        .create(&PostParams::default(), &Memcached::new("sasl", spec))
+        .await
+        .unwrap();
+    let pool = env.ready_pool("sasl", 2).await;
+    for (pod, ip) in &pool {
+        blocking(|| {
+            // With the Secret's password: authenticated, then served.
+            let mut s = connect(*ip);
+            assert_eq!(sasl_plain(&mut s, user, password), STATUS_OK, "{pod}: auth");
+            assert_eq!(binary_set(&mut s, "greeting", pod), STATUS_OK, "{pod}: set");
+            let (status, value) = binary_get(&mut s, "greeting");
+            assert_eq!(
+                (status, value),
+                (STATUS_OK, pod.as_bytes().to_vec()),
+                "{pod}"
+            );
+
+            // Without authenticating: refused.
+            let mut s = connect(*ip);
+            let (status, value) = binary_get(&mut s, "greeting");
+            assert_eq!(
+                status, STATUS_AUTH_ERROR,
+                "{pod}: unauthenticated get: {value:?}"
+            );
+            assert_eq!(
+                binary_set(&mut s, "greeting", "x"),
+                STATUS_AUTH_ERROR,
+                "{pod}"
+            );
+            // With a wrong password: refused, and still refused afterwards.
+            let mut s = connect(*ip);
+            assert_eq!(
+                sasl_plain(&mut s, user, "wrong"),
+                STATUS_AUTH_ERROR,
+                "{pod}"
+            );
+            assert_eq!(binary_get(&mut s, "greeting").0, STATUS_AUTH_ERROR, "{pod}");
+            // The text protocol is off (SASL makes memcached binary-only).
+            let mut s = connect(*ip);
+            s.write_all(b"get greeting\r\n").unwrap();
+            let mut answer = String::new();
+            let _ = BufReader::new(&mut s).read_line(&mut answer);
+            assert!(
+                !answer.starts_with("VALUE"),
+                "{pod}: text get answered {answer:?}"
+            );
+        });
+    }
+    // The value set by the authenticated client is still there (nothing unauthenticated
+    // overwrote it), and no container restarted.
+    for (pod, ip) in &pool {
+        blocking(|| {
+            let mut s = connect(*ip);
+            assert_eq!(sasl_plain(&mut s, user, password), STATUS_OK);
+            assert_eq!(binary_get(&mut s, "greeting").1, pod.as_bytes(), "{pod}");
+        });
+    }
+    assert_no_restarts(&env.restarts("sasl").await, 2);
+    env.stop().await;
+}
