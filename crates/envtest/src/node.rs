@@ -22,7 +22,7 @@
 //! live in the cgroup `envtest-<pid>-<n>`), the mounts under its directories, the bridge and
 //! the pods' network namespaces and veths, the CNI cache entries, the kubelet's symlinks in
 //! `/var/log/containers`, the cgroups, and every KUBE-* iptables chain (`kube-proxy
-//! --cleanup`, then whatever KUBE-* chain it left).
+//! --cleanup`, then the chains it leaves: `KUBE-FIREWALL` and the jumps to it).
 //!
 //! What it changes on the host and leaves: the root mount's propagation (shared), and what
 //! the kubelet sets at start (`vm.overcommit_memory=1`, `kernel.panic=10`,
@@ -802,9 +802,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 }
             }
         }
-        // kube-proxy's chains (its own `--cleanup`), then any KUBE-* chain it left (the
-        // kubelet makes none, `makeIPTablesUtilChains: false`): with the host's lock held,
-        // every one of them is this node's.
+        // kube-proxy's chains (its own `--cleanup`), then any KUBE-* chain it left (its
+        // `--cleanup` of v1.37.2 leaves `KUBE-FIREWALL` and the jumps to it from INPUT and
+        // OUTPUT; the kubelet makes none, `makeIPTablesUtilChains: false`): with the host's
+        // lock held, every one of them is this node's.
         if let Some(kube_proxy) = &self.kube_proxy_bin {
             match Command::new(kube_proxy).arg("--cleanup").output() {
                 Ok(out) if !out.status.success() => tracing::warn!(
@@ -962,7 +963,7 @@ pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
         }
     }
     for chain in kube_chains() {
-        out.push(format!("iptables chain {chain}"));
+        out.push(format!("KUBE-* chain: {chain}"));
     }
     // Any process that names the node's directories (a shim outside the cgroup, say).
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -1039,8 +1040,8 @@ fn kube_chains() -> Vec<String> {
     out
 }
 
-/// Removes every `KUBE-*` chain of the host and the rules that jump to them (whatever
-/// `kube-proxy --cleanup` left, or all of them when it could not run).
+/// Removes every `KUBE-*` chain of the host and the rules that jump to them (what
+/// `kube-proxy --cleanup` leaves, `KUBE-FIREWALL`, or all of them when it could not run).
 fn remove_kube_chains() {
     for (family, save) in IPTABLES {
         let Ok(dump) = Command::new(save).output() else {
