@@ -9,7 +9,9 @@
 //! at `10.199.K.1`, which is also the node's address and where the kubelet listens), so the
 //! test reaches a pod at its IP from the host. kube-proxy (iptables mode, the pod subnet as
 //! its cluster CIDR) routes the Services' ClusterIPs ([`crate::SERVICE_CIDR`], routed to the
-//! bridge) to the node's pods, from the host and from the pods.
+//! bridge) to the node's pods, from the host (tested); from the pods too where the kernel
+//! passes bridged traffic through iptables (`br_netfilter`, `bridge-nf-call-iptables=1`, as
+//! on this machine kind; not tested).
 //!
 //! One real node per host: kube-proxy's iptables chains are the host's, so a real node holds
 //! the host's lock ([`REAL_NODE_HOST_LOCK`]) for its whole life; a second one waits for it
