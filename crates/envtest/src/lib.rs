@@ -55,14 +55,18 @@ pub use error::Error;
 pub(crate) use error::io_err;
 pub use kubeconfig::client_from_kubeconfig;
 pub use node::{
-    REAL_NODE_KEY, REAL_NODE_NAME, REAL_NODE_START_TIMEOUT, RealNodeInfo, leftovers,
-    real_node_record,
+    REAL_NODE_HOST_LOCK, REAL_NODE_KEY, REAL_NODE_NAME, REAL_NODE_START_TIMEOUT, REAL_NODE_WAIT,
+    RealNodeHostLock, RealNodeInfo, leftovers, real_node_record, take_real_node_host_lock,
 };
 pub use process::Process;
 pub use versions::{Kube, Version, pinned_kube_versions, repo_root};
 
 /// How long the whole control plane may take to start before [`ControlPlane::start`] fails.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The Services' cluster IPs (`--service-cluster-ip-range`); a real node routes them to its
+/// pods through kube-proxy.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 
 /// The annotation kwok manages nodes by.
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
@@ -282,7 +286,7 @@ impl ControlPlane {
             format!("--service-account-key-file={}", sa_pub.display()),
             format!("--service-account-signing-key-file={}", sa_key.display()),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--authorization-mode=RBAC".into(),
             "--allow-privileged=true".into(),
             // The `kubernetes` Service's endpoints would name a loopback address, which the

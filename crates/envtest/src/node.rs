@@ -1,5 +1,5 @@
 //! A real node beside kwok's fake ones ([`Options::real_node`](crate::Options)): containerd
-//! with runc and a CNI bridge, and the pinned kubelet, all built by `make node`
+//! with runc and a CNI bridge, the pinned kubelet and kube-proxy, all built by `make node`
 //! (`hack/node`), running the locally built images (`bin/node-images`: pause, memcached and
 //! the TLS reload agent; nothing is pulled).
 //!
@@ -8,14 +8,24 @@
 //! taint land there; alone (no kwok nodes), it is untainted and takes every pod.
 //! Its pods get addresses on a bridge of their own (`et<pid>-<n>`, `10.199.K.0/24`, the host
 //! at `10.199.K.1`, which is also the node's address and where the kubelet listens), so the
-//! test reaches a pod at its IP from the host.
+//! test reaches a pod at its IP from the host. kube-proxy (iptables mode, the pod subnet as
+//! its cluster CIDR) routes the Services' ClusterIPs ([`crate::SERVICE_CIDR`], routed to the
+//! bridge) to the node's pods, from the host (tested); from the pods too where the kernel
+//! passes bridged traffic through iptables (`br_netfilter`, `bridge-nf-call-iptables=1`, as
+//! on this machine kind; not tested).
+//!
+//! One real node per host: kube-proxy's iptables chains are the host's, so a real node holds
+//! the host's lock ([`REAL_NODE_HOST_LOCK`]) for its whole life; a second one waits for it
+//! ([`REAL_NODE_WAIT`]), then fails naming the holder's process id. A real node refuses to
+//! start beside KUBE-* chains it did not make.
 //!
 //! It needs root, cgroup v1 controllers or cgroup v2, and the root mount shared (made so
 //! here, as kind's entrypoint does). Everything it creates is its own and is removed when
 //! the control plane stops: the processes (containerd, its shims and every container: they
 //! live in the cgroup `envtest-<pid>-<n>`), the mounts under its directories, the bridge and
 //! the pods' network namespaces and veths, the CNI cache entries, the kubelet's symlinks in
-//! `/var/log/containers`, and the cgroups.
+//! `/var/log/containers`, the cgroups, and every KUBE-* iptables chain (`kube-proxy
+//! --cleanup`, then the chains it leaves: `KUBE-FIREWALL` and the jumps to it).
 //!
 //! What it changes on the host and leaves: the root mount's propagation (shared), and what
 //! the kubelet sets at start (`vm.overcommit_memory=1`, `kernel.panic=10`,
@@ -81,8 +91,13 @@ pub struct RealNodeInfo {
 /// The running node: stopped, and everything it made removed, on drop.
 pub(crate) struct RealNode {
     info: RealNodeInfo,
+    kube_proxy: Option<Process>,
     kubelet: Option<Process>,
     containerd: Option<Process>,
+    /// The kube-proxy binary whose `--cleanup` removes its iptables chains on stop.
+    kube_proxy_bin: Option<PathBuf>,
+    /// Held until everything above is stopped and removed (a field drops after `drop`).
+    _host: Option<RealNodeHostLock>,
 }
 
 /// The files of a pinned control plane the node uses.
@@ -224,30 +239,71 @@ fn unescape_mount_path(s: &str) -> PathBuf {
     PathBuf::from(OsString::from(std::ffi::OsStr::from_bytes(&out)))
 }
 
-/// Holds an exclusive lock on a file of /run while the node picks its subnet and creates its
-/// bridge, so that two test binaries starting at once pick different ones.
-struct HostLock {
+/// The file whose lock a real node holds for its whole life (see [`RealNodeHostLock`]).
+pub const REAL_NODE_HOST_LOCK: &str = "/run/envtest-real-node.lock";
+
+/// How long a real node waits for another one on the host to stop before it fails.
+pub const REAL_NODE_WAIT: Duration = Duration::from_secs(30 * 60);
+
+/// One real node per host: kube-proxy's iptables chains, the kubelet's host paths
+/// (`/var/lib/kubelet/device-plugins`, `/var/log/containers`) and the check that nothing is
+/// left are the host's, not the node's. A real node holds an exclusive lock (flock(2)) on
+/// [`REAL_NODE_HOST_LOCK`] from before it picks its subnet until everything it made is
+/// removed; the file names the holder's process id. The kernel releases the lock when the
+/// holder dies, however it dies.
+#[derive(Debug)]
+pub struct RealNodeHostLock {
     _file: std::fs::File,
 }
 
-impl HostLock {
-    fn take() -> Result<HostLock, Error> {
-        let path = "/run/envtest-node.lock";
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-            .map_err(io_err(format!("opening {path}")))?;
-        use std::os::fd::AsRawFd;
+/// Takes the host's real-node lock ([`REAL_NODE_HOST_LOCK`]), waiting up to `wait` for the
+/// real node that holds it to stop; fails naming the holder's process id. A real node takes
+/// it by itself; a test that must keep real nodes off the host for a while takes it too.
+pub async fn take_real_node_host_lock(wait: Duration) -> Result<RealNodeHostLock, Error> {
+    use std::io::{Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = REAL_NODE_HOST_LOCK;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(format!("opening {path}")))?;
+    let deadline = Instant::now() + wait;
+    let mut logged = false;
+    loop {
         // SAFETY: flock(2) on a descriptor we own; released when the file is closed.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io_err(format!("locking {path}"))(
-                std::io::Error::last_os_error(),
-            ));
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            break;
         }
-        Ok(HostLock { _file: f })
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io_err(format!("locking {path}"))(e));
+        }
+        let holder = std::fs::read_to_string(path).unwrap_or_default();
+        let holder = holder.trim();
+        if Instant::now() >= deadline {
+            return Err(node_err(format!(
+                "another real node runs on this host (process {holder}, holding {path}); \
+                 waited {wait:?} for it to stop"
+            )));
+        }
+        if !logged {
+            tracing::warn!(
+                holder,
+                lock = path,
+                "waiting for the host's other real node to stop"
+            );
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    f.set_len(0)
+        .and_then(|_| f.rewind())
+        .and_then(|_| writeln!(f, "{}", std::process::id()))
+        .map_err(io_err(format!("writing {path}")))?;
+    Ok(RealNodeHostLock { _file: f })
 }
 
 /// The first `K` whose subnet `10.199.K.0/24` no interface of the host uses.
@@ -276,6 +332,8 @@ impl RealNode {
         );
         let node_bin = inputs.bin_root.join(format!("node-{}", inputs.version));
         let kubelet = require_file(node_bin.join("kubelet"), &build)?;
+        let kube_proxy = require_file(node_bin.join("kube-proxy"), &build)?;
+        require_iptables()?;
         let rt_bin = inputs.bin_root.join(versions::containerd_dir_name()?);
         let containerd = require_file(rt_bin.join("containerd"), &build)?;
         let ctr = require_file(rt_bin.join("ctr"), &build)?;
@@ -324,8 +382,18 @@ impl RealNode {
         // Sockets: containerd's shims want a directory of at most 42 characters.
         let run_dir = PathBuf::from(format!("/run/envtest-{id}"));
         let cgroup = format!("envtest-{id}");
-        let lock = HostLock::take()?;
-        sweep_dead_nodes();
+        let host = take_real_node_host_lock(REAL_NODE_WAIT).await?;
+        sweep_dead_nodes(&kube_proxy);
+        let chains = kube_chains();
+        if !chains.is_empty() {
+            return Err(node_err(format!(
+                "the host has iptables chains of a kube-proxy or kubelet that is not a real \
+                 node's ({}); a real node's kube-proxy would take them over and remove them \
+                 when it stops. If they are left by a test, `kube-proxy --cleanup` removes \
+                 them",
+                chains.join(", ")
+            )));
+        }
         let k = free_subnet()?;
         let node_ip = Ipv4Addr::new(10, 199, k, 1);
         let mut node = RealNode {
@@ -341,8 +409,11 @@ impl RealNode {
                 cgroup: cgroup.clone(),
                 dirs: vec![dir.clone(), run_dir.clone()],
             },
+            kube_proxy: None,
             kubelet: None,
             containerd: None,
+            kube_proxy_bin: Some(kube_proxy.clone()),
+            _host: Some(host),
         };
         // From here on, dropping `node` removes whatever was made; and should this process
         // die without dropping it, the next real node removes it (see `sweep_dead_nodes`).
@@ -353,7 +424,17 @@ impl RealNode {
         run(Command::new("ip").args(["link", "add", &bridge, "type", "bridge"]))?;
         run(Command::new("ip").args(["addr", "add", &format!("{node_ip}/24"), "dev", &bridge]))?;
         run(Command::new("ip").args(["link", "set", &bridge, "up"]))?;
-        drop(lock);
+        // ClusterIPs through the bridge, so that the host reaches them without a default
+        // route (kube-proxy's DNAT then sends them to a pod); gone with the bridge.
+        run(Command::new("ip").args([
+            "route",
+            "add",
+            crate::SERVICE_CIDR,
+            "dev",
+            &bridge,
+            "src",
+            &node_ip.to_string(),
+        ]))?;
 
         for d in [&dir, &run_dir] {
             std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
@@ -543,10 +624,78 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 format!("--node-labels={REAL_NODE_KEY}=true"),
             ],
             &dir,
-            &[("PATH", path)],
+            &[("PATH", path.clone())],
         )?);
         node.wait_ready(client, &dir).await?;
+        node.start_kube_proxy(&kube_proxy, inputs.kubeconfig, &dir, &path)
+            .await?;
         Ok(node)
+    }
+
+    /// Starts kube-proxy in iptables mode for the node's pods and waits until it has
+    /// programmed the host once (its `/healthz` answers 200). Its chains are global on the
+    /// host: [`RealNode::stop`] removes them.
+    async fn start_kube_proxy(
+        &mut self,
+        kube_proxy: &Path,
+        kubeconfig: &Path,
+        dir: &Path,
+        path: &OsString,
+    ) -> Result<(), Error> {
+        let free_port = || {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(io_err("binding a free loopback port"))
+        };
+        let healthz = free_port()?;
+        let metrics = free_port()?;
+        let config = json!({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "hostnameOverride": self.info.name,
+            "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
+            // Traffic from the node's pods is local; any other is masqueraded to the node.
+            "clusterCIDR": self.info.pod_subnet,
+            "detectLocalMode": "ClusterCIDR",
+            "healthzBindAddress": format!("127.0.0.1:{healthz}"),
+            "metricsBindAddress": format!("127.0.0.1:{metrics}"),
+            // NodePorts on the node's address only, not on every address of the host.
+            "nodePortAddresses": [format!("{}/32", self.info.node_ip)],
+            // No sysctl of the host changed: not `route_localnet` (NodePorts on loopback),
+            // not conntrack's table size or timeouts (0: leave them as they are).
+            "iptables": {"localhostNodePorts": false, "syncPeriod": "30s", "minSyncPeriod": "1s"},
+            "conntrack": {
+                "maxPerCore": 0, "min": 0,
+                "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s",
+            },
+        });
+        let file = dir.join("kube-proxy.yaml");
+        std::fs::write(&file, config.to_string())
+            .map_err(io_err(format!("writing {}", file.display())))?;
+        self.kube_proxy = Some(Process::spawn_with_env(
+            "kube-proxy",
+            kube_proxy,
+            &[format!("--config={}", file.display())],
+            dir,
+            &[("PATH", path.clone())],
+        )?);
+        let deadline = Instant::now() + REAL_NODE_START_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            if http_status(healthz, "/healthz").is_some_and(|s| s == 200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.component_error(
+                    dir,
+                    "kube-proxy",
+                    &format!("did not program the host within {REAL_NODE_START_TIMEOUT:?}"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// What the node makes on the host, in `<run_dir>/node`, for [`sweep_dead_nodes`].
@@ -574,9 +723,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     }
 
     fn check_alive(&mut self) -> Result<(), Error> {
-        for p in [self.containerd.as_mut(), self.kubelet.as_mut()]
-            .into_iter()
-            .flatten()
+        for p in [
+            self.containerd.as_mut(),
+            self.kubelet.as_mut(),
+            self.kube_proxy.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
         {
             p.check_alive()?;
         }
@@ -621,6 +774,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
     /// Stops the node and removes everything it made (see the module docs).
     pub(crate) fn stop(&mut self) {
+        if let Some(mut p) = self.kube_proxy.take() {
+            p.kill();
+        }
         if let Some(mut k) = self.kubelet.take() {
             k.kill();
         }
@@ -662,6 +818,22 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 }
             }
         }
+        // kube-proxy's chains (its own `--cleanup`), then any KUBE-* chain it left (its
+        // `--cleanup` of v1.37.2 leaves `KUBE-FIREWALL` and the jumps to it from INPUT and
+        // OUTPUT; the kubelet makes none, `makeIPTablesUtilChains: false`): with the host's
+        // lock held, every one of them is this node's.
+        if let Some(kube_proxy) = &self.kube_proxy_bin {
+            match Command::new(kube_proxy).arg("--cleanup").output() {
+                Ok(out) if !out.status.success() => tracing::warn!(
+                    status = %out.status,
+                    stderr = %String::from_utf8_lossy(&out.stderr),
+                    "kube-proxy --cleanup failed"
+                ),
+                Err(e) => tracing::warn!(error = %e, "running kube-proxy --cleanup"),
+                Ok(_) => {}
+            }
+        }
+        remove_kube_chains();
         // The veths went with their namespaces; the bridge is the node's own.
         let _ = Command::new("ip")
             .args(["link", "del", &self.info.bridge])
@@ -708,7 +880,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 /// killed binary takes containerd and the kubelet with it, by their parent-death signal,
 /// but not the shims and containers): every `/run/envtest-<pid>-<n>/node` record whose
 /// process is gone.
-fn sweep_dead_nodes() {
+fn sweep_dead_nodes(kube_proxy: &Path) {
     for e in std::fs::read_dir("/run").into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
@@ -728,8 +900,11 @@ fn sweep_dead_nodes() {
             tracing::warn!(record = %e.path().display(), "removing the real node of a test binary that died");
             drop(RealNode {
                 info,
+                kube_proxy: None,
                 kubelet: None,
                 containerd: None,
+                kube_proxy_bin: Some(kube_proxy.to_path_buf()),
+                _host: None,
             });
         }
     }
@@ -805,6 +980,9 @@ pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
             out.push(format!("log link {}", e.path().display()));
         }
     }
+    for chain in kube_chains() {
+        out.push(format!("KUBE-* chain: {chain}"));
+    }
     // Any process that names the node's directories (a shim outside the cgroup, say).
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
@@ -823,4 +1001,125 @@ pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
         }
     }
     out
+}
+
+/// kube-proxy in iptables mode runs `iptables`, `iptables-save` and `iptables-restore`.
+fn require_iptables() -> Result<(), Error> {
+    for tool in ["iptables", "iptables-save", "iptables-restore"] {
+        match Command::new(tool).arg("--version").output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                return Err(node_err(format!(
+                    "`{tool} --version` failed ({}): {}; kube-proxy (iptables mode) needs \
+                     Debian's iptables: apt-get install iptables",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            Err(e) => {
+                return Err(node_err(format!(
+                    "{tool}: {e}; kube-proxy (iptables mode) needs Debian's iptables: \
+                     apt-get install iptables"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The iptables families whose tables are looked at for KUBE-* chains.
+const IPTABLES: [(&str, &str); 2] = [
+    ("iptables", "iptables-save"),
+    ("ip6tables", "ip6tables-save"),
+];
+
+/// Every `KUBE-*` chain of the host, as `iptables <table> <chain>` (and `ip6tables ...`).
+fn kube_chains() -> Vec<String> {
+    let mut out = Vec::new();
+    for (family, save) in IPTABLES {
+        let Ok(dump) = Command::new(save).output() else {
+            continue;
+        };
+        let mut table = "";
+        for line in std::str::from_utf8(&dump.stdout)
+            .unwrap_or_default()
+            .lines()
+        {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t;
+            } else if let Some(chain) = line.strip_prefix(':')
+                && chain.starts_with("KUBE-")
+            {
+                let name = chain.split(' ').next().unwrap_or(chain);
+                out.push(format!("{family} -t {table} {name}"));
+            }
+        }
+    }
+    out
+}
+
+/// Removes every `KUBE-*` chain of the host and the rules that jump to them (what
+/// `kube-proxy --cleanup` leaves, `KUBE-FIREWALL`, or all of them when it could not run).
+fn remove_kube_chains() {
+    for (family, save) in IPTABLES {
+        let Ok(dump) = Command::new(save).output() else {
+            continue;
+        };
+        let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+        let mut table = String::new();
+        let mut jumps = Vec::new();
+        let mut chains = Vec::new();
+        for line in dump.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t.to_string();
+            } else if let Some(chain) = line.strip_prefix(':')
+                && chain.starts_with("KUBE-")
+            {
+                let name = chain.split(' ').next().unwrap_or(chain).to_string();
+                chains.push((table.clone(), name));
+            } else if let Some(rule) = line.strip_prefix("-A ")
+                && !rule.starts_with("KUBE-")
+                && rule.contains(" -j KUBE-")
+            {
+                jumps.push((table.clone(), rule.to_string()));
+            }
+        }
+        for (table, rule) in jumps {
+            // iptables-save quotes arguments with spaces (comments): let a shell split them.
+            let _ = Command::new("sh")
+                .arg("-c")
+                .arg(format!("{family} -w -t {table} -D {rule}"))
+                .output();
+        }
+        for (table, chain) in &chains {
+            let _ = Command::new(family)
+                .args(["-w", "-t", table, "-F", chain])
+                .output();
+        }
+        for (table, chain) in &chains {
+            let _ = Command::new(family)
+                .args(["-w", "-t", table, "-X", chain])
+                .output();
+        }
+    }
+}
+
+/// The HTTP status of `GET path` on `127.0.0.1:port`, if it answers.
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(
+        &(Ipv4Addr::LOCALHOST, port).into(),
+        Duration::from_secs(2),
+    )
+    .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).ok()?;
+    std::str::from_utf8(&head[..n])
+        .ok()?
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
 }

@@ -1,9 +1,11 @@
 //! The real node, on each pinned version: a pod that tolerates its taint runs the locally
 //! built memcached under containerd, runc and the pinned kubelet, on a bridge, and answers on
-//! its pod IP from the host; a pod that does not tolerate the taint is not scheduled there;
-//! and once the control plane stops, nothing of the node is left on the host (no process,
-//! mount, cgroup, bridge, veth, CNI cache entry or log link), even when the test binary that
-//! started it was killed: the next real node removes it.
+//! its pod IP from the host, and through a Service on its ClusterIP (kube-proxy); a pod
+//! that does not tolerate the taint is not scheduled there; a second real node on the host
+//! waits for the first and names it; and once the control plane stops, nothing of the node
+//! is left on the host (no process, mount, cgroup, bridge, veth, CNI cache entry, log link
+//! or KUBE-* iptables chain), even when the test binary that started it was killed: the
+//! next real node removes it.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -11,9 +13,10 @@ use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
 
 use envtest::{
-    ControlPlane, Kube, Options, REAL_NODE_KEY, client_from_kubeconfig, leftovers, real_node_record,
+    ControlPlane, Kube, Options, REAL_NODE_KEY, client_from_kubeconfig, leftovers,
+    real_node_record, take_real_node_host_lock,
 };
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, Service};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -30,20 +33,20 @@ fn net_devices() -> BTreeSet<String> {
 
 /// Sends memcached text-protocol lines and reads `n` lines of the answer.
 fn memcached(addr: (Ipv4Addr, u16), request: &str, n: usize) -> Vec<String> {
-    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("connecting to memcached at {addr:?}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    BufReader::new(s)
-        .lines()
-        .take(n)
-        .map(|l| l.expect("reading memcached's answer"))
-        .collect()
+    try_memcached(addr, request, n)
+        .unwrap_or_else(|e| panic!("memcached at {addr:?}, {request:?}: {e}"))
+}
+
+fn try_memcached(addr: (Ipv4Addr, u16), request: &str, n: usize) -> std::io::Result<Vec<String>> {
+    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(10))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(request.as_bytes())?;
+    BufReader::new(s).lines().take(n).collect()
 }
 
 fn memcached_pod(image: &str) -> Pod {
     serde_json::from_value(json!({
-        "metadata": {"name": "memcached"},
+        "metadata": {"name": "memcached", "labels": {"app": "memcached"}},
         "spec": {
             "nodeSelector": {REAL_NODE_KEY: "true"},
             "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
@@ -62,6 +65,27 @@ fn memcached_pod(image: &str) -> Pod {
         },
     }))
     .unwrap()
+}
+
+/// [`memcached`] at a ClusterIP, tried until kube-proxy has programmed it (its rules follow
+/// the Service and its EndpointSlice within a sync, `minSyncPeriod` 1 s).
+async fn through_cluster_ip(addr: (Ipv4Addr, u16), request: &str, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let request = request.to_string();
+        let tried = tokio::task::spawn_blocking(move || try_memcached(addr, &request, n))
+            .await
+            .unwrap();
+        match tried {
+            Ok(lines) if lines.len() == n => return lines,
+            other => assert!(
+                Instant::now() < deadline,
+                "nothing answered at {addr:?} within {CONVERGE:?}: {:?}",
+                other
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
@@ -185,6 +209,47 @@ async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_
     let status = &statuses.unwrap()[0];
     assert_eq!(status.restart_count, 0);
     assert!(status.state.as_ref().unwrap().running.is_some());
+
+    // Through a Service: kube-proxy's rules send the ClusterIP to the pod, from the host.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "memcached"},
+        "spec": {
+            "selector": {"app": "memcached"},
+            "ports": [{"port": 11211, "targetPort": 11211}],
+        },
+    }))
+    .unwrap();
+    let service = services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let cluster_ip: Ipv4Addr = service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("a ClusterIP")
+        .parse()
+        .unwrap();
+    let got = through_cluster_ip((cluster_ip, 11211), "get greeting\r\n", 3).await;
+    assert_eq!(
+        got,
+        ["VALUE greeting 0 5", "hello", "END"],
+        "the value set on the pod, read through the Service's ClusterIP {cluster_ip}"
+    );
+    let got = memcached((cluster_ip, 11211), "set via-service 0 0 2\r\nok\r\n", 1);
+    assert_eq!(got, ["STORED"]);
+    let got = memcached((ip, 11211), "get via-service\r\n", 3);
+    assert_eq!(got, ["VALUE via-service 0 2", "ok", "END"]);
+
+    // A second real node on this host waits for this one, and names it when it gives up.
+    let second = take_real_node_host_lock(Duration::from_secs(1)).await;
+    let err = second
+        .expect_err("the host's real-node lock is held")
+        .to_string();
+    assert!(
+        err.contains(&format!("process {}", std::process::id())),
+        "the error names the holder: {err}"
+    );
 
     let scheduled = scheduled_condition(&pods, "untolerated").await;
     assert_eq!(
