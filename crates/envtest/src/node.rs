@@ -944,7 +944,8 @@ pub fn real_node_record(path: &Path) -> Option<RealNodeInfo> {
 }
 
 /// What is left on the host of a stopped node: processes in its cgroup, its cgroups, mounts
-/// under its directories, its bridge, its directories. Empty once it is gone.
+/// under its directories, its bridge, its directories, and (when no real node runs) any
+/// KUBE-* iptables chain. Empty once it is gone.
 pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
     let mut out = Vec::new();
     let pids = cgroup_pids(&info.cgroup);
@@ -980,8 +981,12 @@ pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
             out.push(format!("log link {}", e.path().display()));
         }
     }
-    for chain in kube_chains() {
-        out.push(format!("KUBE-* chain: {chain}"));
+    // The host's KUBE-* chains are the running real node's while one holds the host's
+    // lock: they are counted only when none does.
+    if !host_lock_held() {
+        for chain in kube_chains() {
+            out.push(format!("KUBE-* chain: {chain}"));
+        }
     }
     // Any process that names the node's directories (a shim outside the cgroup, say).
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -1001,6 +1006,17 @@ pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether a real node (of any process, this one included) holds the host's lock now.
+fn host_lock_held() -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::File::open(REAL_NODE_HOST_LOCK) else {
+        return false;
+    };
+    // SAFETY: flock(2) on a descriptor we own; released when it is closed, at once.
+    let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    !free
 }
 
 /// kube-proxy in iptables mode runs `iptables`, `iptables-save` and `iptables-restore`.

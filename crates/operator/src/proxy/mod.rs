@@ -91,12 +91,12 @@ pub const RELOAD_CHECK_SECONDS: u32 = 1;
 /// ConfigMap when it next syncs the pod: every `syncFrequency` (60 s) plus up to 50 %
 /// jitter, so at most about 90 s after the write, then the proxy's own check (1 s).
 /// Measured on a real node (`tests/real_node_proxy.rs`, the pinned kubelets with their
-/// defaults, 2 proxy pods, scale-ups 3 → 4 → 5 → 6, 2 runs per version: 12 loads each)
+/// defaults, 2 proxy pods, scale-ups 3 → 4 → 5 → 6; 2 runs on v1.33.13, 3 on v1.37.2)
 /// from the ConfigMap's write to each proxy routing keys to the new pod: v1.33.13 2.0 to
-/// 86.1 s (median 68.0), v1.37.2 14.1 to 72.6 s (median 59.2). The window
-/// keeps about 10 s beyond the kubelet's bound (the former 125 s estimate counted a 60 s
-/// cache TTL that the default strategy does not have). Still an estimate: the operator
-/// cannot see which version a proxy has loaded.
+/// 86.1 s (median 68.0, 12 loads), v1.37.2 14.1 to 86.6 s (median 63.4, 18 loads). The
+/// window keeps about 10 s beyond the kubelet's bound (the former 125 s estimate counted a
+/// 60 s cache TTL that the default strategy does not have). Still an estimate: the
+/// operator cannot see which version a proxy has loaded.
 pub const PROPAGATION_WINDOW: Duration = Duration::from_secs(100);
 
 /// The name of the proxy's objects of the Memcached `name`.
