@@ -351,8 +351,9 @@ fn default_proxy_copies() -> i32 {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SaslSpec {
-    /// Secret in the same namespace with key `sasl-pwdb`: `user:password` lines
-    /// (memcached's built-in password database).
+    /// Secret in the same namespace with key `sasl-pwdb`: `user@domain:password` lines
+    /// (memcached's built-in password database; memcached appends its host name to a user
+    /// name without `@`, so clients authenticate as `user@domain`).
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
 }
