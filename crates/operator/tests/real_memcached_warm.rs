@@ -18,7 +18,6 @@ use std::net::TcpStream;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -28,10 +27,6 @@ use memcached_api::{
 };
 use memcached_operator::builders::{self, BuildSettings};
 use proptest::prelude::*;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
 
 mod common;
 use common::process::{free_port, memcached_binary};
@@ -318,86 +313,14 @@ fn plain(port: u16) -> Client<TcpStream> {
     Client(BufReader::new(stream))
 }
 
-/// Accepts any server certificate (the test compares the one presented with the ones it
-/// wrote), but checks the handshake's signatures, so the server proved it holds the key.
-#[derive(Debug)]
-struct AcceptAny(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-type TlsStream = StreamOwned<ClientConnection, TcpStream>;
+use common::tls::TlsStream;
 
 /// A new TLS connection to memcached on `port`, and the DER of the end-entity certificate
 /// its handshake presented.
 fn tls(port: u16) -> Result<(Client<TlsStream>, Vec<u8>), String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
-        .with_no_client_auth();
-    let name = ServerName::try_from("memcached.test").map_err(|e| e.to_string())?;
-    let mut conn = ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
-    let mut sock = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    while conn.is_handshaking() {
-        conn.complete_io(&mut sock)
-            .map_err(|e| format!("TLS handshake: {e}"))?;
-    }
-    let presented = conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.as_ref().to_vec())
-        .ok_or("no certificate presented")?;
-    Ok((
-        Client(BufReader::new(StreamOwned::new(conn, sock))),
-        presented,
-    ))
+    let (stream, presented) =
+        common::tls::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
+    Ok((Client(BufReader::new(stream)), presented))
 }
 
 // ---------------------------------------------------------------------------------------

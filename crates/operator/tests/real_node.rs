@@ -18,7 +18,6 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, RealNodeInfo};
@@ -29,10 +28,6 @@ use kube::{Api, Client, ResourceExt};
 use memcached_api::{Memcached, MemcachedSpec, RolloutSpec, SaslSpec, TlsSpec, condition};
 use memcached_operator::builders::BuildSettings;
 use memcached_operator::controller::{self, ControllerConfig};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
 use serde_json::json;
 
 mod common;
@@ -275,87 +270,12 @@ fn plain(ip: Ipv4Addr) -> Text<TcpStream> {
     Text(BufReader::new(connect(ip)))
 }
 
-/// Accepts any server certificate (the test compares the one presented with the ones it
-/// put in the Secret), but checks the handshake's signatures: the server holds the key.
-#[derive(Debug)]
-struct AcceptAny(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-type TlsStream = StreamOwned<ClientConnection, TcpStream>;
+use common::tls::TlsStream;
 
 /// A new TLS connection to memcached at `ip`, and the DER of the certificate it presented.
 fn tls(ip: Ipv4Addr) -> Result<(Text<TlsStream>, Vec<u8>), String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
-        .with_no_client_auth();
-    let name = ServerName::try_from("memcached.test").map_err(|e| e.to_string())?;
-    let mut conn = ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
-    let mut sock =
-        TcpStream::connect_timeout(&SocketAddr::from((ip, 11211)), Duration::from_secs(10))
-            .map_err(|e| format!("connecting to {ip}:11211: {e}"))?;
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    while conn.is_handshaking() {
-        conn.complete_io(&mut sock)
-            .map_err(|e| format!("TLS handshake with {ip}: {e}"))?;
-    }
-    let presented = conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.as_ref().to_vec())
-        .ok_or("no certificate presented")?;
-    Ok((
-        Text(BufReader::new(StreamOwned::new(conn, sock))),
-        presented,
-    ))
+    let (stream, presented) = common::tls::connect(SocketAddr::from((ip, 11211)))?;
+    Ok((Text(BufReader::new(stream)), presented))
 }
 
 struct Cert {

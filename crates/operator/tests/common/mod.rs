@@ -6,6 +6,7 @@ pub mod bad_inputs;
 pub mod cluster;
 pub mod foreign_crds;
 pub mod process;
+pub mod tls;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
