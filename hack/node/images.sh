@@ -26,22 +26,24 @@ mc_version="$(basename "$(dirname "$memcached")")"; mc_version="${mc_version#mem
 libs_of() { ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u; }
 libs="$(libs_of "$memcached")"
 # SASL (memcached built with --enable-sasl-pwdb): Cyrus SASL loads its mechanisms from its
-# plugin directory (Debian's, compiled into libsasl2), not through ldd; PLAIN is the one.
-# And memcached -S exits ("Error initializing sasl.") unless it finds a SASL configuration:
-# SASL_CONF_PATH (the pods do not set it) or /etc/sasl2/memcached.conf, which the image has.
-sasl_libs="" sasl_conf=""
+# plugin directory (Debian's, compiled into libsasl2), not through ldd. The image has PLAIN
+# and ANONYMOUS (as Debian's libsasl2-modules does) and, like the official memcached images,
+# no SASL configuration of its own: memcached -S exits ("Error initializing sasl.") unless
+# the pod gives it one (SASL_CONF_PATH), and one without `mech_list` offers ANONYMOUS too.
+sasl_libs=""
 if grep -q libsasl2 <<<"$libs"; then
-  plain="/usr/lib/$(cc -print-multiarch)/sasl2/libplain.so"
-  [[ -f "$plain" ]] || { echo "missing $plain: apt-get install libsasl2-modules" >&2; exit 1; }
-  sasl_libs="$plain $(libs_of "$plain")"
-  sasl_conf="/etc/sasl2/memcached.conf=$here/sasl-memcached.conf"
+  for mech in plain anonymous; do
+    plugin="/usr/lib/$(cc -print-multiarch)/sasl2/lib$mech.so"
+    [[ -f "$plugin" ]] || { echo "missing $plugin: apt-get install libsasl2-modules" >&2; exit 1; }
+    sasl_libs="$sasl_libs $plugin $(libs_of "$plugin")"
+  done
 fi
 # The agent: cargo decides whether it is up to date; its binary is an input of the stamp.
 (cd "$root" && cargo build --locked -p memcached-tls-agent)
 agent="${CARGO_TARGET_DIR:-$root/target}/debug/memcached-tls-agent"
 agent_version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/crates/tls-agent/Cargo.toml" | head -1)"
 agent_libs="$(libs_of "$agent")"
-stamp="$(cat "$here/images.sh" "$here/pause.c" "$here/sasl-memcached.conf" "$here/runtime/cmd/mkimage/main.go" \
+stamp="$(cat "$here/images.sh" "$here/pause.c" "$here/runtime/cmd/mkimage/main.go" \
   "$here/runtime/go.sum" "$memcached" $libs $sasl_libs "$agent" $agent_libs | sha256sum | cut -c1-16)"
 if [[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$stamp" ]]; then
   echo "up to date: $out"; exit 0
@@ -56,7 +58,7 @@ mc=envtest.local/memcached:$mc_version
 "$work/mkimage" -o "$out/pause.tar" -name "$pause" -entrypoint /pause /pause="$work/pause"
 # The loader and libraries at the paths memcached asks for; memcached runs as nobody.
 "$work/mkimage" -o "$out/memcached.tar" -name "$mc" -entrypoint /usr/bin/memcached -user 65534 \
-  /usr/bin/memcached="$memcached" $libs $sasl_libs $sasl_conf
+  /usr/bin/memcached="$memcached" $libs $sasl_libs
 # The agent at the path the pool's sidecar runs (TLS_AGENT_BINARY); the pod sets its user.
 agent_image=envtest.local/memcached-tls-agent:$agent_version
 "$work/mkimage" -o "$out/tls-agent.tar" -name "$agent_image" -entrypoint /memcached-tls-agent \

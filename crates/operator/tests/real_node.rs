@@ -8,8 +8,11 @@
 //!   agent (its own image, `/memcached-tls-agent`) has memcached load them: the next
 //!   handshake on each pod IP presents the new certificate, every item is still there, no
 //!   container restarted, and `CertificatesReloaded` is `True` (`InPlace`);
-//! - SASL: a client with the Secret's password is served, one without (or with a wrong one)
-//!   is refused.
+//! - SASL, with an image that has no SASL configuration of its own (as the official images
+//!   do not) and the ANONYMOUS plugin: memcached starts, offers PLAIN alone, serves a client
+//!   with the Secret's password and refuses one without it, with a wrong one or ANONYMOUS;
+//!   and a SASL pool the last release (`make previous-release`) left crash-looping serves
+//!   once this build takes over.
 //!
 //! Needs root and `make node` (the kubelet, containerd, and bin/node-images: memcached built
 //! with SASL by `make memcached-proxy`, the TLS reload agent). No Services: clients use pod
@@ -22,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, RealNodeInfo};
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -32,6 +36,7 @@ use serde_json::json;
 
 mod common;
 use common::cluster::apply_crd;
+use common::process::{Operator, TempDir, previous_release};
 
 /// Polls `probe` every half second until it returns `Some`, failing after `timeout`.
 async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
@@ -78,6 +83,13 @@ struct Env {
 
 impl Env {
     async fn start(kube: Kube, test: &str) -> Env {
+        let mut env = Env::without_controller(kube, test).await;
+        env.start_controller();
+        env
+    }
+
+    /// The control plane, the node, the CRD and the namespace; no operator yet.
+    async fn without_controller(kube: Kube, test: &str) -> Env {
         let cp = ControlPlane::start(Options {
             nodes: 1,
             real_node: true,
@@ -89,27 +101,34 @@ impl Env {
         let client = cp.client().await.unwrap();
         let ns = cp.namespace(test).await.unwrap();
         apply_crd(&client, &<Memcached as kube::CustomResourceExt>::crd()).await;
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let config = ControllerConfig {
-            namespace: Some(ns.clone()),
-            build: BuildSettings {
-                default_image: node.memcached_image.clone(),
-                tls_agent_image: node.tls_agent_image.clone(),
-                ..BuildSettings::default()
-            },
-            ..ControllerConfig::default()
-        };
-        let task = tokio::spawn(controller::run(client.clone(), config, async {
-            let _ = stop_rx.await;
-        }));
         Env {
             cp,
             node,
             client,
             ns,
-            stop: Some(stop),
-            task: Some(task),
+            stop: None,
+            task: None,
         }
+    }
+
+    /// This build's controller, in-process, watching the namespace with the node's images
+    /// as its defaults.
+    fn start_controller(&mut self) {
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let config = ControllerConfig {
+            namespace: Some(self.ns.clone()),
+            build: BuildSettings {
+                default_image: self.node.memcached_image.clone(),
+                tls_agent_image: self.node.tls_agent_image.clone(),
+                ..BuildSettings::default()
+            },
+            ..ControllerConfig::default()
+        };
+        let task = tokio::spawn(controller::run(self.client.clone(), config, async {
+            let _ = stop_rx.await;
+        }));
+        self.stop = Some(stop);
+        self.task = Some(task);
     }
 
     fn api<K>(&self) -> Api<K>
@@ -362,6 +381,7 @@ fn binary(
         .unwrap_or_else(|| panic!("memcached closed the connection instead of answering"))
 }
 
+const SASL_LIST_MECHS: u8 = 0x20;
 const SASL_AUTH: u8 = 0x21;
 const GET: u8 = 0x00;
 const SET: u8 = 0x01;
@@ -617,19 +637,9 @@ async fn a_rotated_certificate_is_reloaded_in_place(kube: Kube) {
 // ---------------------------------------------------------------------------------------
 // 3. SASL
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sasl_serves_only_the_password_newest() {
-    sasl_serves_only_the_password(Kube::Newest).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sasl_serves_only_the_password_oldest() {
-    sasl_serves_only_the_password(Kube::Oldest).await;
-}
-
-async fn sasl_serves_only_the_password(kube: Kube) {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let env = Env::start(kube, "sasl").await;
+/// The Secret `sasl` (one user) and the Memcached `sasl` (2 pods on the real node) using
+/// it; the user and password.
+async fn create_sasl_pool(env: &Env) -> (&'static str, &'static str) {
     let secrets: Api<Secret> = env.api();
     let memcacheds: Api<Memcached> = env.api();
     // memcached appends its host's name (the pod's) to a user name without `@` before it
@@ -663,6 +673,23 @@ async fn sasl_serves_only_the_password(kube: Kube) {
         .create(&PostParams::default(), &Memcached::new("sasl", spec))
         .await
         .unwrap();
+    (user, password)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_serves_only_the_password_newest() {
+    sasl_serves_only_the_password(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_serves_only_the_password_oldest() {
+    sasl_serves_only_the_password(Kube::Oldest).await;
+}
+
+async fn sasl_serves_only_the_password(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = Env::start(kube, "sasl").await;
+    let (user, password) = create_sasl_pool(&env).await;
     let pool = env.ready_pool("sasl", 2).await;
     for (pod, ip) in &pool {
         blocking(|| {
@@ -690,6 +717,26 @@ async fn sasl_serves_only_the_password(kube: Kube) {
                 binary_set(&mut s, "greeting", "x"),
                 STATUS_AUTH_ERROR,
                 "{pod}"
+            );
+            // memcached offers PLAIN alone, though the image's SASL plugins include
+            // ANONYMOUS (as Debian's libsasl2-modules do): with no `mech_list` Cyrus SASL
+            // offers every plugin ("PLAIN ANONYMOUS" here). ANONYMOUS gets nothing.
+            let mut s = connect(*ip);
+            let (status, mechs) = binary(&mut s, SASL_LIST_MECHS, b"", &[], b"");
+            assert_eq!(
+                (status, String::from_utf8_lossy(&mechs).trim().to_string()),
+                (STATUS_OK, "PLAIN".to_string()),
+                "{pod}: the mechanisms offered"
+            );
+            let mut s = connect(*ip);
+            let (status, _) = binary(&mut s, SASL_AUTH, b"ANONYMOUS", &[], b"anyone");
+            assert_eq!(status, STATUS_AUTH_ERROR, "{pod}: ANONYMOUS");
+            let after = try_binary(&mut s, GET, b"greeting", &[], &[]);
+            assert!(
+                after
+                    .as_ref()
+                    .is_none_or(|(status, _)| *status == STATUS_AUTH_ERROR),
+                "{pod}: a get after ANONYMOUS: {after:?}"
             );
             // With a wrong password: refused, and then served nothing.
             let mut s = connect(*ip);
@@ -722,6 +769,66 @@ async fn sasl_serves_only_the_password(kube: Kube) {
         blocking(|| {
             let mut s = connect(*ip);
             assert_eq!(sasl_plain(&mut s, user, password), STATUS_OK);
+            assert_eq!(binary_get(&mut s, "greeting").1, pod.as_bytes(), "{pod}");
+        });
+    }
+    assert_no_restarts(&env.restarts("sasl").await, 2);
+    env.stop().await;
+}
+
+// The last release gave memcached no SASL configuration: with an image that has none of its
+// own (the official images), its SASL pools never started. The upgrade repairs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sasl_pool_the_last_release_left_down_serves_after_the_upgrade() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut env = Env::without_controller(Kube::Newest, "sasl-upgrade").await;
+    let dir = TempDir::new("sasl-upgrade");
+    let previous = Operator::spawn_program(
+        &previous_release(),
+        env.cp.kubeconfig(),
+        dir.path(),
+        "previous-release",
+        &[
+            format!("--namespace={}", env.ns),
+            "--metrics-bind-address=0".to_string(),
+            "--health-probe-bind-address=0".to_string(),
+            format!("--memcached-image={}", env.node.memcached_image),
+            format!("--tls-agent-image={}", env.node.tls_agent_image),
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    let (user, password) = create_sasl_pool(&env).await;
+    // Under the last release memcached exits at start ("Error initializing sasl.").
+    poll(
+        "the last release's memcached restarted by the kubelet",
+        CONVERGE,
+        || async {
+            env.restarts("sasl")
+                .await
+                .iter()
+                .any(|(_, container, n)| container == "memcached" && *n >= 1)
+                .then_some(())
+        },
+    )
+    .await;
+    let deployments: Api<Deployment> = env.api();
+    let available = deployments
+        .get("sasl")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0);
+    assert_eq!(available, 0, "the last release's SASL pool serves");
+    drop(previous);
+
+    env.start_controller();
+    let pool = env.ready_pool("sasl", 2).await;
+    for (pod, ip) in &pool {
+        blocking(|| {
+            let mut s = connect(*ip);
+            assert_eq!(sasl_plain(&mut s, user, password), STATUS_OK, "{pod}: auth");
+            assert_eq!(binary_set(&mut s, "greeting", pod), STATUS_OK, "{pod}: set");
             assert_eq!(binary_get(&mut s, "greeting").1, pod.as_bytes(), "{pod}");
         });
     }

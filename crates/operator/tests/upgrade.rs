@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 mod common;
 use common::cluster::apply_crd;
-use common::process::{Operator, TempDir};
+use common::process::{Operator, TempDir, previous_release};
 use common::wait_for_within;
 
 /// How long convergence may take on two busy cores (a pool's pods come up through the
@@ -39,24 +39,6 @@ const MEMCACHED_IMAGE: &str = "memcached:1.6.38-alpine";
 const EXPORTER_IMAGE: &str = "quay.io/prometheus/memcached-exporter:v0.15.2";
 /// The last release ran the agent from the operator's own image.
 const OLD_AGENT_IMAGE: &str = "example.com/memcached-operator:0.1.0";
-
-/// The operator of the last release, built by `make previous-release`.
-fn previous_release() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let commit = std::fs::read_to_string(root.join("hack/previous-release/COMMIT"))
-        .expect("hack/previous-release/COMMIT");
-    let commit = commit.trim();
-    let bin = root
-        .join("bin")
-        .join(format!("previous-release-{}", &commit[..12]))
-        .join("memcached-operator");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build the last release's operator with `make previous-release`",
-        bin.display()
-    );
-    bin
-}
 
 /// The pools of the matrix, by name: one per feature an upgrade could disturb.
 fn pools() -> Vec<(&'static str, Value)> {

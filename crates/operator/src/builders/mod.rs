@@ -47,7 +47,22 @@ pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
 /// The keys of the TLS Secret memcached reads (memcached verifies no client, so a `ca.crt`
 /// beside them is not mounted).
 pub const TLS_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
-const SASL_DIR: &str = "/etc/memcached/sasl";
+/// Where the `sasl` volume is mounted: the password database and memcached's SASL
+/// configuration.
+pub const SASL_DIR: &str = "/etc/memcached/sasl";
+/// The environment variable memcached reads its SASL configuration's directory from.
+/// Without one (or `/etc/sasl2/memcached.conf` in the image, which the official images do
+/// not have) `memcached -S` exits at start ("Error initializing sasl.").
+pub const SASL_CONF_PATH_ENV: &str = "SASL_CONF_PATH";
+/// The SASL configuration's file name in [`SASL_DIR`] (Cyrus SASL reads `APP.conf`).
+pub const SASL_CONF_FILE: &str = "memcached.conf";
+/// Pod template annotation whose value the `sasl` volume holds as [`SASL_CONF_FILE`].
+pub const SASL_CONF_ANNOTATION: &str = "memcached.cache.example.com/sasl-conf";
+/// memcached's SASL configuration: PLAIN alone, the one mechanism memcached checks against
+/// its password database. With no `mech_list` Cyrus SASL offers every mechanism of the
+/// image's plugin directory (with Debian's `libsasl2-modules`: ANONYMOUS, LOGIN, the
+/// digests), none of which the database was written for.
+pub const SASL_CONF: &str = "mech_list: plain\n";
 /// Where the TLS Secret is mounted in the memcached container and the reload agent.
 pub use memcached_tls_agent::CERT_DIR as TLS_DIR;
 /// Where the extstore volume is mounted, and the file memcached writes in it.

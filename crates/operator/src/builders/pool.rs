@@ -9,11 +9,12 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource,
-    KeyToPath, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile,
+    EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    SecretProjection, SecretVolumeSource, SecurityContext, TCPSocketAction,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeProjection, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -286,11 +287,16 @@ pub fn desired_deployment_with(
     let mut mounts = Vec::new();
     let mut env = Vec::new();
     if let Some(sasl) = &spec.sasl {
-        volumes.push(secret_volume("sasl", &sasl.secret_name, &[SASL_PWDB_KEY]));
+        volumes.push(sasl_volume(&sasl.secret_name));
         mounts.push(mount("sasl", SASL_DIR));
         env.push(EnvVar {
             name: "MEMCACHED_SASL_PWDB".to_string(),
             value: Some(format!("{SASL_DIR}/{SASL_PWDB_KEY}")),
+            value_from: None,
+        });
+        env.push(EnvVar {
+            name: SASL_CONF_PATH_ENV.to_string(),
+            value: Some(SASL_DIR.to_string()),
             value_from: None,
         });
     }
@@ -359,6 +365,9 @@ pub fn desired_deployment_with(
         CONFIG_HASH_ANNOTATION.to_string(),
         config_hash(&args, &hashed),
     );
+    if spec.sasl.is_some() {
+        annotations.insert(SASL_CONF_ANNOTATION.to_string(), SASL_CONF.to_string());
+    }
 
     Ok(Deployment {
         metadata: child_metadata(mc, name)?,
@@ -549,16 +558,59 @@ fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
         secret: Some(SecretVolumeSource {
             secret_name: Some(secret.to_string()),
             default_mode: Some(0o440),
-            items: Some(
-                keys.iter()
-                    .map(|key| KeyToPath {
-                        key: key.to_string(),
-                        path: key.to_string(),
-                        mode: None,
-                    })
-                    .collect(),
-            ),
+            items: Some(key_paths(keys)),
             ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+/// A Secret's `keys`, each at its own name.
+fn key_paths(keys: &[&str]) -> Vec<KeyToPath> {
+    keys.iter()
+        .map(|key| KeyToPath {
+            key: key.to_string(),
+            path: key.to_string(),
+            mode: None,
+        })
+        .collect()
+}
+
+/// The `sasl` volume: the Secret's password database and, beside it, memcached's SASL
+/// configuration ([`SASL_CONF`], the pod's [`SASL_CONF_ANNOTATION`] through the downward
+/// API), in the directory `SASL_CONF_PATH` names.
+fn sasl_volume(secret: &str) -> Volume {
+    Volume {
+        name: "sasl".to_string(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o440),
+            sources: Some(vec![
+                VolumeProjection {
+                    secret: Some(SecretProjection {
+                        name: secret.to_string(),
+                        items: Some(key_paths(&[SASL_PWDB_KEY])),
+                        optional: None,
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: SASL_CONF_FILE.to_string(),
+                            field_ref: Some(ObjectFieldSelector {
+                                // As the API server defaults it.
+                                api_version: Some("v1".to_string()),
+                                field_path: format!(
+                                    "metadata.annotations['{SASL_CONF_ANNOTATION}']"
+                                ),
+                            }),
+                            mode: None,
+                            resource_field_ref: None,
+                        }]),
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
         }),
         ..Volume::default()
     }

@@ -599,7 +599,19 @@ fn sasl_and_tls_mount_their_secrets_and_set_flags() {
     let volumes = pod_spec(&d).volumes.clone().expect("volumes");
     let secrets: Vec<Option<String>> = volumes
         .iter()
-        .map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+        .map(|v| {
+            v.secret
+                .as_ref()
+                .and_then(|s| s.secret_name.clone())
+                .or_else(|| {
+                    v.projected
+                        .as_ref()?
+                        .sources
+                        .iter()
+                        .flatten()
+                        .find_map(|p| Some(p.secret.as_ref()?.name.clone()))
+                })
+        })
         .collect();
     assert_eq!(
         secrets,
@@ -620,6 +632,7 @@ fn sasl_and_tls_mount_their_secrets_and_set_flags() {
             .secret
             .as_ref()
             .and_then(|s| s.default_mode)
+            .or_else(|| v.projected.as_ref().and_then(|p| p.default_mode))
             .unwrap_or(0o644);
         let group_reads =
             sc.fs_group.is_some_and(|g| process_groups.contains(&g)) && mode & 0o040 != 0;
@@ -1005,8 +1018,16 @@ fn secret_volumes_mount_only_the_keys_memcached_reads() {
             .iter()
             .flatten()
             .find(|v| v.name == name)
-            .and_then(|v| v.secret.as_ref())
-            .and_then(|s| s.items.clone())
+            .and_then(|v| {
+                v.secret.as_ref().and_then(|s| s.items.clone()).or_else(|| {
+                    v.projected
+                        .as_ref()?
+                        .sources
+                        .iter()
+                        .flatten()
+                        .find_map(|p| p.secret.as_ref()?.items.clone())
+                })
+            })
             .unwrap_or_default()
             .into_iter()
             .map(|i| (i.key, i.path))
@@ -1015,4 +1036,75 @@ fn secret_volumes_mount_only_the_keys_memcached_reads() {
     let pair = |k: &str| (k.to_string(), k.to_string());
     assert_eq!(keys("tls"), [pair("tls.crt"), pair("tls.key")]);
     assert_eq!(keys("sasl"), [pair("sasl-pwdb")]);
+}
+
+#[test]
+fn sasl_gives_memcached_a_configuration_with_plain_only() {
+    let mc = with_spec(|s| {
+        s.sasl = Some(memcached_api::SaslSpec {
+            secret_name: "auth".into(),
+        });
+    });
+    let d = deployment(&mc);
+    let pod = pod_spec(&d);
+    let memcached = &pod.containers[0];
+    let env = |name: &str| {
+        memcached
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    // memcached reads SASL_CONF_PATH/memcached.conf: the `sasl` volume's mount.
+    let dir = env(SASL_CONF_PATH_ENV).expect("SASL_CONF_PATH");
+    let mounted = memcached
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == dir)
+        .expect("a mount at SASL_CONF_PATH");
+    assert_eq!(mounted.name, "sasl");
+    assert_eq!(
+        env("MEMCACHED_SASL_PWDB"),
+        Some(format!("{dir}/{SASL_PWDB_KEY}"))
+    );
+    // Its memcached.conf is the pod's annotation, which offers PLAIN alone.
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "sasl")
+        .expect("sasl volume");
+    let file = volume
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.as_ref())
+        .into_iter()
+        .flatten()
+        .find_map(|p| p.downward_api.as_ref()?.items.clone())
+        .into_iter()
+        .flatten()
+        .find(|f| f.path == "memcached.conf")
+        .expect("memcached.conf");
+    let field = file.field_ref.expect("fieldRef").field_path;
+    assert_eq!(
+        field,
+        format!("metadata.annotations['{SASL_CONF_ANNOTATION}']")
+    );
+    let annotations = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get(SASL_CONF_ANNOTATION)
+            .map(|v| v.lines().collect::<Vec<_>>()),
+        Some(vec!["mech_list: plain"])
+    );
+    // Without SASL, none of it.
+    let plain = deployment(&with_spec(|_| {}));
+    assert!(pod_spec(&plain).containers[0].env.is_none());
 }

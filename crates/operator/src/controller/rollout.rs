@@ -20,7 +20,10 @@ use kube::{Resource, ResourceExt};
 use memcached_api::Memcached;
 use serde_json::Value;
 
-use crate::builders::{CONTAINER_NAME, EXPORTER_NAME, EXTSTORE_VOLUME, TLS_AGENT_NAME};
+use crate::builders::{
+    CONTAINER_NAME, EXPORTER_NAME, EXTSTORE_VOLUME, SASL_CONF_ANNOTATION, SASL_CONF_PATH_ENV,
+    TLS_AGENT_NAME,
+};
 use crate::cached::{CacheForm, CachedDeployment};
 
 /// The pod template's containers whose live form a pool keeps: `(list, name)`.
@@ -36,15 +39,20 @@ pub const KEPT_VOLUMES: [&str; 4] = ["sasl", "tls", "tls-reload-agent", EXTSTORE
 /// `new` (the pool's desired Deployment) with the live form of the parts listed above taken
 /// from `live` (the live Deployment's spec, as JSON) where it still says what the spec
 /// says ([`spec_agrees`]), and, unless `mc` names its image and while `hold_image`, the
-/// live memcached image; `None` when that is `new` itself.
+/// live memcached image; `None` when that is `new` itself. `serving`: whether any of the
+/// live Deployment's pods is available (see [`keep_sasl_without_conf`]).
 pub fn keep_live(
     mc: &Memcached,
     new: &Deployment,
     live: &Value,
     hold_image: bool,
+    serving: bool,
 ) -> Option<Deployment> {
     let live_pod = live.pointer("/template/spec")?;
     let mut json = serde_json::to_value(new).ok()?;
+    if serving {
+        keep_sasl_without_conf(mc, json.pointer_mut("/spec/template")?, live_pod);
+    }
     let pod = json.pointer_mut("/spec/template/spec")?;
     for (list, name) in KEPT_CONTAINERS {
         take_named(mc, pod, live_pod, list, name);
@@ -64,6 +72,40 @@ pub fn keep_live(
     }
     let kept: Deployment = serde_json::from_value(json).ok()?;
     (kept != *new).then_some(kept)
+}
+
+/// A SASL pool of an operator that gave memcached no SASL configuration (its `sasl` volume
+/// a bare Secret, no `SASL_CONF_PATH`) whose pods serve anyway (its image has its own
+/// configuration) keeps that form: `template` (the new pod template, as JSON) gets the live
+/// volume back, without the configuration's variable and annotation. Called only for a
+/// Deployment with an available pod: a pool whose memcached exits at start for want of the
+/// configuration (the official images) has nothing to keep and takes the new form.
+fn keep_sasl_without_conf(mc: &Memcached, template: &mut Value, live_pod: &Value) {
+    let Some(sasl) = &mc.spec.sasl else { return };
+    let Some(live) = named(live_pod, "volumes", "sasl") else {
+        return;
+    };
+    if live.pointer("/secret/secretName").and_then(Value::as_str) != Some(&sasl.secret_name) {
+        return;
+    }
+    let live = live.clone();
+    if let Some(pod) = template.get_mut("spec") {
+        if let Some(ours) = named_mut(pod, "volumes", "sasl") {
+            *ours = live;
+        }
+        if let Some(env) = named_mut(pod, "containers", CONTAINER_NAME)
+            .and_then(|c| c.get_mut("env"))
+            .and_then(Value::as_array_mut)
+        {
+            env.retain(|e| e.get("name").and_then(Value::as_str) != Some(SASL_CONF_PATH_ENV));
+        }
+    }
+    if let Some(annotations) = template
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove(SASL_CONF_ANNOTATION);
+    }
 }
 
 fn named<'a>(pod: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
@@ -100,7 +142,9 @@ fn spec_agrees(mc: &Memcached, name: &str, live: &Value, ours: &Value) -> bool {
         EXPORTER_NAME => {
             mc.spec.exporter.as_ref().is_none_or(|e| e.image.is_none()) || same("/image")
         }
-        "sasl" | "tls" => same("/secret/secretName"),
+        "tls" => same("/secret/secretName"),
+        // The live form with SASL's configuration (the old form: `keep_sasl_without_conf`).
+        "sasl" => same("/projected/sources/0/secret/name"),
         EXTSTORE_VOLUME => {
             same("/emptyDir/medium")
                 && live.get("emptyDir").is_some() == ours.get("emptyDir").is_some()
@@ -372,7 +416,7 @@ mod tests {
         let live = deployment(&mc, &before);
         let new = deployment(&mc, &after);
         assert_ne!(live, new);
-        let kept = keep_live(&mc, &new, &spec_json(&live), true).expect("keeps");
+        let kept = keep_live(&mc, &new, &spec_json(&live), true, true).expect("keeps");
         assert_eq!(kept, live, "the helpers as they run");
     }
 
@@ -389,14 +433,20 @@ mod tests {
         let unpinned = pool(|_| {});
         let live = deployment(&unpinned, &before);
         let new = deployment(&unpinned, &after);
-        let held = keep_live(&unpinned, &new, &spec_json(&live), true).expect("holds");
+        let held = keep_live(&unpinned, &new, &spec_json(&live), true, true).expect("holds");
         assert_eq!(memcached_image(&held), Some("memcached:1.6.38"));
-        assert_eq!(keep_live(&unpinned, &new, &spec_json(&live), false), None);
+        assert_eq!(
+            keep_live(&unpinned, &new, &spec_json(&live), false, true),
+            None
+        );
 
         let pinned = pool(|s| s.image = Some("memcached:1.6.30".into()));
         let live = deployment(&pinned, &before);
         let new = deployment(&pinned, &after);
-        assert_eq!(keep_live(&pinned, &new, &spec_json(&live), true), None);
+        assert_eq!(
+            keep_live(&pinned, &new, &spec_json(&live), true, true),
+            None
+        );
     }
 
     #[test]
@@ -412,7 +462,7 @@ mod tests {
         });
         let new = deployment(&mc, &settings);
         // The helpers are the same, so nothing is kept: the new template is applied.
-        assert_eq!(keep_live(&mc, &new, &spec_json(&live), true), None);
+        assert_eq!(keep_live(&mc, &new, &spec_json(&live), true, true), None);
     }
 
     #[test]
@@ -427,13 +477,19 @@ mod tests {
             });
         });
         let new = deployment(&exporter, &settings);
-        assert_eq!(keep_live(&exporter, &new, &spec_json(&live), true), None);
+        assert_eq!(
+            keep_live(&exporter, &new, &spec_json(&live), true, true),
+            None
+        );
         let secret = pool(|s| {
             every_helper(s);
             s.tls = Some(TlsSpec::secret("renewed-certs"));
         });
         let new = deployment(&secret, &settings);
-        assert_eq!(keep_live(&secret, &new, &spec_json(&live), true), None);
+        assert_eq!(
+            keep_live(&secret, &new, &spec_json(&live), true, true),
+            None
+        );
         let class = pool(|s| {
             every_helper(s);
             if let Some(ext) = s.extstore.as_mut() {
@@ -441,7 +497,7 @@ mod tests {
             }
         });
         let new = deployment(&class, &settings);
-        assert_eq!(keep_live(&class, &new, &spec_json(&live), true), None);
+        assert_eq!(keep_live(&class, &new, &spec_json(&live), true, true), None);
     }
 
     #[test]
@@ -473,6 +529,66 @@ mod tests {
                 "f:volumes": {"k:{\"name\":\"tls\"}": {"f:secret": {}}}}}}}),
         )];
         assert!(edited_by_others(Some(&volume), "memcached-operator"));
+    }
+
+    /// `d` as an operator without SASL's configuration built it: the `sasl` volume a bare
+    /// Secret, no `SASL_CONF_PATH`, no annotation.
+    fn without_sasl_conf(d: &Deployment) -> Value {
+        let mut spec = spec_json(d);
+        let template = spec.pointer_mut("/template").expect("template");
+        template["metadata"]["annotations"]
+            .as_object_mut()
+            .expect("annotations")
+            .remove(SASL_CONF_ANNOTATION);
+        let pod = &mut template["spec"];
+        let secret = named(pod, "volumes", "sasl").expect("sasl")["projected"]["sources"][0]
+            ["secret"]["name"]
+            .clone();
+        *named_mut(pod, "volumes", "sasl").expect("sasl") = serde_json::json!({
+            "name": "sasl",
+            "secret": {"secretName": secret, "defaultMode": 0o440,
+                       "items": [{"key": "sasl-pwdb", "path": "sasl-pwdb"}]},
+        });
+        named_mut(pod, "containers", CONTAINER_NAME).expect("memcached")["env"]
+            .as_array_mut()
+            .expect("env")
+            .retain(|e| e["name"] != SASL_CONF_PATH_ENV);
+        spec
+    }
+
+    #[test]
+    fn a_sasl_pool_without_sasl_configuration_keeps_its_form_only_while_it_serves() {
+        let settings = BuildSettings::default();
+        let mc = pool(|s| {
+            every_helper(s);
+            s.sasl = Some(SaslSpec {
+                secret_name: "auth".into(),
+            });
+        });
+        let new = deployment(&mc, &settings);
+        let live = without_sasl_conf(&new);
+        assert_ne!(spec_json(&new), live);
+        // Its pods serve (its image has a configuration of its own): nothing restarts.
+        let kept = keep_live(&mc, &new, &live, true, true).expect("keeps");
+        assert_eq!(spec_json(&kept), live, "the template as it runs");
+        // None serves (memcached exited for want of one): the configuration comes with the
+        // new template.
+        assert_eq!(keep_live(&mc, &new, &live, true, false), None);
+        // Another Secret: the new form, whatever runs.
+        let moved = pool(|s| {
+            every_helper(s);
+            s.sasl = Some(SaslSpec {
+                secret_name: "other".into(),
+            });
+        });
+        let new = deployment(&moved, &settings);
+        assert_eq!(keep_live(&moved, &new, &live, true, true), None);
+        // A pool that has the configuration keeps it.
+        let current = spec_json(&deployment(&mc, &settings));
+        assert_eq!(
+            keep_live(&mc, &deployment(&mc, &settings), &current, true, true),
+            None
+        );
     }
 
     #[test]

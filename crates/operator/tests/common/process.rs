@@ -33,6 +33,24 @@ pub fn bin() -> PathBuf {
     }
 }
 
+/// The operator of the last release, built by `make previous-release`.
+pub fn previous_release() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let commit = std::fs::read_to_string(root.join("hack/previous-release/COMMIT"))
+        .expect("hack/previous-release/COMMIT");
+    let commit = commit.trim();
+    let bin = root
+        .join("bin")
+        .join(format!("previous-release-{}", &commit[..12]))
+        .join("memcached-operator");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the last release's operator with `make previous-release`",
+        bin.display()
+    );
+    bin
+}
+
 /// A temporary directory, removed on drop.
 pub struct TempDir(PathBuf);
 

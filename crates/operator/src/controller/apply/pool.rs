@@ -33,10 +33,18 @@ impl Apply<'_> {
             return Ok((Applied::Unchanged(live), None));
         }
         let live_json = live.live_json();
+        // Any pod available (or none wanted): what runs, runs (see `rollout::keep_live`).
+        let serving = live.replicas() == Some(0)
+            || live
+                .status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0)
+                > 0;
         let held = live_json
             .as_ref()
             .and_then(|l| l.get("spec"))
-            .and_then(|spec| rollout::keep_live(self.mc, &new, spec, true));
+            .and_then(|spec| rollout::keep_live(self.mc, &new, spec, true, serving));
         let Some(held) = held else {
             return Ok((self.write(fresh).await?, None));
         };
