@@ -1,7 +1,7 @@
 //! A real node beside kwok's fake ones ([`Options::real_node`](crate::Options)): containerd
 //! with runc and a CNI bridge, the pinned kubelet and kube-proxy, all built by `make node`
-//! (`hack/node`), running the locally built images (`bin/node-images`: pause, memcached and
-//! the TLS reload agent; nothing is pulled).
+//! (`hack/node`), running the locally built images (`bin/node-images`: pause, memcached, the
+//! TLS reload agent and the operator; nothing is pulled).
 //!
 //! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and, beside
 //! kwok nodes, tainted `envtest/real-node:NoSchedule`, so that only pods which tolerate the
@@ -74,6 +74,11 @@ pub struct RealNodeInfo {
     /// The TLS reload agent's image (crates/tls-agent, its binary at `/memcached-tls-agent`,
     /// the operator's `--tls-agent-image`); imported, never pulled.
     pub tls_agent_image: String,
+    /// The operator's image (crates/operator, its binary at `/memcached-operator` as
+    /// `config/manager` and the chart run it, user 65532), named
+    /// `envtest.local/memcached-operator:VERSION` (VERSION the chart's `appVersion`);
+    /// imported, never pulled.
+    pub operator_image: String,
     /// The pod sandbox image.
     pub pause_image: String,
     /// The node's address (the bridge's, on the host).
@@ -354,10 +359,18 @@ impl RealNode {
         };
         let (pause_image, memcached_image) = (image("pause")?, image("memcached")?);
         let tls_agent_image = image("tls-agent")?;
+        // The operator's image has a name file of its own (hack/node/images.sh builds it
+        // apart from the others).
+        let operator_image =
+            std::fs::read_to_string(require_file(images.join("operator.name"), &build)?)
+                .map_err(io_err("reading bin/node-images/operator.name"))?
+                .trim()
+                .to_string();
         let tarballs = [
             require_file(images.join("pause.tar"), &build)?,
             require_file(images.join("memcached.tar"), &build)?,
             require_file(images.join("tls-agent.tar"), &build)?,
+            require_file(images.join("operator.tar"), &build)?,
         ];
 
         // The kubelet's and containerd's mounts must propagate (kind's entrypoint does this).
@@ -401,6 +414,7 @@ impl RealNode {
                 name: REAL_NODE_NAME.to_string(),
                 memcached_image,
                 tls_agent_image,
+                operator_image,
                 pause_image,
                 node_ip,
                 pod_subnet: format!("10.199.{k}.0/24"),
@@ -701,10 +715,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     /// What the node makes on the host, in `<run_dir>/node`, for [`sweep_dead_nodes`].
     fn write_record(&self, run_dir: &Path) -> Result<(), Error> {
         let mut record = format!(
-            "name {}\nmemcached {}\ntls-agent {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
+            "name {}\nmemcached {}\ntls-agent {}\noperator {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
             self.info.name,
             self.info.memcached_image,
             self.info.tls_agent_image,
+            self.info.operator_image,
             self.info.pause_image,
             self.info.node_ip,
             self.info.pod_subnet,
@@ -928,8 +943,9 @@ pub fn real_node_record(path: &Path) -> Option<RealNodeInfo> {
     Some(RealNodeInfo {
         name: field("name")?,
         memcached_image: field("memcached")?,
-        // Not in the records of nodes from before the agent's image.
+        // Not in the records of nodes from before the agent's (the operator's) image.
         tls_agent_image: field("tls-agent").unwrap_or_default(),
+        operator_image: field("operator").unwrap_or_default(),
         pause_image: field("pause")?,
         node_ip: field("node-ip")?.parse().ok()?,
         pod_subnet: field("subnet")?,
