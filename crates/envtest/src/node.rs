@@ -14,6 +14,16 @@
 //! passes bridged traffic through iptables (`br_netfilter`, `bridge-nf-call-iptables=1`, as
 //! on this machine kind; not tested).
 //!
+//! Pods reach the API server as in any cluster: the bridge and its address are made before
+//! the control plane starts (`RealNode::prepare`), and the API server listens on that
+//! address (only) and advertises it, so its endpoint reconciler points the `kubernetes`
+//! Service there and kube-proxy sends `10.96.0.1:443` (what the kubelet gives pods in
+//! `KUBERNETES_SERVICE_HOST` and `_PORT`) to it; its serving certificate names that address
+//! and `10.96.0.1`. A pod's in-cluster configuration (that address, its projected
+//! ServiceAccount token and CA) works unchanged (tested). That path is routed, not bridged
+//! (the pod sends to its gateway, the host, whose own address is the endpoint), so it needs
+//! neither `br_netfilter` nor `route_localnet`.
+//!
 //! One real node per host: kube-proxy's iptables chains are the host's, so a real node holds
 //! the host's lock ([`REAL_NODE_HOST_LOCK`]) for its whole life; a second one waits for it
 //! ([`REAL_NODE_WAIT`]), then fails naming the holder's process id. A real node refuses to
@@ -101,17 +111,30 @@ pub(crate) struct RealNode {
     containerd: Option<Process>,
     /// The kube-proxy binary whose `--cleanup` removes its iptables chains on stop.
     kube_proxy_bin: Option<PathBuf>,
+    /// What [`RealNode::prepare`] found for [`RealNode::start`]; `None` once started.
+    pending: Option<Pending>,
     /// Held until everything above is stopped and removed (a field drops after `drop`).
     _host: Option<RealNodeHostLock>,
 }
 
-/// The files of a pinned control plane the node uses.
+/// The binaries and directories a prepared node starts with.
+struct Pending {
+    kubelet: PathBuf,
+    containerd: PathBuf,
+    ctr: PathBuf,
+    runc: PathBuf,
+    rt_bin: PathBuf,
+    tarballs: Vec<PathBuf>,
+    dir: PathBuf,
+    run_dir: PathBuf,
+    tainted: bool,
+}
+
+/// The files of a pinned control plane the node uses, before the control plane runs.
 pub(crate) struct NodeInputs<'a> {
     pub bin_root: &'a Path,
     pub version: &'a Version,
     pub dir: &'a Path,
-    pub kubeconfig: &'a Path,
-    pub ca_crt: &'a Path,
     /// Tainted [`REAL_NODE_KEY`]`:NoSchedule`, so that only pods which tolerate it land
     /// there (when there are kwok nodes beside it); untainted, it takes every pod.
     pub tainted: bool,
@@ -323,8 +346,11 @@ fn free_subnet() -> Result<u8, Error> {
 }
 
 impl RealNode {
-    /// Starts containerd and the kubelet and waits until the node is Ready.
-    pub(crate) async fn start(inputs: NodeInputs<'_>, client: &Client) -> Result<RealNode, Error> {
+    /// Takes the host's lock and makes the node's network: its bridge, with the node's
+    /// address ([`RealNodeInfo::node_ip`]) on it, and the route of the Services' ClusterIPs.
+    /// Done before the control plane starts, so that the API server can listen on the
+    /// node's address, which the pods reach. [`RealNode::start`] runs the rest.
+    pub(crate) async fn prepare(inputs: NodeInputs<'_>) -> Result<RealNode, Error> {
         // SAFETY: geteuid(2) has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(node_err(
@@ -427,6 +453,7 @@ impl RealNode {
             kubelet: None,
             containerd: None,
             kube_proxy_bin: Some(kube_proxy.clone()),
+            pending: None,
             _host: Some(host),
         };
         // From here on, dropping `node` removes whatever was made; and should this process
@@ -449,7 +476,46 @@ impl RealNode {
             "src",
             &node_ip.to_string(),
         ]))?;
+        node.pending = Some(Pending {
+            kubelet,
+            containerd,
+            ctr,
+            runc,
+            rt_bin,
+            tarballs: tarballs.to_vec(),
+            dir,
+            run_dir,
+            tainted: inputs.tainted,
+        });
+        Ok(node)
+    }
 
+    /// Starts containerd, the kubelet (with `kubeconfig` and the cluster CA `ca_crt`) and
+    /// kube-proxy on the prepared node, and waits until the node is Ready.
+    pub(crate) async fn start(
+        &mut self,
+        kubeconfig: &Path,
+        ca_crt: &Path,
+        client: &Client,
+    ) -> Result<(), Error> {
+        let Pending {
+            kubelet,
+            containerd,
+            ctr,
+            runc,
+            rt_bin,
+            tarballs,
+            dir,
+            run_dir,
+            tainted,
+        } = self
+            .pending
+            .take()
+            .ok_or_else(|| node_err("the real node was started twice"))?;
+        let node = self;
+        let cgroup = node.info.cgroup.clone();
+        let bridge = node.info.bridge.clone();
+        let node_ip = node.info.node_ip;
         for d in [&dir, &run_dir] {
             std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
         }
@@ -594,7 +660,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "authentication": {
                 "anonymous": {"enabled": false},
                 "webhook": {"enabled": true},
-                "x509": {"clientCAFile": inputs.ca_crt.display().to_string()},
+                "x509": {"clientCAFile": ca_crt.display().to_string()},
             },
             "authorization": {"mode": "Webhook"},
             "address": node_ip.to_string(),
@@ -620,7 +686,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 "nodefs.inodesFree": "1%", "imagefs.available": "1%",
             },
         });
-        if inputs.tainted {
+        if tainted {
             kubelet_config["registerWithTaints"] =
                 json!([{"key": REAL_NODE_KEY, "effect": "NoSchedule"}]);
         }
@@ -630,7 +696,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             &kubelet,
             &[
                 format!("--config={}", kubelet_yaml.display()),
-                format!("--kubeconfig={}", inputs.kubeconfig.display()),
+                format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--root-dir={}", dir.join("kubelet").display()),
                 format!("--cert-dir={}", dir.join("kubelet-pki").display()),
                 format!("--hostname-override={REAL_NODE_NAME}"),
@@ -641,9 +707,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             &[("PATH", path.clone())],
         )?);
         node.wait_ready(client, &dir).await?;
-        node.start_kube_proxy(&kube_proxy, inputs.kubeconfig, &dir, &path)
+        let kube_proxy = node
+            .kube_proxy_bin
+            .clone()
+            .ok_or_else(|| node_err("no kube-proxy binary"))?;
+        node.start_kube_proxy(&kube_proxy, kubeconfig, &dir, &path)
             .await?;
-        Ok(node)
+        Ok(())
     }
 
     /// Starts kube-proxy in iptables mode for the node's pods and waits until it has
@@ -919,6 +989,7 @@ fn sweep_dead_nodes(kube_proxy: &Path) {
                 kubelet: None,
                 containerd: None,
                 kube_proxy_bin: Some(kube_proxy.to_path_buf()),
+                pending: None,
                 _host: None,
             });
         }
