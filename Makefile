@@ -72,7 +72,7 @@ controlplane: ## Build the pinned kube-apiserver, kube-controller-manager, kube-
 	hack/controlplane/build.sh
 
 .PHONY: node
-node: memcached-proxy ## Build a real node into bin/: the pinned kubelet and kube-proxy, containerd with its runc shim, runc, the CNI plugins, and the pause and memcached images (Go and C, no registry; only when a pin changed). Needs libseccomp-dev, iptables (apt).
+node: memcached-proxy ## Build a real node into bin/: the pinned kubelet and kube-proxy, containerd with its runc shim, runc, the CNI plugins, and the pause, memcached, TLS reload agent and operator images (Go and C, no registry; only when a pin changed). Needs libseccomp-dev, iptables (apt).
 	hack/node/build.sh
 	hack/node/images.sh
 

@@ -24,6 +24,41 @@ fi
 mc_version="$(basename "$(dirname "$memcached")")"; mc_version="${mc_version#memcached-}"
 # The loader and libraries a binary links, at the paths it asks for.
 libs_of() { ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u; }
+# ---- The operator's image: a block of its own (own stamp, own name file) -------------------
+#   envtest.local/memcached-operator:VERSION (operator.tar; the name in operator.name)
+# The operator (crates/operator, VERSION the workspace's, as the chart's appVersion), a debug
+# build in CARGO_TARGET_DIR (default target/), stripped, at /memcached-operator (the command
+# of config/manager and the chart) with the libraries it links, as user 65532 (the
+# Dockerfile's distroless nonroot). The tests name it in the manifests, as a user names an
+# image of their registry (kustomize's `images:`, the chart's image.repository).
+# operator.sources: a hash of the workspace sources the binary was built from (the files its
+# cargo dep-info lists, by path and contents), which tests/real_node_operator.rs computes for
+# the binary under test, so that it never tests a stale image.
+(cd "$root" && cargo build --locked -p memcached-operator)
+operator="${CARGO_TARGET_DIR:-$root/target}/debug/memcached-operator"
+op_version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)"
+op_image=envtest.local/memcached-operator:$op_version
+op_libs="$(libs_of "$operator")"
+op_sources="$(tr ' ' '\n' < "$operator.d" | grep "^$root/" | sort -u | while read -r f; do
+  printf '%s %s\n' "${f#"$root/"}" "$(sha256sum < "$f" | cut -c1-64)"; done | sha256sum | cut -c1-64)"
+op_stamp="$({ cat "$here/images.sh" "$here/runtime/cmd/mkimage/main.go" "$here/runtime/go.sum" \
+  "$operator" $op_libs; echo "$op_sources"; } | sha256sum | cut -c1-16)"
+if [[ -f "$out/.stamp-operator" && "$(cat "$out/.stamp-operator")" == "$op_stamp" ]]; then
+  echo "up to date: $out/operator.tar"
+else
+  mkdir -p "$out"; rm -f "$out/.stamp-operator"
+  op_work="$(mktemp -d)"
+  (cd "$here/runtime" && CGO_ENABLED=0 go build -trimpath -o "$op_work/mkimage" ./cmd/mkimage)
+  strip -o "$op_work/memcached-operator" "$operator"
+  "$op_work/mkimage" -o "$out/operator.tar" -name "$op_image" -entrypoint /memcached-operator \
+    -user 65532 /memcached-operator="$op_work/memcached-operator" $op_libs
+  rm -rf "$op_work"
+  echo "$op_image" > "$out/operator.name"
+  echo "$op_sources" > "$out/operator.sources"
+  echo "$op_stamp" > "$out/.stamp-operator"
+  echo "built $out/operator.tar: $op_image"
+fi
+# ---- end of the operator's image ---------------------------------------------------------
 libs="$(libs_of "$memcached")"
 # SASL (memcached built with --enable-sasl-pwdb): Cyrus SASL loads its mechanisms from its
 # plugin directory (Debian's, compiled into libsasl2), not through ldd. The image has PLAIN

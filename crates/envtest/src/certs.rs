@@ -62,22 +62,30 @@ fn leaf(
 }
 
 impl Pki {
-    pub fn generate() -> Result<Pki, Error> {
+    /// `api_ips`: addresses the API server serves on besides loopback and the `kubernetes`
+    /// Service's ClusterIP.
+    pub fn generate(api_ips: &[String]) -> Result<Pki, Error> {
         let ca_key = KeyPair::generate()?;
         let params = ca_params()?;
         let ca_cert = params.self_signed(&ca_key)?;
         let ca_key_pem = ca_key.serialize_pem();
         let issuer = Issuer::new(params, ca_key);
+        let mut names = vec![
+            "127.0.0.1",
+            "localhost",
+            "10.96.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ];
+        for ip in api_ips {
+            if !names.contains(&ip.as_str()) {
+                names.push(ip);
+            }
+        }
         let (serving_cert_pem, serving_key_pem) = leaf(
-            &[
-                "127.0.0.1",
-                "localhost",
-                "10.96.0.1",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
+            &names,
             "kube-apiserver",
             None,
             ExtendedKeyUsagePurpose::ServerAuth,

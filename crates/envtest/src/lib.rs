@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Every process is started on loopback with free ports, its own certificates and a data
-//! directory under the system's temp dir. An owned [`ControlPlane`] stops its processes when
+//! directory under the system's temp dir (with a real node, the API server listens on the
+//! node's address instead, where its pods reach it; see `node`). An owned [`ControlPlane`] stops its processes when
 //! dropped; the shared ones stop when the test binary exits. Each process is also told by the
 //! kernel to die with the test binary (`PR_SET_PDEATHSIG`), so a crashed or killed test leaves
 //! no process behind (but a real node's containers and their shims, which the next real node
@@ -37,7 +38,7 @@ mod versions;
 mod workloads;
 
 use std::collections::HashMap;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -135,7 +136,11 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 fn free_port() -> Result<u16, Error> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(io_err("binding a free loopback port"))?;
+    free_port_on(Ipv4Addr::LOCALHOST)
+}
+
+fn free_port_on(ip: Ipv4Addr) -> Result<u16, Error> {
+    let l = TcpListener::bind((ip, 0)).map_err(io_err(format!("binding a free port on {ip}")))?;
     let port = l
         .local_addr()
         .map_err(io_err("reading a bound port"))?
@@ -208,7 +213,37 @@ impl ControlPlane {
             process::next_id()
         ));
         std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
-        let pki = certs::Pki::generate()?;
+        // A real node's network comes first: the API server listens on the node's address,
+        // where the pods reach it (see `api_ip` below). Dropped on any error from here on,
+        // which removes what it made.
+        let mut real_node = if opts.real_node {
+            if !opts.workloads {
+                return Err(Error::RealNode(
+                    "a real node needs the workloads (kube-controller-manager, kube-scheduler)"
+                        .into(),
+                ));
+            }
+            Some(
+                node::RealNode::prepare(node::NodeInputs {
+                    bin_root: &root,
+                    version: &version,
+                    dir: &dir,
+                    tainted: opts.nodes > 0,
+                })
+                .await?,
+            )
+        } else {
+            None
+        };
+        // Where the API server listens: loopback, or with a real node the node's address
+        // (on its bridge, the pods' gateway), which the host reaches as well. The
+        // `kubernetes` Service then names it (the endpoint reconciler), and kube-proxy sends
+        // the Service's ClusterIP (10.96.0.1:443, what the kubelet gives pods in
+        // KUBERNETES_SERVICE_HOST and _PORT) there: a pod's in-cluster configuration works.
+        let api_ip = real_node
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |n| n.info().node_ip);
+        let pki = certs::Pki::generate(&[api_ip.to_string()])?;
         let write = |name: &str, contents: &str| -> Result<PathBuf, Error> {
             let p = dir.join(name);
             std::fs::write(&p, contents).map_err(io_err(format!("writing {}", p.display())))?;
@@ -223,8 +258,8 @@ impl ControlPlane {
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
-        let api_port = free_port()?;
-        let url = format!("https://127.0.0.1:{api_port}");
+        let api_port = free_port_on(api_ip)?;
+        let url = format!("https://{api_ip}:{api_port}");
         let kubeconfig = write(
             "admin.kubeconfig",
             &kubeconfig_yaml(
@@ -243,7 +278,7 @@ impl ControlPlane {
             ca_pem: pki.ca_pem.clone(),
             processes: Mutex::new(Vec::new()),
             real_node: Mutex::new(None),
-            real_node_info: None,
+            real_node_info: real_node.as_ref().map(|n| n.info().clone()),
             started_in: Duration::ZERO,
         };
 
@@ -276,8 +311,8 @@ impl ControlPlane {
             format!("--audit-log-path={}", audit_log.display()),
             "--audit-log-maxsize=0".into(),
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={api_ip}"),
+            format!("--advertise-address={api_ip}"),
             format!("--secure-port={api_port}"),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", serving_crt.display()),
@@ -289,18 +324,14 @@ impl ControlPlane {
             format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--authorization-mode=RBAC".into(),
             "--allow-privileged=true".into(),
-            // The `kubernetes` Service's endpoints would name a loopback address, which the
-            // server itself refuses; nothing here needs them.
-            "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
         ];
-        if opts.real_node {
-            if !opts.workloads {
-                return Err(Error::RealNode(
-                    "a real node needs the workloads (kube-controller-manager, kube-scheduler)"
-                        .into(),
-                ));
-            }
+        if real_node.is_none() {
+            // The `kubernetes` Service's endpoints would name a loopback address, which the
+            // server itself refuses; nothing here needs them. With a real node they name the
+            // node's address (the default reconciler, `lease`), for the pods.
+            apiserver_args.push("--endpoint-reconciler-type=none".into());
+        } else {
             // The API server reaches the kubelet (logs, exec) at the node's address, as the
             // admin, whom the kubelet asks the API server about.
             let admin_crt = write("admin.crt", &pki.admin_cert_pem)?;
@@ -373,21 +404,11 @@ impl ControlPlane {
             )?;
             cp.create_nodes(&client, opts.nodes, opts.zones).await?;
             cp.wait_workloads_ready(&client, opts.nodes, begin).await?;
-            if opts.real_node {
-                let node = node::RealNode::start(
-                    node::NodeInputs {
-                        bin_root: &root,
-                        version: &version,
-                        dir: &dir,
-                        kubeconfig: &kubeconfig,
-                        ca_crt: &ca_crt,
-                        tainted: opts.nodes > 0,
-                    },
-                    &client,
-                )
-                .await?;
-                cp.real_node_info = Some(node.info().clone());
+            if let Some(mut node) = real_node.take() {
+                // Owned by the control plane from here on: stopped first when it stops.
+                let started = node.start(&kubeconfig, &ca_crt, &client).await;
                 *cp.real_node.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
+                started?;
             }
         }
         cp.started_in = begin.elapsed();
@@ -497,7 +518,7 @@ impl ControlPlane {
         self.started_in
     }
 
-    /// `https://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT` (with a real node, `https://<node address>:PORT`).
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -1,7 +1,7 @@
 //! A real node beside kwok's fake ones ([`Options::real_node`](crate::Options)): containerd
 //! with runc and a CNI bridge, the pinned kubelet and kube-proxy, all built by `make node`
-//! (`hack/node`), running the locally built images (`bin/node-images`: pause, memcached and
-//! the TLS reload agent; nothing is pulled).
+//! (`hack/node`), running the locally built images (`bin/node-images`: pause, memcached, the
+//! TLS reload agent and the operator; nothing is pulled).
 //!
 //! The node registers as [`REAL_NODE_NAME`], labelled `envtest/real-node=true` and, beside
 //! kwok nodes, tainted `envtest/real-node:NoSchedule`, so that only pods which tolerate the
@@ -13,6 +13,16 @@
 //! bridge) to the node's pods, from the host (tested); from the pods too where the kernel
 //! passes bridged traffic through iptables (`br_netfilter`, `bridge-nf-call-iptables=1`, as
 //! on this machine kind; not tested).
+//!
+//! Pods reach the API server as in any cluster: the bridge and its address are made before
+//! the control plane starts (`RealNode::prepare`), and the API server listens on that
+//! address (only) and advertises it, so its endpoint reconciler points the `kubernetes`
+//! Service there and kube-proxy sends `10.96.0.1:443` (what the kubelet gives pods in
+//! `KUBERNETES_SERVICE_HOST` and `_PORT`) to it; its serving certificate names that address
+//! and `10.96.0.1`. A pod's in-cluster configuration (that address, its projected
+//! ServiceAccount token and CA) works unchanged (tested). That path is routed, not bridged
+//! (the pod sends to its gateway, the host, whose own address is the endpoint), so it needs
+//! neither `br_netfilter` nor `route_localnet`.
 //!
 //! One real node per host: kube-proxy's iptables chains are the host's, so a real node holds
 //! the host's lock ([`REAL_NODE_HOST_LOCK`]) for its whole life; a second one waits for it
@@ -74,6 +84,11 @@ pub struct RealNodeInfo {
     /// The TLS reload agent's image (crates/tls-agent, its binary at `/memcached-tls-agent`,
     /// the operator's `--tls-agent-image`); imported, never pulled.
     pub tls_agent_image: String,
+    /// The operator's image (crates/operator, its binary at `/memcached-operator` as
+    /// `config/manager` and the chart run it, user 65532), named
+    /// `envtest.local/memcached-operator:VERSION` (VERSION the chart's `appVersion`);
+    /// imported, never pulled.
+    pub operator_image: String,
     /// The pod sandbox image.
     pub pause_image: String,
     /// The node's address (the bridge's, on the host).
@@ -96,17 +111,30 @@ pub(crate) struct RealNode {
     containerd: Option<Process>,
     /// The kube-proxy binary whose `--cleanup` removes its iptables chains on stop.
     kube_proxy_bin: Option<PathBuf>,
+    /// What [`RealNode::prepare`] found for [`RealNode::start`]; `None` once started.
+    pending: Option<Pending>,
     /// Held until everything above is stopped and removed (a field drops after `drop`).
     _host: Option<RealNodeHostLock>,
 }
 
-/// The files of a pinned control plane the node uses.
+/// The binaries and directories a prepared node starts with.
+struct Pending {
+    kubelet: PathBuf,
+    containerd: PathBuf,
+    ctr: PathBuf,
+    runc: PathBuf,
+    rt_bin: PathBuf,
+    tarballs: Vec<PathBuf>,
+    dir: PathBuf,
+    run_dir: PathBuf,
+    tainted: bool,
+}
+
+/// The files of a pinned control plane the node uses, before the control plane runs.
 pub(crate) struct NodeInputs<'a> {
     pub bin_root: &'a Path,
     pub version: &'a Version,
     pub dir: &'a Path,
-    pub kubeconfig: &'a Path,
-    pub ca_crt: &'a Path,
     /// Tainted [`REAL_NODE_KEY`]`:NoSchedule`, so that only pods which tolerate it land
     /// there (when there are kwok nodes beside it); untainted, it takes every pod.
     pub tainted: bool,
@@ -318,8 +346,11 @@ fn free_subnet() -> Result<u8, Error> {
 }
 
 impl RealNode {
-    /// Starts containerd and the kubelet and waits until the node is Ready.
-    pub(crate) async fn start(inputs: NodeInputs<'_>, client: &Client) -> Result<RealNode, Error> {
+    /// Takes the host's lock and makes the node's network: its bridge, with the node's
+    /// address ([`RealNodeInfo::node_ip`]) on it, and the route of the Services' ClusterIPs.
+    /// Done before the control plane starts, so that the API server can listen on the
+    /// node's address, which the pods reach. [`RealNode::start`] runs the rest.
+    pub(crate) async fn prepare(inputs: NodeInputs<'_>) -> Result<RealNode, Error> {
         // SAFETY: geteuid(2) has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(node_err(
@@ -354,10 +385,18 @@ impl RealNode {
         };
         let (pause_image, memcached_image) = (image("pause")?, image("memcached")?);
         let tls_agent_image = image("tls-agent")?;
+        // The operator's image has a name file of its own (hack/node/images.sh builds it
+        // apart from the others).
+        let operator_image =
+            std::fs::read_to_string(require_file(images.join("operator.name"), &build)?)
+                .map_err(io_err("reading bin/node-images/operator.name"))?
+                .trim()
+                .to_string();
         let tarballs = [
             require_file(images.join("pause.tar"), &build)?,
             require_file(images.join("memcached.tar"), &build)?,
             require_file(images.join("tls-agent.tar"), &build)?,
+            require_file(images.join("operator.tar"), &build)?,
         ];
 
         // The kubelet's and containerd's mounts must propagate (kind's entrypoint does this).
@@ -401,6 +440,7 @@ impl RealNode {
                 name: REAL_NODE_NAME.to_string(),
                 memcached_image,
                 tls_agent_image,
+                operator_image,
                 pause_image,
                 node_ip,
                 pod_subnet: format!("10.199.{k}.0/24"),
@@ -413,6 +453,7 @@ impl RealNode {
             kubelet: None,
             containerd: None,
             kube_proxy_bin: Some(kube_proxy.clone()),
+            pending: None,
             _host: Some(host),
         };
         // From here on, dropping `node` removes whatever was made; and should this process
@@ -435,7 +476,46 @@ impl RealNode {
             "src",
             &node_ip.to_string(),
         ]))?;
+        node.pending = Some(Pending {
+            kubelet,
+            containerd,
+            ctr,
+            runc,
+            rt_bin,
+            tarballs: tarballs.to_vec(),
+            dir,
+            run_dir,
+            tainted: inputs.tainted,
+        });
+        Ok(node)
+    }
 
+    /// Starts containerd, the kubelet (with `kubeconfig` and the cluster CA `ca_crt`) and
+    /// kube-proxy on the prepared node, and waits until the node is Ready.
+    pub(crate) async fn start(
+        &mut self,
+        kubeconfig: &Path,
+        ca_crt: &Path,
+        client: &Client,
+    ) -> Result<(), Error> {
+        let Pending {
+            kubelet,
+            containerd,
+            ctr,
+            runc,
+            rt_bin,
+            tarballs,
+            dir,
+            run_dir,
+            tainted,
+        } = self
+            .pending
+            .take()
+            .ok_or_else(|| node_err("the real node was started twice"))?;
+        let node = self;
+        let cgroup = node.info.cgroup.clone();
+        let bridge = node.info.bridge.clone();
+        let node_ip = node.info.node_ip;
         for d in [&dir, &run_dir] {
             std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
         }
@@ -580,7 +660,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             "authentication": {
                 "anonymous": {"enabled": false},
                 "webhook": {"enabled": true},
-                "x509": {"clientCAFile": inputs.ca_crt.display().to_string()},
+                "x509": {"clientCAFile": ca_crt.display().to_string()},
             },
             "authorization": {"mode": "Webhook"},
             "address": node_ip.to_string(),
@@ -606,7 +686,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 "nodefs.inodesFree": "1%", "imagefs.available": "1%",
             },
         });
-        if inputs.tainted {
+        if tainted {
             kubelet_config["registerWithTaints"] =
                 json!([{"key": REAL_NODE_KEY, "effect": "NoSchedule"}]);
         }
@@ -616,7 +696,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             &kubelet,
             &[
                 format!("--config={}", kubelet_yaml.display()),
-                format!("--kubeconfig={}", inputs.kubeconfig.display()),
+                format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--root-dir={}", dir.join("kubelet").display()),
                 format!("--cert-dir={}", dir.join("kubelet-pki").display()),
                 format!("--hostname-override={REAL_NODE_NAME}"),
@@ -627,9 +707,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             &[("PATH", path.clone())],
         )?);
         node.wait_ready(client, &dir).await?;
-        node.start_kube_proxy(&kube_proxy, inputs.kubeconfig, &dir, &path)
+        let kube_proxy = node
+            .kube_proxy_bin
+            .clone()
+            .ok_or_else(|| node_err("no kube-proxy binary"))?;
+        node.start_kube_proxy(&kube_proxy, kubeconfig, &dir, &path)
             .await?;
-        Ok(node)
+        Ok(())
     }
 
     /// Starts kube-proxy in iptables mode for the node's pods and waits until it has
@@ -701,10 +785,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     /// What the node makes on the host, in `<run_dir>/node`, for [`sweep_dead_nodes`].
     fn write_record(&self, run_dir: &Path) -> Result<(), Error> {
         let mut record = format!(
-            "name {}\nmemcached {}\ntls-agent {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
+            "name {}\nmemcached {}\ntls-agent {}\noperator {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
             self.info.name,
             self.info.memcached_image,
             self.info.tls_agent_image,
+            self.info.operator_image,
             self.info.pause_image,
             self.info.node_ip,
             self.info.pod_subnet,
@@ -904,6 +989,7 @@ fn sweep_dead_nodes(kube_proxy: &Path) {
                 kubelet: None,
                 containerd: None,
                 kube_proxy_bin: Some(kube_proxy.to_path_buf()),
+                pending: None,
                 _host: None,
             });
         }
@@ -928,8 +1014,9 @@ pub fn real_node_record(path: &Path) -> Option<RealNodeInfo> {
     Some(RealNodeInfo {
         name: field("name")?,
         memcached_image: field("memcached")?,
-        // Not in the records of nodes from before the agent's image.
+        // Not in the records of nodes from before the agent's (the operator's) image.
         tls_agent_image: field("tls-agent").unwrap_or_default(),
+        operator_image: field("operator").unwrap_or_default(),
         pause_image: field("pause")?,
         node_ip: field("node-ip")?.parse().ok()?,
         pod_subnet: field("subnet")?,

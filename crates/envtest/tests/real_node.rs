@@ -1,7 +1,9 @@
 //! The real node, on each pinned version: a pod that tolerates its taint runs the locally
 //! built memcached under containerd, runc and the pinned kubelet, on a bridge, and answers on
-//! its pod IP from the host, and through a Service on its ClusterIP (kube-proxy); a pod
-//! that does not tolerate the taint is not scheduled there; a second real node on the host
+//! its pod IP from the host, and through a Service on its ClusterIP (kube-proxy); the pod's
+//! in-cluster configuration (the `kubernetes` Service's address the kubelet gives it, its
+//! projected ServiceAccount token and CA) reaches the API server from its network namespace;
+//! a pod that does not tolerate the taint is not scheduled there; a second real node on the host
 //! waits for the first and names it; and once the control plane stops, nothing of the node
 //! is left on the host (no process, mount, cgroup, bridge, veth, CNI cache entry, log link
 //! or KUBE-* iptables chain), even when the test binary that started it was killed: the
@@ -16,8 +18,10 @@ use envtest::{
     ControlPlane, Kube, Options, REAL_NODE_KEY, client_from_kubeconfig, leftovers,
     real_node_record, take_real_node_host_lock,
 };
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, Service};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 /// Long enough for a loaded 2-core machine: the kubelet's sync, the sandbox, the container.
@@ -107,6 +111,134 @@ async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The first process of the container `container_id` (containerd's id) of the pod `pod_uid`,
+/// found in the node's cgroups (cgroupfs: `<cgroup>/kubepods/…/pod<uid>/<id>`).
+fn container_pid(cgroup: &str, pod_uid: &str, container_id: &str) -> Option<u32> {
+    fn find(dir: &std::path::Path, pod: &str, id: &str, in_pod: bool) -> Option<u32> {
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = e.path();
+            if !path.is_dir() {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().into_owned();
+            if in_pod && name == id {
+                let procs = std::fs::read_to_string(path.join("cgroup.procs")).ok()?;
+                return procs.lines().next()?.trim().parse().ok();
+            }
+            if let Some(pid) = find(&path, pod, id, in_pod || name == pod) {
+                return Some(pid);
+            }
+        }
+        None
+    }
+    let pod = format!("pod{pod_uid}");
+    std::fs::read_dir("/sys/fs/cgroup")
+        .ok()?
+        .flatten()
+        .map(|h| h.path().join(cgroup))
+        .chain([std::path::Path::new("/sys/fs/cgroup").join(cgroup)])
+        .find_map(|top| find(&top, &pod, container_id, false))
+}
+
+/// What a client in the pod's container sees: its environment's `KUBERNETES_SERVICE_HOST`
+/// and `_PORT`, and its projected ServiceAccount token and CA, read through the process's
+/// root.
+fn in_cluster_config(pid: u32) -> (String, String, String, Vec<u8>) {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let env = |key: &str| {
+        environ
+            .split(|b| *b == 0)
+            .filter_map(|kv| std::str::from_utf8(kv).ok())
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{key} in the container's environment"))
+            .to_string()
+    };
+    let secrets = format!("/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount");
+    let token = std::fs::read_to_string(format!("{secrets}/token")).unwrap();
+    let ca = std::fs::read(format!("{secrets}/ca.crt")).unwrap();
+    (
+        env("KUBERNETES_SERVICE_HOST"),
+        env("KUBERNETES_SERVICE_PORT"),
+        token,
+        ca,
+    )
+}
+
+/// Who the API server says the pod's ServiceAccount token is (a SelfSubjectReview), asked
+/// from inside the network namespace of process `pid` at `host:port`, trusting the pod's CA
+/// only: what `kube::Config::incluster()` does in the pod.
+fn whoami_from_the_pod(pid: u32) -> Result<String, String> {
+    let (host, port, token, ca) = in_cluster_config(pid);
+    assert_eq!(
+        (host.as_str(), port.as_str()),
+        ("10.96.0.1", "443"),
+        "the kubelet gives pods the `kubernetes` Service's address"
+    );
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let netns =
+            std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| e.to_string())?;
+        // SAFETY: setns(2) on a descriptor we own; moves only this thread, which ends here.
+        if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(format!("setns: {}", std::io::Error::last_os_error()));
+        }
+        // One thread: every socket of the client is made in the pod's network namespace.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let mut config = kube::Config::new(
+                format!("https://{host}:{port}")
+                    .parse()
+                    .map_err(|e| format!("{e}"))?,
+            );
+            config.root_cert = Some(vec![
+                pem_der(&ca).ok_or("no certificate in the pod's ca.crt")?,
+            ]);
+            config.auth_info.token = Some(token.trim().to_string().into());
+            config.connect_timeout = Some(Duration::from_secs(10));
+            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            let review: SelfSubjectReview =
+                serde_json::from_value(json!({"metadata": {}})).map_err(|e| e.to_string())?;
+            let answer = Api::<SelfSubjectReview>::all(client)
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(|e| e.to_string())?;
+            answer
+                .status
+                .and_then(|s| s.user_info)
+                .and_then(|u| u.username)
+                .ok_or_else(|| "no user in the review".to_string())
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+/// The DER of the first certificate of a PEM file.
+fn pem_der(pem: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let text = std::str::from_utf8(pem).ok()?;
+    let body = text
+        .split("-----BEGIN CERTIFICATE-----")
+        .nth(1)?
+        .split("-----END CERTIFICATE-----")
+        .next()?;
+    let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD.decode(b64).ok()
+}
+
+/// The containerd id of the pod's first container.
+fn statuses_id(pod: &Pod) -> String {
+    let status = pod.status.as_ref().unwrap();
+    let id = status.container_statuses.as_ref().unwrap()[0]
+        .container_id
+        .clone()
+        .expect("a container id");
+    id.strip_prefix("containerd://").unwrap_or(&id).to_string()
 }
 
 /// One real node at a time: the check for network devices left behind compares the host's
@@ -240,6 +372,46 @@ async fn memcached_runs_on_the_real_node_and_answers_on_its_pod_ip_then_nothing_
     assert_eq!(got, ["STORED"]);
     let got = memcached((ip, 11211), "get via-service\r\n", 3);
     assert_eq!(got, ["VALUE via-service 0 2", "ok", "END"]);
+
+    // The API server from the pod, as an in-cluster client reaches it: the `kubernetes`
+    // Service names the node's address (the API server's endpoint reconciler), and its
+    // ClusterIP, from the pod's network namespace, answers with the pod's own token.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let slice = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the `kubernetes` Service's EndpointSlice");
+    let addresses: Vec<String> = slice
+        .endpoints
+        .iter()
+        .flat_map(|e| e.addresses.clone())
+        .collect();
+    assert_eq!(
+        addresses,
+        [node.node_ip.to_string()],
+        "the API server's endpoint is the node's address"
+    );
+    let container_id = statuses_id(&pod);
+    let uid = pod.metadata.uid.clone().unwrap();
+    let pid = container_pid(&node.cgroup, &uid, &container_id)
+        .unwrap_or_else(|| panic!("the memcached container's process ({container_id})"));
+    let deadline = Instant::now() + CONVERGE;
+    let user = loop {
+        // kube-proxy programs the Service's rules within a sync of its endpoints.
+        match whoami_from_the_pod(pid) {
+            Ok(user) => break user,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the pod did not reach the API server at 10.96.0.1:443 within {CONVERGE:?}: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert_eq!(user, format!("system:serviceaccount:{ns}:default"));
 
     // A second real node on this host waits for this one, and names it when it gives up.
     let second = take_real_node_host_lock(Duration::from_secs(1)).await;

@@ -99,12 +99,14 @@ fn main() -> ExitCode {
             println!(
                 "real node {} at {} (pods on {}; {which})\n\
                  memcached image: {}\n\
-                 tls-agent image: {}",
+                 tls-agent image: {}\n\
+                 operator image: {}",
                 node.name,
                 node.node_ip,
                 node.pod_subnet,
                 node.memcached_image,
                 node.tls_agent_image,
+                node.operator_image,
             );
         }
         let _ = std::fs::remove_file(&args.audit_log);
