@@ -672,6 +672,19 @@ async fn the_installed_operator_works(
 
     // The seed's sample, as the README's quick start applies it.
     let samples = repo().join("config/samples").display().to_string();
+    // The webhooks' Service routes to their pods once kube-proxy has the endpoints, a moment
+    // after the pods turn Ready (until then the API server's call is refused, and with
+    // failurePolicy Fail so is the Memcached): wait, as a user would, until a server-side
+    // dry run of the sample passes through them.
+    poll(
+        "the webhooks reachable through their Service (a server-side dry run)",
+        CONVERGE,
+        || async {
+            let dry_run = env.kubectl(&["apply", "-k", &samples, "--dry-run=server"]);
+            run(dry_run, None).await.status.success().then_some(())
+        },
+    )
+    .await;
     ok(env.kubectl(&["apply", "-k", &samples]), None).await;
     let pool = env.sample_pool(3).await;
     for (pod, ip) in &pool {
@@ -683,6 +696,10 @@ async fn the_installed_operator_works(
         .into_iter()
         .find(|e| {
             e["verb"] == "create"
+                && !e["requestURI"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("dryRun")
                 && e["objectRef"]["resource"] == "memcacheds"
                 && e["objectRef"]["name"] == SAMPLE
                 && e["responseStatus"]["code"] == 201
