@@ -1,6 +1,7 @@
 //! Day-2 operations on the real node (crates/envtest: containerd, runc, the pinned kubelet),
 //! on each pinned version, with the operator in-process as in real_node.rs and memcached
-//! 1.6.38 in the node's image. The kubelet decides; memcached's own `stats` say what it did.
+//! 1.6.38 in the node's image. The kubelet, the scheduler, the PV controller and the API
+//! server decide; memcached's own `stats` say what it did.
 //! - extstore on an `emptyDir` (the default): a pool written past its memory (`-m`) serves
 //!   the values back from its file (`get_extstore`), intact; then filled until memcached's
 //!   stats say every page of the file was written and recycled, the file at its full size
@@ -10,23 +11,32 @@
 //!   the same template with a `sizeLimit` below the file is evicted by the same kubelet
 //!   ("Usage of EmptyDir volume "extstore" exceeds the limit"), in a pass that sees the
 //!   pool's full volume too. No restart.
+//! - extstore on a generic ephemeral volume (`storageClassName`): the claim is made with
+//!   the pod and bound to a pre-created local PV, the pool written past its memory and
+//!   filled as above, the file in that PV's directory, written by memcached's user through
+//!   the kubelet's `fsGroup`; deleting the pool deletes the claim.
 //!
 //! Needs root and `make node`. Runs under the host lock (`flock /tmp/real-node.lock`) like
 //! the other real-node suites.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, TcpStream};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use envtest::Kube;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use memcached_api::{ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, RolloutSpec};
+use serde_json::json;
 
 mod common;
+use common::process::TempDir;
 use common::real_node::{
     CONVERGE, Env, Text, assert_no_restarts, blocking, plain, poll, stat, try_connect,
 };
@@ -451,6 +461,163 @@ async fn extstore_on_an_empty_dir(kube: Kube) {
     });
     println!(
         "{kube:?}: extstore on an emptyDir in {:?}",
+        started.elapsed()
+    );
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. extstore on a generic ephemeral volume
+
+/// There is no CSI driver on the real node. As users of local volumes do, the test makes a
+/// StorageClass with no provisioner that binds when a pod is scheduled
+/// (`WaitForFirstConsumer`) and `local` PersistentVolumes on directories of the node (here
+/// under a temporary directory of the host), pinned to it by node affinity: the ephemeral
+/// volume controller makes the pod's claim, the scheduler picks a PV on the pod's node, the
+/// PV controller binds it, and the kubelet mounts it (and gives it the pod's `fsGroup`).
+/// Returns the PVs' names and directories.
+async fn local_volumes(
+    env: &Env,
+    class: &str,
+    dir: &TempDir,
+    count: usize,
+) -> BTreeMap<String, PathBuf> {
+    let classes: Api<StorageClass> = Api::all(env.client.clone());
+    let sc: StorageClass = serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": class},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }))
+    .unwrap();
+    classes.create(&PostParams::default(), &sc).await.unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    let mut made = BTreeMap::new();
+    for i in 0..count {
+        let name = format!("{class}-{i}");
+        let path = dir.path().join(&name);
+        std::fs::create_dir_all(&path).unwrap();
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": class,
+                "local": {"path": path.display().to_string()},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In",
+                     "values": [env.node.name]}]}]}},
+            },
+        }))
+        .unwrap();
+        pvs.create(&PostParams::default(), &pv).await.unwrap();
+        made.insert(name, path);
+    }
+    made
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extstore_on_a_generic_ephemeral_volume_newest() {
+    extstore_on_a_generic_ephemeral_volume(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extstore_on_a_generic_ephemeral_volume_oldest() {
+    extstore_on_a_generic_ephemeral_volume(Kube::Oldest).await;
+}
+
+async fn extstore_on_a_generic_ephemeral_volume(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let env = Env::start(kube, "ext-pvc").await;
+    let dir = TempDir::new("local-pv");
+    let class = format!("local-{}", env.ns);
+    let volumes = local_volumes(&env, &class, &dir, 2).await;
+    let memcacheds: Api<Memcached> = env.api();
+    memcacheds
+        .create(
+            &PostParams::default(),
+            &Memcached::new("ext", extstore_pool(&env, Some(&class))),
+        )
+        .await
+        .unwrap();
+    let (pod, ip) = only_pod(&env, "ext").await;
+    let name = pod.name_any();
+
+    // The claim the ephemeral volume controller made for the pod (`POD-VOLUME`), owned by
+    // the pod, bound to one of the local PVs.
+    let claims: Api<PersistentVolumeClaim> = env.api();
+    let claim_name = format!("{name}-extstore");
+    let claim = claims.get(&claim_name).await.unwrap();
+    assert!(
+        claim
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "Pod" && o.name == name && o.controller == Some(true)),
+        "{claim_name} is owned by its pod: {:?}",
+        claim.owner_references()
+    );
+    assert_eq!(
+        claim.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Bound")
+    );
+    let pv = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .expect("the claim names its PV");
+    let volume = volumes
+        .get(&pv)
+        .unwrap_or_else(|| panic!("{claim_name} is bound to {pv}, not a local PV of the test"))
+        .clone();
+
+    blocking(|| written_past_memory_and_read_back(ip));
+    let stats = blocking(|| fill_until_full(ip, || {}));
+    let file = volume.join("data");
+    let meta = std::fs::metadata(&file)
+        .unwrap_or_else(|e| panic!("the extstore file in {pv}'s directory: {e}"));
+    assert_eq!(
+        meta.len(),
+        stat(&stats, "extstore_limit_maxbytes"),
+        "the file in {pv}'s directory ({}) is memcached's, at its full size",
+        file.display()
+    );
+    assert_eq!(meta.uid(), 11211, "memcached's user (11211) wrote it");
+    // The test made the directory root's, 0755: memcached could write in it because the
+    // kubelet gave it the pod's fsGroup.
+    let dir_meta = std::fs::metadata(&volume).unwrap();
+    assert_eq!(
+        (dir_meta.gid(), dir_meta.mode() & 0o070),
+        (11211, 0o070),
+        "{pv}'s directory belongs to the pod's fsGroup (11211), which may write in it"
+    );
+    println!(
+        "{kube:?}: the file {} bytes in {pv}'s directory; the volume {} bytes",
+        meta.len(),
+        volume_bytes(&volume)
+    );
+    assert_still_running(&env, &pod).await;
+
+    // Deleting the pool deletes its pod, and with it the claim; the PV is released.
+    memcacheds
+        .delete("ext", &DeleteParams::default())
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    poll(
+        &format!("{claim_name} deleted with its pod, {pv} released"),
+        CONVERGE,
+        || async {
+            let gone = claims.get_opt(&claim_name).await.ok()?.is_none();
+            let phase = pvs.get(&pv).await.ok()?.status?.phase?;
+            (gone && phase == "Released").then_some(())
+        },
+    )
+    .await;
+    println!(
+        "{kube:?}: extstore on a generic ephemeral volume in {:?}",
         started.elapsed()
     );
     env.stop().await;
