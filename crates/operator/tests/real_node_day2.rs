@@ -15,6 +15,10 @@
 //!   the pod and bound to a pre-created local PV, the pool written past its memory and
 //!   filled as above, the file in that PV's directory, written by memcached's user through
 //!   the kubelet's `fsGroup`; deleting the pool deletes the claim.
+//! - `kubectl drain` of the node (the cluster's only node) evicts one pod of a pool of two
+//!   and is refused the second by the API server for the pool's PodDisruptionBudget (drain
+//!   times out saying so); the pod left keeps serving what was set on it, the status says 1
+//!   ready; after `kubectl uncordon` the pool is back to 2 Ready pods, in its status too.
 //!
 //! Needs root and `make node`. Runs under the host lock (`flock /tmp/real-node.lock`) like
 //! the other real-node suites.
@@ -27,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use envtest::Kube;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
@@ -620,5 +625,208 @@ async fn extstore_on_a_generic_ephemeral_volume(kube: Kube) {
         "{kube:?}: extstore on a generic ephemeral volume in {:?}",
         started.elapsed()
     );
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. kubectl drain and the PodDisruptionBudget
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_honours_the_pod_disruption_budget_newest() {
+    drain_honours_the_pod_disruption_budget(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_honours_the_pod_disruption_budget_oldest() {
+    drain_honours_the_pod_disruption_budget(Kube::Oldest).await;
+}
+
+async fn drain_honours_the_pod_disruption_budget(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    // The real node is the cluster's only node: an evicted pod's replacement has nowhere
+    // to go while it is cordoned.
+    let env = Env::alone(kube, "drain").await;
+    let memcacheds: Api<Memcached> = env.api();
+    let pods: Api<Pod> = env.api();
+    let mut spec = MemcachedSpec {
+        rollout: Some(RolloutSpec {
+            min_ready_seconds: 0,
+        }),
+        ..MemcachedSpec::with_size(2)
+    };
+    env.on_the_real_node(&mut spec);
+    memcacheds
+        .create(&PostParams::default(), &Memcached::new("drained", spec))
+        .await
+        .unwrap();
+    let pool = env.ready_pool("drained", 2).await;
+    for (pod, ip) in &pool {
+        blocking(|| plain(*ip).set("owner", pod));
+    }
+    // The operator's budget as the disruption controller counts it: both pods healthy.
+    let pdbs: Api<PodDisruptionBudget> = env.api();
+    let allowed = poll(
+        "the PodDisruptionBudget counting 2 healthy pods of 2",
+        CONVERGE,
+        || async {
+            let status = pdbs.get("drained").await.ok()?.status?;
+            (status.current_healthy == 2 && status.expected_pods == 2)
+                .then_some(status.disruptions_allowed)
+        },
+    )
+    .await;
+    println!("{kube:?}: the budget allows {allowed} disruption(s)");
+
+    let node = env.node.name.clone();
+    let drain_started = Instant::now();
+    let drain = blocking(|| {
+        env.cp
+            .kubectl()
+            .args([
+                "drain",
+                &node,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=60s",
+            ])
+            .output()
+            .expect("kubectl runs")
+    });
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&drain.stdout),
+        String::from_utf8_lossy(&drain.stderr),
+    );
+    println!(
+        "{kube:?}: kubectl drain ended after {:?} ({}):\n{stdout}\n{stderr}",
+        drain_started.elapsed(),
+        drain.status
+    );
+    assert!(
+        !drain.status.success(),
+        "drain succeeded though the budget allows one pod of two to go"
+    );
+    assert!(
+        stderr.contains("would violate the pod's disruption budget")
+            && stderr.contains("global timeout reached"),
+        "drain timed out on an eviction the API server refused for the budget: {stderr}"
+    );
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let unschedulable = nodes
+        .get(&node)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.unschedulable);
+    assert_eq!(unschedulable, Some(true), "the node stays cordoned");
+
+    // One pod evicted (gone), the other still serving what was set on it.
+    let (kept, ip) = poll("one of the two pods gone", CONVERGE, || async {
+        let mut left = Vec::new();
+        for (pod, ip) in &pool {
+            if let Some(p) = pods.get_opt(pod).await.ok()? {
+                left.push((p, *ip));
+            }
+        }
+        (left.len() == 1).then(|| left.remove(0))
+    })
+    .await;
+    let kept_name = kept.name_any();
+    assert!(
+        stderr.contains(&format!("pods/\"{kept_name}\"")),
+        "the refused eviction is the kept pod's: {stderr}"
+    );
+    assert_eq!(
+        blocking(|| plain(ip).get("owner")).as_deref(),
+        Some(kept_name.as_str()),
+        "{kept_name} at {ip} keeps serving its value"
+    );
+    assert_still_running(&env, &kept).await;
+    // The evicted pod's replacement waits: the scheduler finds no node for it.
+    poll(
+        "the replacement pod unschedulable while the node is cordoned",
+        CONVERGE,
+        || async {
+            let list = pods
+                .list(
+                    &kube::api::ListParams::default().labels("app.kubernetes.io/instance=drained"),
+                )
+                .await
+                .ok()?;
+            list.items
+                .iter()
+                .filter(|p| p.name_any() != kept_name)
+                .any(|p| {
+                    p.status
+                        .iter()
+                        .flat_map(|s| s.conditions.iter().flatten())
+                        .any(|c| {
+                            c.type_ == "PodScheduled"
+                                && c.status == "False"
+                                && c.reason.as_deref() == Some("Unschedulable")
+                        })
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    // The status says so: one ready, the kept pod's endpoint alone.
+    poll(
+        "status: 1 ready replica, the kept pod's endpoint alone",
+        CONVERGE,
+        || async {
+            let status = memcacheds.get("drained").await.ok()?.status?;
+            (status.ready_replicas == 1 && status.endpoints == vec![format!("{ip}:11211")])
+                .then_some(())
+        },
+    )
+    .await;
+
+    let uncordon = blocking(|| {
+        env.cp
+            .kubectl()
+            .args(["uncordon", &node])
+            .output()
+            .expect("kubectl runs")
+    });
+    assert!(
+        uncordon.status.success(),
+        "kubectl uncordon: {}",
+        String::from_utf8_lossy(&uncordon.stderr)
+    );
+    let after = env.ready_pool("drained", 2).await;
+    assert_eq!(
+        after.get(&kept_name),
+        Some(&ip),
+        "the kept pod stays: {after:?}"
+    );
+    let status = memcacheds
+        .get("drained")
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
+    let mut endpoints: Vec<String> = after.values().map(|ip| format!("{ip}:11211")).collect();
+    endpoints.sort();
+    let mut reported = status.endpoints.clone();
+    reported.sort();
+    assert_eq!(
+        (status.ready_replicas, reported),
+        (2, endpoints),
+        "the status names both pods again"
+    );
+    for (pod, ip) in &after {
+        blocking(|| {
+            let mut c = plain(*ip);
+            c.set("after", pod);
+            assert_eq!(c.get("after").as_deref(), Some(pod.as_str()), "{pod}");
+        });
+    }
+    assert_eq!(
+        blocking(|| plain(ip).get("owner")).as_deref(),
+        Some(kept_name.as_str()),
+        "{kept_name} kept its value throughout"
+    );
+    println!("{kube:?}: drain and uncordon in {:?}", started.elapsed());
     env.stop().await;
 }
