@@ -30,6 +30,7 @@ use proptest::prelude::*;
 
 mod common;
 use common::process::{free_port, memcached_binary};
+use common::{big_value, volume_bytes};
 
 const TLS_DIR: &str = "/etc/memcached/tls";
 const EXTSTORE_FILE: &str = "/var/lib/memcached/extstore/data";
@@ -739,12 +740,6 @@ fn an_unreadable_certificate_is_reported_and_memcached_keeps_the_old_one() {
 // ---------------------------------------------------------------------------------------
 // 3. extstore holds four times the memory
 
-fn big_value(i: usize, len: usize) -> Vec<u8> {
-    let mut value = format!("item {i:08} ").into_bytes();
-    value.extend((value.len()..len).map(|j| b'a' + ((i * 31 + j * 7) % 26) as u8));
-    value
-}
-
 #[test]
 fn extstore_holds_four_times_the_memory() {
     const MEMORY_MIB: u64 = 64;
@@ -935,22 +930,6 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).status();
     }
-}
-
-/// What the kubelet counts as a volume's use (`DiskUsage` in pkg/volume/util/fs): the
-/// 512-byte blocks of every entry under `dir`, `dir` itself included.
-fn volume_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = std::fs::symlink_metadata(dir).map_or(0, |m| m.blocks() * 512);
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        total += match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.is_dir() => volume_bytes(&path),
-            Ok(m) => m.blocks() * 512,
-            Err(_) => 0,
-        };
-    }
-    total
 }
 
 /// Bytes the filesystem of `path` leaves to a user other than root.

@@ -23,42 +23,19 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, RealNodeInfo};
+use envtest::Kube;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use memcached_api::{Memcached, MemcachedSpec, RolloutSpec, SaslSpec, TlsSpec, condition};
-use memcached_operator::builders::BuildSettings;
-use memcached_operator::controller::{self, ControllerConfig};
 use serde_json::json;
 
 mod common;
-use common::cluster::apply_crd;
 use common::process::{Operator, TempDir, previous_release};
+use common::real_node::{CONVERGE, Env, Text, assert_no_restarts, blocking, connect, plain, poll};
 
-/// Polls `probe` every half second until it returns `Some`, failing after `timeout`.
-async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Long enough for a loaded 2-core machine: scheduling, sandboxes, images, probes.
-const CONVERGE: Duration = Duration::from_secs(300);
 /// How long a rotated Secret may take to reach the pods and be loaded: the kubelet
 /// refreshes a Secret volume at its periodic sync (about a minute, plus its cache's TTL),
 /// the agent looks every 2 s.
@@ -69,225 +46,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// The seed's sample, as `kubectl apply -k config/samples` creates it.
 const SAMPLE: &str = include_str!("../../../config/samples/memcached_v1_memcached.yaml");
-
-/// A control plane with a real node, the CRD, a namespace, and the controller watching it
-/// with the node's images as its defaults.
-struct Env {
-    cp: ControlPlane,
-    node: RealNodeInfo,
-    client: Client,
-    ns: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Env {
-    async fn start(kube: Kube, test: &str) -> Env {
-        let mut env = Env::without_controller(kube, test).await;
-        env.start_controller();
-        env
-    }
-
-    /// The control plane, the node, the CRD and the namespace; no operator yet.
-    async fn without_controller(kube: Kube, test: &str) -> Env {
-        let cp = ControlPlane::start(Options {
-            nodes: 1,
-            real_node: true,
-            ..Options::new(kube)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("control plane with a real node (make node): {e}"));
-        let node = cp.real_node().expect("the real node").clone();
-        let client = cp.client().await.unwrap();
-        let ns = cp.namespace(test).await.unwrap();
-        apply_crd(&client, &<Memcached as kube::CustomResourceExt>::crd()).await;
-        Env {
-            cp,
-            node,
-            client,
-            ns,
-            stop: None,
-            task: None,
-        }
-    }
-
-    /// This build's controller, in-process, watching the namespace with the node's images
-    /// as its defaults.
-    fn start_controller(&mut self) {
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let config = ControllerConfig {
-            namespace: Some(self.ns.clone()),
-            build: BuildSettings {
-                default_image: self.node.memcached_image.clone(),
-                tls_agent_image: self.node.tls_agent_image.clone(),
-                ..BuildSettings::default()
-            },
-            ..ControllerConfig::default()
-        };
-        let task = tokio::spawn(controller::run(self.client.clone(), config, async {
-            let _ = stop_rx.await;
-        }));
-        self.stop = Some(stop);
-        self.task = Some(task);
-    }
-
-    fn api<K>(&self) -> Api<K>
-    where
-        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
-    {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// Stops the controller, then the control plane and the node.
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-        let Env { cp, .. } = self;
-        drop(cp);
-    }
-
-    /// `spec` placed on the real node: its label selected, its taint tolerated.
-    fn on_the_real_node(&self, spec: &mut MemcachedSpec) {
-        spec.node_selector = Some(BTreeMap::from([(
-            REAL_NODE_KEY.to_string(),
-            "true".to_string(),
-        )]));
-        spec.tolerations = Some(vec![
-            serde_json::from_value(
-                json!({"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}),
-            )
-            .unwrap(),
-        ]);
-    }
-
-    /// Waits until the pool `name` has `size` pods, every one Ready (by its probes, the
-    /// kubelet's verdict), with an IP, on the real node, none being deleted, and
-    /// `status.nodes` names exactly them; returns them (name → IP).
-    async fn ready_pool(&self, name: &str, size: usize) -> BTreeMap<String, Ipv4Addr> {
-        let memcacheds: Api<Memcached> = self.api();
-        let pods: Api<Pod> = self.api();
-        let selector = format!("app.kubernetes.io/instance={name}");
-        let node = self.node.name.clone();
-        let (pool, _) = poll(
-            &format!("{size} Ready pods of {name} on the real node, named by status.nodes"),
-            CONVERGE,
-            || async {
-                let list = pods
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .ok()?;
-                let mut pool = BTreeMap::new();
-                for pod in &list.items {
-                    let status = pod.status.as_ref()?;
-                    let ready = status
-                        .conditions
-                        .as_ref()?
-                        .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True");
-                    let on_node = pod.spec.as_ref()?.node_name.as_deref() == Some(&*node);
-                    if !ready || !on_node || pod.metadata.deletion_timestamp.is_some() {
-                        return None;
-                    }
-                    pool.insert(pod.name_any(), status.pod_ip.as_deref()?.parse().ok()?);
-                }
-                let m = memcacheds.get(name).await.ok()?;
-                let status = m.status?;
-                let mut nodes = status.nodes.clone();
-                nodes.sort();
-                (pool.len() == size
-                    && status.ready_replicas == size as i32
-                    && nodes == pool.keys().cloned().collect::<Vec<_>>())
-                .then_some((pool, ()))
-            },
-        )
-        .await;
-        pool
-    }
-
-    /// Every container's (and native sidecar's) restart count in the pool's pods.
-    async fn restarts(&self, name: &str) -> Vec<(String, String, i32)> {
-        let pods: Api<Pod> = self.api();
-        let list = pods
-            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        for pod in list.items {
-            let status = pod.status.clone().unwrap_or_default();
-            for c in status
-                .container_statuses
-                .unwrap_or_default()
-                .into_iter()
-                .chain(status.init_container_statuses.unwrap_or_default())
-            {
-                out.push((pod.name_any(), c.name, c.restart_count));
-            }
-        }
-        out
-    }
-}
-
-fn assert_no_restarts(restarts: &[(String, String, i32)], expected_containers: usize) {
-    assert_eq!(
-        restarts.len(),
-        expected_containers,
-        "every container's status is reported: {restarts:?}"
-    );
-    assert!(
-        restarts.iter().all(|(_, _, n)| *n == 0),
-        "no container restarted: {restarts:?}"
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// memcached's text protocol, over TCP or TLS
-
-struct Text<S: Read + Write>(BufReader<S>);
-
-impl<S: Read + Write> Text<S> {
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        self.0.read_line(&mut line).expect("read from memcached");
-        assert!(!line.is_empty(), "memcached closed the connection");
-        line.trim_end().to_string()
-    }
-
-    fn set(&mut self, key: &str, value: &str) {
-        let cmd = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
-        self.0.get_mut().write_all(cmd.as_bytes()).unwrap();
-        assert_eq!(self.line(), "STORED", "set {key}");
-    }
-
-    fn get(&mut self, key: &str) -> Option<String> {
-        self.0
-            .get_mut()
-            .write_all(format!("get {key}\r\n").as_bytes())
-            .unwrap();
-        let header = self.line();
-        if header == "END" {
-            return None;
-        }
-        assert!(header.starts_with(&format!("VALUE {key} ")), "{header}");
-        let value = self.line();
-        assert_eq!(self.line(), "END", "get {key}");
-        Some(value)
-    }
-}
-
-fn connect(ip: Ipv4Addr) -> TcpStream {
-    let s = TcpStream::connect_timeout(&SocketAddr::from((ip, 11211)), Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("connecting to memcached at {ip}:11211: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
-fn plain(ip: Ipv4Addr) -> Text<TcpStream> {
-    Text(BufReader::new(connect(ip)))
-}
 
 use common::tls::TlsStream;
 
@@ -401,11 +159,6 @@ fn binary_set(s: &mut TcpStream, key: &str, value: &str) -> u16 {
 
 fn binary_get(s: &mut TcpStream, key: &str) -> (u16, Vec<u8>) {
     binary(s, GET, key.as_bytes(), &[], &[])
-}
-
-/// Runs blocking client code on this (multi-threaded) runtime's worker.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
 }
 
 // ---------------------------------------------------------------------------------------

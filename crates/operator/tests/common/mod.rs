@@ -6,9 +6,11 @@ pub mod bad_inputs;
 pub mod cluster;
 pub mod foreign_crds;
 pub mod process;
+pub mod real_node;
 pub mod tls;
 
 use std::future::Future;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -77,6 +79,30 @@ pub async fn install_crds(client: &Client, with_service_monitor: bool) {
             .await
             .expect("ServiceMonitor CRD installs");
     }
+}
+
+/// A value of `len` bytes that names item `i` and differs from item to item, so that a value
+/// read back can be told from another's.
+pub fn big_value(i: usize, len: usize) -> Vec<u8> {
+    let mut value = format!("item {i:08} ").into_bytes();
+    value.extend((value.len()..len).map(|j| b'a' + ((i * 31 + j * 7) % 26) as u8));
+    value
+}
+
+/// What the kubelet counts as a volume's use (`DiskUsage` in pkg/volume/util/fs): the
+/// 512-byte blocks of every entry under `dir`, `dir` itself included.
+pub fn volume_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = std::fs::symlink_metadata(dir).map_or(0, |m| m.blocks() * 512);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        total += match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => volume_bytes(&path),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        };
+    }
+    total
 }
 
 /// Standard base64 (RFC 4648, padded), as the AdmissionReview's `patch` is encoded.
