@@ -58,6 +58,7 @@ mod common;
 use common::cluster::service_account_token;
 use common::foreign_crds;
 use common::process::TempDir;
+use common::real_node::poll;
 
 /// Long enough for a loaded 2-core machine: images, sandboxes, probes, a Lease changing hands.
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -75,25 +76,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 fn repo() -> PathBuf {
     envtest::repo_root()
-}
-
-/// Polls `probe` every half second until it returns `Some`, failing after `timeout`.
-async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// Runs `cmd` to the end on a blocking thread, feeding it `stdin`.

@@ -32,7 +32,21 @@ where
 }
 
 /// Polls `probe` every 10 ms until it returns `Some`, failing the test after `timeout`.
-pub async fn wait_for_within<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn wait_for_within<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_every(what, timeout, Duration::from_millis(10), probe).await
+}
+
+/// Polls `probe` every `interval` until it returns `Some`, failing the test after `timeout`.
+pub async fn wait_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut probe: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -46,7 +60,7 @@ where
             Instant::now() < deadline,
             "timed out after {timeout:?} waiting for: {what}"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(interval).await;
     }
 }
 

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use envtest::{ControlPlane, Kube, Options, REAL_NODE_KEY, RealNodeInfo};
 use k8s_openapi::api::core::v1::Pod;
@@ -21,22 +21,12 @@ use serde_json::json;
 use super::cluster::apply_crd;
 
 /// Polls `probe` every half second until it returns `Some`, failing after `timeout`.
-pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    super::wait_every(what, timeout, Duration::from_millis(500), probe).await
 }
 
 /// Long enough for a loaded 2-core machine: scheduling, sandboxes, images, probes.
