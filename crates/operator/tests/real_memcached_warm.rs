@@ -13,7 +13,7 @@
 //! Without a `memcached` binary the tests fail, naming the package that provides it.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -198,7 +198,8 @@ fn memcached_command(pod: &PodSpec) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 // A memcached text-protocol client, over plain TCP or TLS
 
-struct Client<S: Read + Write>(BufReader<S>);
+/// memcached's text client of the real-node suites, with the batched sets these tests use.
+use common::real_node::Text as Client;
 
 impl<S: Read + Write> Client<S> {
     fn send(&mut self, bytes: &[u8]) {
@@ -206,13 +207,6 @@ impl<S: Read + Write> Client<S> {
             .get_mut()
             .write_all(bytes)
             .expect("send to memcached");
-    }
-
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        self.0.read_line(&mut line).expect("read from memcached");
-        assert!(!line.is_empty(), "memcached closed the connection");
-        line.trim_end().to_string()
     }
 
     fn set_command(key: &str, value: &[u8]) -> Vec<u8> {
@@ -261,48 +255,6 @@ impl<S: Read + Write> Client<S> {
             }
         }
         refused
-    }
-
-    fn get(&mut self, key: &str) -> Option<Vec<u8>> {
-        self.send(format!("get {key}\r\n").as_bytes());
-        let header = self.line();
-        if header == "END" {
-            return None;
-        }
-        let len: usize = header
-            .strip_prefix(&format!("VALUE {key} "))
-            .and_then(|rest| rest.split(' ').nth(1))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("get {key}: unexpected answer {header:?}"));
-        let mut value = vec![0; len + 2];
-        self.0.read_exact(&mut value).expect("value");
-        value.truncate(len);
-        assert_eq!(self.line(), "END", "get {key}");
-        Some(value)
-    }
-
-    /// `stats` or `stats <group>`.
-    fn stats(&mut self, group: &str) -> HashMap<String, String> {
-        let cmd = if group.is_empty() {
-            "stats\r\n".to_string()
-        } else {
-            format!("stats {group}\r\n")
-        };
-        self.send(cmd.as_bytes());
-        let mut out = HashMap::new();
-        loop {
-            let line = self.line();
-            if line == "END" {
-                return out;
-            }
-            let mut parts = line.splitn(3, ' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some("STAT"), Some(k), Some(v)) => {
-                    out.insert(k.to_string(), v.to_string());
-                }
-                _ => panic!("stats {group}: unexpected line {line:?}"),
-            }
-        }
     }
 }
 
@@ -531,7 +483,7 @@ fn small_items(n: usize) -> Vec<(String, Vec<u8>)> {
 fn assert_all_present<S: Read + Write>(client: &mut Client<S>, items: &[(String, Vec<u8>)]) {
     let mut missing = Vec::new();
     for (key, value) in items {
-        if client.get(key).as_ref() != Some(value) {
+        if client.get_bytes(key).as_ref() != Some(value) {
             missing.push(key.clone());
         }
     }
@@ -811,7 +763,7 @@ fn extstore_holds_four_times_the_memory() {
     let mut misses = 0;
     let mut wrong = 0;
     for i in 0..count {
-        match client.get(&format!("ext:{i}")) {
+        match client.get_bytes(&format!("ext:{i}")) {
             None => misses += 1,
             Some(v) if v != big_value(i, VALUE) => wrong += 1,
             Some(_) => {}
