@@ -39,7 +39,9 @@ operator="${CARGO_TARGET_DIR:-$root/target}/debug/memcached-operator"
 op_version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)"
 op_image=envtest.local/memcached-operator:$op_version
 op_libs="$(libs_of "$operator")"
-op_sources="$(tr ' ' '\n' < "$operator.d" | grep "^$root/" | sort -u | while read -r f; do
+# (The dep-info's first word is the binary itself, "PATH:", under $root when the target
+# directory is the default one: only the words after it are sources.)
+op_sources="$(tr ' ' '\n' < "$operator.d" | grep "^$root/" | grep -v ':$' | sort -u | while read -r f; do
   printf '%s %s\n' "${f#"$root/"}" "$(sha256sum < "$f" | cut -c1-64)"; done | sha256sum | cut -c1-64)"
 op_stamp="$({ cat "$here/images.sh" "$here/runtime/cmd/mkimage/main.go" "$here/runtime/go.sum" \
   "$operator" $op_libs; echo "$op_sources"; } | sha256sum | cut -c1-16)"
