@@ -225,7 +225,7 @@ pub async fn run<W: Write + Send + 'static>(
         .map_err(api_err("reading the PodDisruptionBudget"))?
         .is_some();
     p.line(format!(
-        "also owned: Services {owned_services:?} (client and headless), PodDisruptionBudget: {}; endpoints {:?}",
+        "also owned: Service {owned_services:?} (headless: DNS names every ready pod), PodDisruptionBudget: {}; endpoints {:?}",
         if budget { "maxUnavailable 1" } else { "none" },
         mc.status.as_ref().map(|s| s.endpoints.clone()).unwrap_or_default()
     ));

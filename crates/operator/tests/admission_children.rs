@@ -15,7 +15,7 @@ use envtest::{ControlPlane, Kube};
 use http::Request;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ResourceQuota, Service};
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use memcached_api::{Memcached, condition};
 use memcached_operator::builders::BuildSettings;
@@ -160,6 +160,38 @@ async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: 
     let mut relabelled = bad.clone();
     relabelled["metadata"]["labels"] = json!({"team": "cache"});
     let response = call(&app, &review("UPDATE", &ns, &relabelled, Some(&bad))).await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+}
+
+on_both_versions! {
+/// A pool an earlier release created keeps its ClusterIP Service (a Service keeps its
+/// cluster IP for life, and the API server refuses a headless form in its place): the
+/// webhook dry-runs that form for it, so an update of such a pool is admitted, while a
+/// new pool's Service is dry-run headless.
+async fn an_update_of_a_pool_an_earlier_release_created_is_admitted(kube: Kube) {
+    let (_cp, client, ns) = setup(kube, "children-earlier").await;
+    let mcs: Api<Memcached> = Api::namespaced(client.clone(), &ns);
+    let mut old = memcached("earlier", json!({"size": 2}));
+    old["metadata"]["namespace"] = json!(ns);
+    let typed: Memcached = serde_json::from_value(old.clone()).expect("decodes");
+    let stored = mcs.create(&PostParams::default(), &typed).await.expect("the Memcached");
+    // As the earlier release applied it: server-side, under the operator's field manager.
+    let service = memcached_operator::builders::desired_cluster_ip_service(&stored).expect("builds");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let apply = PatchParams::apply(memcached_operator::builders::FIELD_MANAGER).force();
+    let live = services.patch("earlier", &apply, &Patch::Apply(&service)).await.expect("its Service");
+    let ip = live.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+    assert!(!ip.is_empty() && ip != "None", "a cluster IP: {ip:?}");
+
+    let app = router(ChildrenCheck::new(client.clone(), BuildSettings::default()));
+    let new = memcached("earlier", json!({"size": 3, "containerPort": 11311}));
+    let mut update = review("UPDATE", &ns, &new, Some(&old));
+    update["request"]["object"]["metadata"]["uid"] = json!(stored.metadata.uid);
+    let response = call(&app, &update).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let fresh = memcached("fresh", json!({"size": 3}));
+    let response = call(&app, &review("CREATE", &ns, &fresh, None)).await;
     assert_eq!(response["allowed"], true, "{response}");
 }
 }
@@ -493,7 +525,7 @@ on_both_versions! {
 /// that both outcomes were reached often enough for the property to mean something.
 async fn what_the_webhooks_admit_the_real_api_server_accepts(kube: Kube) {
     use memcached_operator::builders::SecretVersions;
-    use memcached_operator::children::{self, CHILDREN, Inputs, Kind};
+    use memcached_operator::children::{self, CHILDREN, Inputs, Kind, LiveServices};
     use proptest::strategy::{Strategy, ValueTree};
 
     const CASES: usize = 300;
@@ -535,9 +567,13 @@ async fn what_the_webhooks_admit_the_real_api_server_accepts(kube: Kube) {
             .await
             .unwrap_or_else(|e| panic!("admitted {spec}, but the API server refuses it: {e}"));
         let settings = BuildSettings::default();
-        let inputs = Inputs { settings: &settings, secrets: &SecretVersions::default(), backends: &[] };
-        let planned = children::plan(CHILDREN, &stored, &inputs)
-            .unwrap_or_else(|e| panic!("admitted {spec}, but its children cannot be built: {e:?}"));
+        // Both forms of the client Services: a new pool's, and an earlier release's.
+        let earlier = LiveServices { cluster_ip: true, headless: true };
+        let planned = [LiveServices::default(), earlier].into_iter().flat_map(|services| {
+            let inputs = Inputs { settings: &settings, secrets: &SecretVersions::default(), backends: &[], services };
+            children::plan(CHILDREN, &stored, &inputs)
+                .unwrap_or_else(|e| panic!("admitted {spec}, but its children cannot be built: {e:?}"))
+        });
         for p in planned {
             let Some(desired) = p.desired else { continue };
             // Not served on this cluster (the reconciler skips it the same way).

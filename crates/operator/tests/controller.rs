@@ -504,7 +504,7 @@ async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes()
     let counts = env.server().request_counts();
     for (resource, applies) in [
         ("deployments", 1),
-        ("services", 2),
+        ("services", 1),
         ("poddisruptionbudgets", 1),
     ] {
         assert_eq!(
@@ -533,7 +533,7 @@ async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes()
         notes,
         [
             "Created Deployment thrifty with 3 replicas; Created Service thrifty; \
-          Created Service thrifty-headless; Created PodDisruptionBudget thrifty"
+          Created PodDisruptionBudget thrifty"
         ],
     );
     env.stop().await;

@@ -164,10 +164,12 @@ async fn objects_of_a_childs_name_that_it_did_not_create_are_never_touched(serve
         deployments.get_opt("shop-proxy").await.ok().flatten()
     })
     .await;
-    wait_for("the headless Service", || async {
-        cluster.api::<Service>().get_opt("shop-headless").await.ok().flatten()
+    wait_for("the proxy's Service", || async {
+        cluster.api::<Service>().get_opt("shop-proxy").await.ok().flatten()
     })
     .await;
+    // A pool has one client Service, `shop`, and that one is not ours: no other is made.
+    assert_eq!(cluster.api::<Service>().get_opt("shop-headless").await.expect("read"), None);
     assert_eq!(snapshot(&cluster).await, before, "untouched while the Memcached lives");
 
     // Deleting the Memcached garbage-collects its children, and only them.
@@ -180,7 +182,7 @@ async fn objects_of_a_childs_name_that_it_did_not_create_are_never_touched(serve
     wait_for_within("the Memcached and its children gone", common::DEADLINE, || async {
         let gone = memcacheds.get_opt("shop").await.ok()?.is_none()
             && deployments.get_opt("shop").await.ok()?.is_none()
-            && cluster.api::<Service>().get_opt("shop-headless").await.ok()?.is_none();
+            && cluster.api::<Service>().get_opt("shop-proxy").await.ok()?.is_none();
         gone.then_some(())
     })
     .await;

@@ -152,14 +152,16 @@ async fn the_headless_service_and_status_endpoints_list_the_ready_pods(server: S
     env.apply("hashed", json!({"size": 3, "containerPort": 11311}))
         .await;
     let mc = env.converged("hashed", 3).await;
-    let headless = env
-        .api::<Service>()
-        .get("hashed-headless")
-        .await
-        .expect("headless Service");
+    // One client Service, `NAME`, headless: DNS names every ready pod.
+    let headless = env.api::<Service>().get("hashed").await.expect("Service");
     let spec = headless.spec.expect("spec");
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
     assert_eq!(spec.ports.expect("ports")[0].port, 11311);
+    assert_eq!(
+        env.api::<Service>().get_opt("hashed-headless").await.expect("read"),
+        None,
+        "no second Service for the same pods"
+    );
 
     let status = mc.status.expect("status");
     let pods = env
@@ -682,7 +684,7 @@ async fn a_child_another_pool_controls_is_not_taken_over(server: Server) {
     let foreign: Service = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {
-            "name": "victim-headless",
+            "name": "victim",
             "labels": {"app.kubernetes.io/managed-by": "memcached-operator",
                        "app.kubernetes.io/instance": "owner"},
             "ownerReferences": [{"apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
@@ -705,10 +707,10 @@ async fn a_child_another_pool_controls_is_not_taken_over(server: Server) {
     .await;
     let message = mc.condition(condition::DEGRADED).expect("Degraded").message.clone();
     assert!(
-        message.contains("victim-headless") && message.contains("owner") && message.contains(&uid),
+        message.contains("Service") && message.contains("/victim") && message.contains("owner") && message.contains(&uid),
         "{message}"
     );
-    let svc = env.api::<Service>().get("victim-headless").await.expect("still there");
+    let svc = env.api::<Service>().get("victim").await.expect("still there");
     let controller = svc
         .metadata
         .owner_references

@@ -141,7 +141,7 @@ async fn the_cache_holds_only_our_objects_and_no_pod_specs() {
     );
     let mut services = caches.services.names();
     services.sort();
-    assert_eq!(services, ["cached", "cached-headless"]);
+    assert_eq!(services, ["cached"]);
     let pods = caches.pods.store().state();
     assert_eq!(pods.len(), 2, "only the memcached pods");
     assert!(

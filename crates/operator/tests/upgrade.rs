@@ -18,7 +18,7 @@ use envtest::{ControlPlane, Kube};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
@@ -113,6 +113,9 @@ struct Fleet {
     deployments: BTreeMap<String, Value>,
     replica_sets: BTreeSet<String>,
     pods: BTreeSet<String>,
+    /// Each Service's uid, cluster IP and version: an earlier release's client Services are
+    /// kept as they are (their cluster IP too), untouched.
+    services: BTreeMap<String, (String, String, String)>,
 }
 
 async fn fleet(client: &Client, ns: &str) -> Fleet {
@@ -143,10 +146,32 @@ async fn fleet(client: &Client, ns: &str) -> Fleet {
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.metadata.uid)
         .collect();
+    let services = Api::<Service>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("Services")
+        .into_iter()
+        .map(|s| {
+            let ip = s
+                .spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.clone())
+                .unwrap_or_default();
+            (
+                s.name_any(),
+                (
+                    s.uid().unwrap_or_default(),
+                    ip,
+                    s.resource_version().unwrap_or_default(),
+                ),
+            )
+        })
+        .collect();
     Fleet {
         deployments,
         replica_sets,
         pods,
+        services,
     }
 }
 
@@ -220,7 +245,7 @@ async fn converged(client: &Client, ns: &str) {
                 format!("{}: {}", mc.name_any(), said.join("; "))
             })
             .collect();
-        if list.items.len() == pools().len() && pending.is_empty() {
+        if list.items.len() >= pools().len() && pending.is_empty() {
             return;
         }
         assert!(
@@ -396,5 +421,42 @@ async fn an_upgrade_from_the_last_release_restarts_no_pod_whose_spec_did_not_cha
         waiting.len() >= 2,
         "pools waiting for a slot were shown as waiting: {waiting:?}"
     );
+
+    // The client Services. The last release's pools kept their ClusterIP `NAME` and
+    // `NAME-headless` (the fleet compared above); a new pool gets one Service, headless.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let earlier = before.services.clone();
+    assert!(
+        earlier.get("plain").is_some_and(|(_, ip, _)| !ip.is_empty() && ip != "None")
+            && earlier.contains_key("plain-headless"),
+        "the last release's Services: {earlier:?}"
+    );
+    let fresh = json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "fresh"}, "spec": {"size": 2},
+    });
+    api.patch("fresh", &PatchParams::apply("test").force(), &Patch::Apply(&fresh))
+        .await
+        .expect("a new pool");
+    let ip = |s: &Service| s.spec.as_ref().and_then(|s| s.cluster_ip.clone());
+    let service = wait_for_within("the new pool's Service", Duration::from_secs(60), || async {
+        services.get_opt("fresh").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(ip(&service).as_deref(), Some("None"), "a new pool's Service is headless");
+    converged(&client, &ns).await;
+    assert_eq!(services.get_opt("fresh-headless").await.expect("read"), None);
+
+    // Deleting an earlier release's `NAME` is how a pool moves to one headless Service: it
+    // comes back headless, and its `NAME-headless` is kept (clients may resolve it).
+    services.delete("plain", &Default::default()).await.expect("delete");
+    let plain = wait_for_within("plain's Service, headless", Duration::from_secs(60), || async {
+        services.get_opt("plain").await.ok().flatten().filter(|s| ip(s).as_deref() == Some("None"))
+    })
+    .await;
+    assert_ne!(plain.uid().as_deref(), Some(earlier["plain"].0.as_str()));
+    converged(&client, &ns).await;
+    let kept = services.get("plain-headless").await.expect("plain-headless is kept");
+    assert_eq!(kept.uid().as_deref(), Some(earlier["plain-headless"].0.as_str()));
 }
 }

@@ -134,7 +134,7 @@ async fn create_crs(
 }
 
 /// The raw-write bound: for each of `n` Memcacheds, a create of every child the operator
-/// creates for it (Deployment, Service, headless Service and, from size 2, the
+/// creates for it (Deployment, headless Service and, from size 2, the
 /// PodDisruptionBudget, all from the operator's own builders) and one status patch (the
 /// operator's own status function).
 /// Returns the time taken and the CPU time this process (server and client) used.
@@ -158,9 +158,6 @@ async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Dur
                     .await?;
                 services
                     .create(&pp, &builders::desired_service(&mc)?)
-                    .await?;
-                services
-                    .create(&pp, &builders::desired_headless_service(&mc)?)
                     .await?;
                 if let Some(pdb) = builders::desired_pdb(&mc)? {
                     pdbs.create(&pp, &pdb).await?;

@@ -14,7 +14,7 @@ use memcached_operator::builders::{self, BuildSettings};
 use serde_json::{Value, json};
 
 use super::tracker::{Track, lock};
-use super::{Contender, SIZE};
+use super::{Args, Contender, SIZE};
 use crate::{BoxError, Result};
 
 /// The peer's Deployment and Service for `mc`, as the seed builds them.
@@ -53,29 +53,43 @@ pub(super) fn peer_children(mc: &Memcached) -> Result<Vec<(ApiResource, Value)>>
     ])
 }
 
-/// Our children for `mc`, from the operator's builders.
-pub(super) fn our_children(mc: &Memcached) -> Result<Vec<(ApiResource, Value)>> {
+/// Our children for `mc`, from the operator's builders: those of `objects` (see
+/// `--bound-objects`), in that order.
+pub(super) fn our_children(
+    mc: &Memcached,
+    objects: &[String],
+) -> Result<Vec<(ApiResource, Value)>> {
     let settings = BuildSettings::default();
-    let service = ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
-    let mut children = vec![
-        (
-            ApiResource::erase::<Deployment>(&()),
-            serde_json::to_value(builders::desired_deployment(mc, &settings)?)?,
-        ),
-        (
-            service.clone(),
-            serde_json::to_value(builders::desired_service(mc)?)?,
-        ),
-        (
-            service,
-            serde_json::to_value(builders::desired_headless_service(mc)?)?,
-        ),
-    ];
-    if let Some(pdb) = builders::desired_pdb(mc)? {
-        children.push((
-            ApiResource::erase::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&()),
-            serde_json::to_value(pdb)?,
-        ));
+    let service = || ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&());
+    let mut children = Vec::new();
+    for object in objects {
+        let child = match object.as_str() {
+            "deployment" => (
+                ApiResource::erase::<Deployment>(&()),
+                serde_json::to_value(builders::desired_deployment(mc, &settings)?)?,
+            ),
+            "service" => (
+                service(),
+                serde_json::to_value(builders::desired_service(mc)?)?,
+            ),
+            "cluster-ip-service" => (
+                service(),
+                serde_json::to_value(builders::desired_cluster_ip_service(mc)?)?,
+            ),
+            "headless-service" => (
+                service(),
+                serde_json::to_value(builders::desired_headless_service(mc)?)?,
+            ),
+            "pdb" => match builders::desired_pdb(mc)? {
+                Some(pdb) => (
+                    ApiResource::erase::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&()),
+                    serde_json::to_value(pdb)?,
+                ),
+                None => continue,
+            },
+            other => return Err(format!("unknown bound object {other:?}").into()),
+        };
+        children.push(child);
     }
     Ok(children)
 }
@@ -88,9 +102,9 @@ pub(super) async fn bound(
     crs: &[Memcached],
     who: Contender,
     track: &Arc<Mutex<Track>>,
-    concurrency: usize,
-    timeout: Duration,
+    args: &Args,
 ) -> Result<u64> {
+    let (concurrency, timeout) = (args.concurrency, args.timeout);
     let pp = PostParams::default();
     let writes = std::sync::atomic::AtomicU64::new(0);
     futures::stream::iter(crs)
@@ -100,7 +114,7 @@ pub(super) async fn bound(
                 let children = if who == Contender::PeerBound {
                     peer_children(mc)?
                 } else {
-                    our_children(mc)?
+                    our_children(mc, &args.bound_objects)?
                 };
                 for (resource, object) in children {
                     let api: Api<DynamicObject> =

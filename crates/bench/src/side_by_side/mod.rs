@@ -98,6 +98,12 @@ pub struct Args {
     /// Scale changes timed at idle.
     #[arg(long, default_value_t = 20)]
     pub latency_samples: usize,
+    /// Which of our children the bound writes per Memcached (comma-separated): deployment,
+    /// service (headless `NAME`, as the operator builds it), cluster-ip-service and
+    /// headless-service (the two Services of a pool an earlier release created), pdb.
+    /// Running the bound with one object more or less measures that object's cost.
+    #[arg(long, value_delimiter = ',', default_value = "deployment,service,pdb")]
+    pub bound_objects: Vec<String>,
     /// Longest wait for a contender to converge.
     #[arg(long, default_value = "20m", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -270,16 +276,7 @@ async fn measure(
     let result: Result<()> = async {
         match who {
             Contender::Bound | Contender::PeerBound => {
-                measured.writes = bound(
-                    client,
-                    &ns,
-                    &crs,
-                    who,
-                    &track,
-                    args.concurrency,
-                    args.timeout,
-                )
-                .await?;
+                measured.writes = bound(client, &ns, &crs, who, &track, args).await?;
                 wait_until("every Memcached done", args.timeout, || {
                     lock(&track).done.len() == n
                 })
@@ -419,6 +416,10 @@ pub async fn run(args: Args) -> Result<()> {
             }
         }
         report.push_str(&table(n, &contenders, &results));
+        report.push_str(&format!(
+            "\nbound (ours' writes): {} per Memcached\n",
+            args.bound_objects.join(", ")
+        ));
         println!("{report}");
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -225,9 +225,36 @@ fn service_ports(mc: &Memcached) -> Vec<ServicePort> {
     ports
 }
 
-/// The ClusterIP Service in front of the memcached pods, on `spec.containerPort` (and the
-/// exporter's metrics port when it runs).
+/// The client Service `NAME`, headless, on `spec.containerPort` (and the exporter's metrics
+/// port when it runs): DNS answers with the address of every ready pod, for clients that
+/// hash keys over the pods (a cluster IP would send each connection to a random pod, whose
+/// keys another connection then misses), and Prometheus scrapes each pod through it. One
+/// Service per pool: the control plane keeps one set of endpoints for its pods.
 pub fn desired_service(mc: &Memcached) -> Result<Service, BuildError> {
+    let name = name_of(mc)?;
+    Ok(Service {
+        metadata: child_metadata(mc, name)?,
+        spec: Some(headless_spec(name, service_ports(mc))),
+        status: None,
+    })
+}
+
+fn headless_spec(name: &str, ports: Vec<ServicePort>) -> ServiceSpec {
+    ServiceSpec {
+        type_: Some("ClusterIP".to_string()),
+        cluster_ip: Some("None".to_string()),
+        selector: Some(selector_labels(name)),
+        ports: Some(ports),
+        publish_not_ready_addresses: Some(false),
+        ..ServiceSpec::default()
+    }
+}
+
+/// The client Service `NAME` as earlier releases created it, with a cluster IP, which a
+/// Service keeps for life: a pool created by one of them keeps this form (and its
+/// `NAME-headless`, [`desired_headless_service`]) until the Service is deleted (see
+/// `children::LiveServices`).
+pub fn desired_cluster_ip_service(mc: &Memcached) -> Result<Service, BuildError> {
     let name = name_of(mc)?;
     Ok(Service {
         metadata: child_metadata(mc, name)?,
@@ -241,22 +268,16 @@ pub fn desired_service(mc: &Memcached) -> Result<Service, BuildError> {
     })
 }
 
-/// The headless Service `<name>-headless`: DNS returns every ready pod's address, for
-/// clients that hash keys over the pods themselves.
+/// The headless Service `<name>-headless` that earlier releases created beside a
+/// ClusterIP `NAME`: kept for the pools that have one (clients may resolve it), never
+/// created for a pool whose `NAME` is headless.
 pub fn desired_headless_service(mc: &Memcached) -> Result<Service, BuildError> {
     let name = name_of(mc)?;
     let mut ports = service_ports(mc);
     ports.truncate(1);
     Ok(Service {
         metadata: child_metadata(mc, &headless_name(name))?,
-        spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".to_string()),
-            cluster_ip: Some("None".to_string()),
-            selector: Some(selector_labels(name)),
-            ports: Some(ports),
-            publish_not_ready_addresses: Some(false),
-            ..ServiceSpec::default()
-        }),
+        spec: Some(headless_spec(name, ports)),
         status: None,
     })
 }

@@ -133,6 +133,38 @@ pub struct Inputs<'a> {
     pub secrets: &'a SecretVersions,
     /// The proxy's backends, from the pool's pods (none in the webhook's dry run).
     pub backends: &'a [ProxyBackend],
+    /// The pool's Services as they stand.
+    pub services: LiveServices,
+}
+
+/// A pool's client Services as they stand, which decide the form they keep. A pool has one
+/// Service, `NAME`, headless; earlier releases created `NAME` with a cluster IP, which a
+/// Service keeps for life, and `NAME-headless` beside it. Such a pool keeps both as they
+/// are (clients may hold the cluster IP or resolve either name) until `NAME` is deleted:
+/// then `NAME` is created headless. `NAME-headless` is kept while it exists and is never
+/// created beside a headless `NAME`; deleting it is the user's call, once no client
+/// resolves it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveServices {
+    /// `NAME` is ours and has a cluster IP.
+    pub cluster_ip: bool,
+    /// `NAME-headless` of ours exists.
+    pub headless: bool,
+}
+
+impl LiveServices {
+    /// From the live `NAME`'s and `NAME-headless`'s specs (as the API server returned
+    /// them; `None` where the Service is not there or not ours).
+    pub fn of(name: Option<&Value>, headless: Option<&Value>) -> Self {
+        let cluster_ip = name
+            .and_then(|spec| spec.get("clusterIP"))
+            .and_then(Value::as_str)
+            .is_some_and(|ip| !ip.is_empty() && ip != "None");
+        Self {
+            cluster_ip,
+            headless: headless.is_some(),
+        }
+    }
 }
 
 /// How a change to a child is told in the reconcile's event.
@@ -191,21 +223,36 @@ pub static CHILDREN: &[Child] = &[
         report: Report::Replicas,
         keep: Keep::PodHelpers,
     },
-    // The client Service: one address for the pool's pods.
+    // The client Service: headless, DNS names every ready pod (an earlier release's
+    // ClusterIP `NAME` keeps its form; see `LiveServices`).
     Child {
         role: "Service",
         kind: Kind::Service,
         name: |name| name.to_string(),
-        build: |mc, _| builders::desired_service(mc).map(|s| Some(Desired::Service(s))),
+        build: |mc, inputs| {
+            if inputs.services.cluster_ip {
+                builders::desired_cluster_ip_service(mc)
+            } else {
+                builders::desired_service(mc)
+            }
+            .map(|s| Some(Desired::Service(s)))
+        },
         report: Report::Plain,
         keep: Keep::Nothing,
     },
-    // The headless Service: DNS names every ready pod, for clients that hash keys.
+    // An earlier release's `NAME-headless`, kept where it stands (never created beside a
+    // headless `NAME`; never deleted by the operator while the Memcached lives).
     Child {
         role: "Service",
         kind: Kind::Service,
         name: builders::headless_name,
-        build: |mc, _| builders::desired_headless_service(mc).map(|s| Some(Desired::Service(s))),
+        build: |mc, inputs| {
+            let services = inputs.services;
+            if !(services.cluster_ip || services.headless) {
+                return Ok(None);
+            }
+            builders::desired_headless_service(mc).map(|s| Some(Desired::Service(s)))
+        },
         report: Report::Plain,
         keep: Keep::Nothing,
     },
@@ -332,10 +379,15 @@ mod tests {
     }
 
     fn planned(mc: &Memcached) -> Vec<(String, String, bool)> {
+        planned_with(mc, LiveServices::default())
+    }
+
+    fn planned_with(mc: &Memcached, services: LiveServices) -> Vec<(String, String, bool)> {
         let inputs = Inputs {
             settings: &BuildSettings::default(),
             secrets: &SecretVersions::default(),
             backends: &[],
+            services,
         };
         plan(CHILDREN, mc, &inputs)
             .expect("builds")
@@ -353,15 +405,61 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_seed_sample_has_its_deployment_services_and_budget() {
-        let wanted: Vec<_> = planned(&memcached(|_| {}))
+    fn wanted(planned: Vec<(String, String, bool)>) -> Vec<String> {
+        planned
             .into_iter()
             .filter(|(_, _, wanted)| *wanted)
             .map(|(role, name, _)| format!("{role} {name}"))
-            .collect();
+            .collect()
+    }
+
+    fn service_spec(mc: &Memcached, services: LiveServices, name: &str) -> Option<Value> {
+        let inputs = Inputs {
+            settings: &BuildSettings::default(),
+            secrets: &SecretVersions::default(),
+            backends: &[],
+            services,
+        };
+        plan(CHILDREN, mc, &inputs)
+            .expect("builds")
+            .into_iter()
+            .find(|p| p.child.kind == Kind::Service && p.name == name)
+            .and_then(|p| p.desired)
+            .map(|d| d.to_json().expect("json")["spec"].clone())
+    }
+
+    #[test]
+    fn the_seed_sample_has_its_deployment_one_headless_service_and_budget() {
+        let mc = memcached(|_| {});
         assert_eq!(
-            wanted,
+            wanted(planned(&mc)),
+            [
+                "Deployment cache",
+                "Service cache",
+                "PodDisruptionBudget cache"
+            ]
+        );
+        let spec = service_spec(&mc, LiveServices::default(), "cache").expect("wanted");
+        assert_eq!(spec["clusterIP"], "None");
+        assert_eq!(spec["ports"][0]["port"], 11211);
+    }
+
+    #[test]
+    fn a_pool_of_an_earlier_release_keeps_its_cluster_ip_service_and_headless_one() {
+        let mc = memcached(|_| {});
+        // `NAME` as an earlier release created it, as the API server returns it.
+        let live = serde_json::json!({"type": "ClusterIP", "clusterIP": "10.96.0.12",
+            "clusterIPs": ["10.96.0.12"], "ports": [{"port": 11211}]});
+        let earlier = LiveServices::of(Some(&live), None);
+        assert_eq!(
+            earlier,
+            LiveServices {
+                cluster_ip: true,
+                headless: false
+            }
+        );
+        assert_eq!(
+            wanted(planned_with(&mc, earlier)),
             [
                 "Deployment cache",
                 "Service cache",
@@ -369,20 +467,72 @@ mod tests {
                 "PodDisruptionBudget cache"
             ]
         );
+        let spec = service_spec(&mc, earlier, "cache").expect("wanted");
+        assert_eq!(spec.get("clusterIP"), None, "{spec}");
+        // The same object as before (its hash annotation too): nothing to apply.
+        assert_eq!(
+            Desired::Service(builders::desired_cluster_ip_service(&mc).expect("builds"))
+                .to_json()
+                .expect("json"),
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": serde_json::to_value(
+                    builders::desired_service(&mc).expect("builds").metadata
+                ).expect("json"),
+                "spec": {"type": "ClusterIP",
+                    "selector": {"app.kubernetes.io/name": "memcached",
+                        "app.kubernetes.io/instance": "cache"},
+                    "ports": [{"name": "memcached", "port": 11211,
+                        "targetPort": "memcached", "protocol": "TCP"}]},
+            })
+        );
+        // `NAME` deleted (or headless already): headless from now on, and the earlier
+        // `NAME-headless` kept while it exists, never created again once deleted.
+        let migrated = LiveServices::of(
+            Some(&serde_json::json!({"clusterIP": "None"})),
+            Some(&serde_json::json!({"clusterIP": "None"})),
+        );
+        assert_eq!(
+            wanted(planned_with(&mc, migrated)),
+            [
+                "Deployment cache",
+                "Service cache",
+                "Service cache-headless",
+                "PodDisruptionBudget cache"
+            ]
+        );
+        let spec = service_spec(&mc, migrated, "cache").expect("wanted");
+        assert_eq!(spec["clusterIP"], "None");
+        let gone = LiveServices::of(None, None);
+        assert_eq!(
+            wanted(planned_with(&mc, gone)),
+            [
+                "Deployment cache",
+                "Service cache",
+                "PodDisruptionBudget cache"
+            ]
+        );
     }
 
     #[test]
     fn every_child_exists_when_every_feature_is_on() {
-        let all = planned(&memcached(|s| {
-            s.exporter = Some(memcached_api::ExporterSpec {
-                enabled: true,
-                image: None,
-            });
-            s.proxy = Some(memcached_api::ProxySpec {
-                enabled: true,
-                ..memcached_api::ProxySpec::default()
-            });
-        }));
+        let earlier = LiveServices {
+            cluster_ip: true,
+            headless: true,
+        };
+        let all = planned_with(
+            &memcached(|s| {
+                s.exporter = Some(memcached_api::ExporterSpec {
+                    enabled: true,
+                    image: None,
+                });
+                s.proxy = Some(memcached_api::ProxySpec {
+                    enabled: true,
+                    ..memcached_api::ProxySpec::default()
+                });
+            }),
+            earlier,
+        );
         assert!(all.iter().all(|(_, _, wanted)| *wanted), "{all:?}");
         // No two children share a kind and a name.
         let mut seen = BTreeSet::new();

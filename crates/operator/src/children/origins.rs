@@ -353,7 +353,7 @@ fn translate(child: &Child, origins: &[Origin], name: &str, status: &Status) -> 
 mod tests {
     use super::*;
     use crate::builders::{BuildSettings, SecretVersions};
-    use crate::children::{CHILDREN, PROXY_DEPLOYMENT};
+    use crate::children::{CHILDREN, LiveServices, PROXY_DEPLOYMENT};
 
     fn every_feature() -> Memcached {
         let mut mc = Memcached::new("cache", MemcachedSpec::with_size(3));
@@ -377,6 +377,7 @@ mod tests {
             settings: &BuildSettings::default(),
             secrets: &SecretVersions::default(),
             backends: &[],
+            services: LiveServices::default(),
         };
         memcached_path(&origins(child, mc, &inputs), child_path)
     }

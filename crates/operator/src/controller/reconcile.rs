@@ -21,8 +21,9 @@ use super::apply::{self, Owner};
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
 use super::{deletion_costs, restart_gate, secrets};
+use crate::builders;
 use crate::cached::CachedPod;
-use crate::children::{self, Inputs};
+use crate::children::{self, Inputs, LiveServices};
 use crate::informer::Index;
 use crate::proxy;
 use crate::status::{self, Observed, ObservedPod, ObservedProxy, Problem};
@@ -150,6 +151,7 @@ async fn reconcile_inner(
         settings: &ctx.config.build,
         secrets: &secrets,
         backends: &backends,
+        services: live_services(ctx, &owner, &namespace, &name),
     };
     let plans = children::plan(ctx.config.children, mc, &inputs).map_err(|e| Error::Build {
         kind: e.role,
@@ -244,6 +246,21 @@ fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<Ob
             ready: p.ready,
         })
         .collect()
+}
+
+/// The pool's client Services in the cache: those no other object controls (ours, or
+/// orphaned ones of an earlier Memcached of this name, which are taken back as they are).
+fn live_services(ctx: &Context, owner: &Owner, namespace: &str, name: &str) -> LiveServices {
+    let spec = |service: &str| {
+        ctx.services
+            .get(&ObjectRef::new(service).within(namespace))
+            .filter(|s| owner.other_controller(s.as_ref()).is_none())
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s.spec_json()).ok())
+    };
+    LiveServices::of(
+        spec(name).as_ref(),
+        spec(&builders::headless_name(name)).as_ref(),
+    )
 }
 
 /// The proxy's rings: the live pods of `pods` in their slots, as the configuration in place

@@ -13,12 +13,14 @@
 //! and are reported the same way.
 //!
 //! The cost, and what happens when the API server does not answer:
-//! - One apply per child (4–5), sent at once; on a local control plane the whole check
+//! - One read of the client Service (whose form depends on it), then one apply per child
+//!   (3–5), sent at once; on a local control plane the whole check
 //!   takes a median of 11–15 ms (printed by `tests/admission_children.rs`). It runs only
 //!   on create, and on update when the spec changed, so editing labels or finalizers of a
 //!   Memcached admitted while the webhook was off is never blocked by its children.
-//! - The identity needs what the dry run needs: `patch` on the children's kinds in the
-//!   Memcached's namespace, which the reconciler needs anyway (`config/rbac`).
+//! - The identity needs what the dry run needs: `get` on Services and `patch` on the
+//!   children's kinds in the Memcached's namespace, which the reconciler needs anyway
+//!   (`config/rbac`).
 //! - At most [`MAX_DRY_RUNS_IN_FLIGHT`] checks run at once (per [`ChildrenCheck`] and its
 //!   clones); beyond that a check is not started ([`Verdict::Busy`]) and the webhook answers
 //!   429, which the API server retries after a second, so a flood of reviews cannot turn
@@ -34,6 +36,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Service;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::core::Status;
 use kube::{Api, Client};
@@ -44,7 +47,7 @@ use tokio::sync::Semaphore;
 
 use super::limits::MAX_DRY_RUNS_IN_FLIGHT;
 use crate::builders::{BuildSettings, FIELD_MANAGER, SecretVersions};
-use crate::children::{self, Child, Inputs, origins};
+use crate::children::{self, Child, Inputs, LiveServices, origins};
 
 /// Time the dry runs get, well inside the API server's 10 s wait for the webhook.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
@@ -180,6 +183,12 @@ impl ChildrenCheck {
         if mc.metadata.uid.as_deref().unwrap_or_default().is_empty() {
             mc.metadata.uid = Some(PLACEHOLDER_UID.to_string());
         }
+        // The client Service keeps an earlier release's cluster IP (a headless form would be
+        // refused: a Service keeps its cluster IP for life), so its form is read first.
+        let services = match self.live_services(&mc, &namespace).await {
+            Ok(services) => services,
+            Err(why) => return Verdict::Unchecked(why),
+        };
         // The Secrets' versions and the proxy's backends are left out (their contents do
         // not change what Kubernetes accepts); nothing else differs from what the
         // reconciler applies.
@@ -187,6 +196,7 @@ impl ChildrenCheck {
             settings: &self.settings,
             secrets: &SecretVersions::default(),
             backends: &[],
+            services,
         };
         let plans = match children::plan(self.children, &mc, &inputs) {
             Ok(plans) => plans,
@@ -232,6 +242,31 @@ impl ChildrenCheck {
         } else {
             Verdict::Accepted
         }
+    }
+}
+
+impl ChildrenCheck {
+    /// The form of `mc`'s client Services, from the live `NAME` (one read): the reconciler
+    /// keeps a cluster IP `NAME` has, and `NAME-headless` beside it.
+    async fn live_services(&self, mc: &Memcached, namespace: &str) -> Result<LiveServices, String> {
+        let name = mc.metadata.name.as_deref().unwrap_or_default();
+        let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
+        let live = api.get_opt(name).await.map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 403 => format!(
+                "reading Service {name:?} before the dry run was forbidden: {} (the operator \
+                 needs get on services in this namespace, as config/rbac grants)",
+                status.message
+            ),
+            e => format!("reading Service {name:?} before the dry run failed: {e}"),
+        })?;
+        let spec = live
+            .and_then(|s| s.spec)
+            .and_then(|spec| serde_json::to_value(spec).ok());
+        let services = LiveServices::of(spec.as_ref(), None);
+        Ok(LiveServices {
+            headless: services.cluster_ip,
+            ..services
+        })
     }
 }
 
