@@ -28,8 +28,9 @@ pub struct MemcachedStatus {
     /// Label selector of the pods, as a string (the scale subresource's selector, for HPA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
-    /// `Available`, `Progressing` and `Degraded`, in the `metav1.Condition` shape, and
-    /// `ProxyReady` while the proxy runs.
+    /// `Available`, `Progressing`, `Degraded` and `Ready` (kstatus: what `kubectl wait
+    /// --for=condition=Ready` reads), in the `metav1.Condition` shape, and `ProxyReady`
+    /// while the proxy runs.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The proxy, while it runs. Written as `null` when it does not, so the operator's
@@ -104,4 +105,10 @@ pub mod condition {
     /// memcached keeps its certificate) or `ReloadFailed` (memcached refused them; the pod
     /// is restarted). Present only while the certificate is reloaded in place.
     pub const CERTIFICATES_RELOADED: &str = "CertificatesReloaded";
+    /// The pool serves as its spec says (the kstatus convention, which `kubectl wait
+    /// --for=condition=Ready` and GitOps health checks read): `Available` True,
+    /// `Progressing` False (or waiting only for the operator's own rollout slot), `Degraded`
+    /// False, and `ProxyReady` True while the proxy is on; its `observedGeneration` names
+    /// the generation it speaks for. False names the first of those that is not so.
+    pub const READY: &str = "Ready";
 }

@@ -444,10 +444,17 @@ pub fn desired_status(
                 "each pod's reload agent loads a renewed certificate without a restart".into(),
             ),
         });
+    let ready_cond = ready_condition(
+        &available_cond,
+        &progressing_cond,
+        &degraded_cond,
+        proxy_cond.as_ref(),
+    );
     let conditions = [available_cond, progressing_cond, degraded_cond]
         .into_iter()
         .chain(proxy_cond)
         .chain(reload_cond)
+        .chain([ready_cond])
         .map(|mut c| {
             c.observed_generation = generation;
             c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
@@ -467,6 +474,51 @@ pub fn desired_status(
         selector: Some(selector_string(&name)),
         conditions,
         proxy,
+    }
+}
+
+/// The `Ready` condition from the others (see [`condition::READY`]): True when the pool
+/// serves as its spec says, else False with the reason of the first condition that is not
+/// as it should be.
+fn ready_condition(
+    available: &Condition,
+    progressing: &Condition,
+    degraded: &Condition,
+    proxy: Option<&Condition>,
+) -> Condition {
+    // A new default image waiting for a rollout slot is the operator's change, not the
+    // spec's: the pool serves its spec meanwhile.
+    let settled = progressing.status == "False" || progressing.reason == WAITING_FOR_ROLLOUT_SLOT;
+    let blocking = [
+        (degraded.status == "True").then_some(degraded),
+        (available.status != "True").then_some(available),
+        (!settled).then_some(progressing),
+        proxy.filter(|p| p.status != "True"),
+    ]
+    .into_iter()
+    .flatten()
+    .next();
+    match blocking {
+        Some(c) => cond(
+            condition::READY,
+            false,
+            &c.reason,
+            format!("{} is {}: {}", c.type_, c.status, c.message),
+        ),
+        None => cond(
+            condition::READY,
+            true,
+            "Ready",
+            format!(
+                "{}{}",
+                available.message,
+                if proxy.is_some() {
+                    "; the proxy is configured"
+                } else {
+                    ""
+                }
+            ),
+        ),
     }
 }
 
@@ -639,7 +691,63 @@ mod tests {
                 "size {size} {dep:?}"
             );
             assert_eq!(status_of(&s, condition::DEGRADED), ("False", "AsExpected"));
+            // Ready: the pool serves as its spec says, or the first reason it does not.
+            let ready = match (available.0, progressing.0) {
+                ("True", "False") => ("True", "Ready"),
+                ("True", _) => ("False", progressing.1),
+                _ => ("False", available.1),
+            };
+            assert_eq!(
+                status_of(&s, condition::READY),
+                ready,
+                "size {size} {dep:?}"
+            );
         }
+    }
+
+    #[test]
+    fn ready_is_false_while_degraded_and_true_while_only_the_operator_waits() {
+        let d = deployment(1, 1, 3, 3, 3);
+        let problem = Problem {
+            reason: "InvalidSpec".into(),
+            message: "spec.size: must be at least 0".into(),
+        };
+        let s = desired_status(
+            &mc(3, 4),
+            &Observed {
+                deployment: Some(&d),
+                problem: Some(problem),
+                ..Observed::default()
+            },
+            t(100),
+        );
+        assert_eq!(status_of(&s, condition::READY), ("False", "InvalidSpec"));
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::READY)
+            .expect("Ready");
+        assert!(
+            ready.message.starts_with("Degraded is True: "),
+            "{}",
+            ready.message
+        );
+        assert_eq!(ready.observed_generation, Some(4));
+        // A new default image waiting for a rollout slot: the pool serves its spec.
+        let s = desired_status(
+            &mc(3, 4),
+            &Observed {
+                deployment: Some(&d),
+                rollout_waiting: Some(1),
+                ..Observed::default()
+            },
+            t(100),
+        );
+        assert_eq!(
+            status_of(&s, condition::PROGRESSING),
+            ("True", WAITING_FOR_ROLLOUT_SLOT)
+        );
+        assert_eq!(status_of(&s, condition::READY), ("True", "Ready"));
     }
 
     #[test]
@@ -800,6 +908,11 @@ mod tests {
             status_of(&changed, condition::PROXY_READY),
             ("False", PROXY_PROPAGATING)
         );
+        // The pool serves, but the proxies have not all loaded its routes: not Ready.
+        assert_eq!(
+            status_of(&changed, condition::READY),
+            ("False", PROXY_PROPAGATING)
+        );
         assert_eq!(
             changed
                 .proxy
@@ -831,6 +944,7 @@ mod tests {
             status_of(&done, condition::PROXY_READY),
             ("True", "Configured")
         );
+        assert_eq!(status_of(&done, condition::READY), ("True", "Ready"));
 
         // Not reconciled this time (a problem was recorded): carried over unchanged.
         m.status = Some(done.clone());

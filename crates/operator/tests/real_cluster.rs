@@ -1008,3 +1008,68 @@ async fn config_applies_server_side(kube: Kube) {
     server_dry_run(cp, "config/default with ../prometheus and ../network-policy", &full).await;
 }
 }
+
+on_both_versions! {
+/// `kubectl wait --for=condition=Ready` (the pinned kubectl) follows the pool: it returns
+/// once the pool serves at its size; a change the pool cannot take (pods no node accepts)
+/// turns `Ready` False, naming why, while the old pods keep serving; the condition speaks
+/// for the current generation (kstatus).
+async fn kubectl_wait_for_ready_follows_the_pool(kube: Kube) {
+    let real = Real::start(kube, "ready").await;
+    let kubeconfig = real.cp.kubeconfig().to_path_buf();
+    let _op = real.spawn(&kubeconfig, "op", &real.candidate_args());
+    let wait = |condition: &str, timeout: &str| {
+        let mut kubectl = real.cp.kubectl();
+        kubectl.args([
+            "wait",
+            "-n",
+            &real.ns,
+            &format!("--for=condition={condition}"),
+            &format!("--timeout={timeout}"),
+            "memcached/waited",
+        ]);
+        kubectl
+    };
+    real.apply("waited", 2).await;
+    let out = run(wait("Ready", "120s"), None).await;
+    assert!(
+        out.status.success(),
+        "kubectl wait: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("condition met"));
+    let mc = real.converged("waited", 2).await;
+    let ready = mc.condition(condition::READY).expect("Ready").clone();
+    assert_eq!(ready.observed_generation, mc.metadata.generation);
+
+    // Pods no node accepts: the rollout cannot finish; the old pods keep serving.
+    let stuck = json!({
+        "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+        "metadata": {"name": "waited"},
+        "spec": {"size": 2, "nodeSelector": {"example.com/no-such-node": "true"}},
+    });
+    real.memcacheds()
+        .patch("waited", &PatchParams::apply("real-cluster-test").force(), &Patch::Apply(&stuck))
+        .await
+        .expect("apply");
+    let out = run(wait("Ready=false", "120s"), None).await;
+    assert!(
+        out.status.success(),
+        "kubectl wait Ready=false: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mc = real.memcacheds().get("waited").await.expect("get");
+    let ready = mc.condition(condition::READY).expect("Ready");
+    assert_eq!(ready.observed_generation, mc.metadata.generation);
+    assert!(ready.message.starts_with("Progressing is True"), "{ready:?}");
+    assert_eq!(
+        mc.condition(condition::AVAILABLE).map(|c| c.status.as_str()),
+        Some("True"),
+        "the old pods serve"
+    );
+    let out = run(wait("Ready", "3s"), None).await;
+    assert!(!out.status.success(), "kubectl wait returned while the rollout cannot finish");
+}
+}
