@@ -435,6 +435,47 @@ async fn suite(c: kube::Client, ns: &str, server: Server) {
     assert_eq!(e.message, format!("namespaces \"{ns}-missing\" not found"));
 
     unknown_fields(&c, ns).await;
+    cluster_ip_for_life(&c, ns).await;
+}
+
+/// A Service keeps its cluster IP, or its lack of one (headless), for life: an apply of the
+/// other form is refused on `spec.clusterIPs[0]`; a headless Service lists `None`.
+async fn cluster_ip_for_life(c: &kube::Client, ns: &str) {
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.clone(), ns);
+    let apply = PatchParams::apply("conformance").force();
+    let service = |name: &str, headless: bool| {
+        let mut spec = json!({"selector": {"app": name}, "ports": [{"port": 11211}]});
+        if headless {
+            spec["clusterIP"] = json!("None");
+        }
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec})
+    };
+    let with_ip = services
+        .patch("with-ip", &apply, &Patch::Apply(service("with-ip", false)))
+        .await
+        .unwrap();
+    let ip = with_ip.spec.and_then(|s| s.cluster_ip).unwrap();
+    assert!(ip != "None" && !ip.is_empty(), "{ip}");
+    let e = status(
+        services
+            .patch("with-ip", &apply, &Patch::Apply(service("with-ip", true)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"), "{e:?}");
+    assert!(
+        e.message.contains("spec.clusterIPs[0]: Invalid value: ")
+            && e.message.ends_with("may not change once set"),
+        "{}",
+        e.message
+    );
+    let headless = services
+        .patch("headless", &apply, &Patch::Apply(service("headless", true)))
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(headless.cluster_ips, Some(vec!["None".to_string()]));
 }
 
 /// A raw request: (HTTP status, the `Warning` headers, the JSON body).

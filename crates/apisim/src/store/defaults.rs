@@ -128,6 +128,8 @@ pub(super) fn builtin_defaults(rt: &ResourceType, obj: &mut Value) {
                     let ip = format!("10.96.{}.{}", fastrand::u8(0..=255), fastrand::u8(1..=254));
                     spec["clusterIP"] = json!(ip);
                     spec["clusterIPs"] = json!([ip]);
+                } else if spec["clusterIPs"].is_null() {
+                    spec["clusterIPs"] = json!([spec["clusterIP"].clone()]);
                 }
                 set(spec, "sessionAffinity", json!("None"));
                 set(spec, "ipFamilies", json!(["IPv4"]));

@@ -290,6 +290,17 @@ impl State {
                         new["spec"][k] = old["spec"][k].clone();
                     }
                 }
+                // A Service keeps its cluster IP (or none, headless) for life.
+                let (was, is) = (&old["spec"]["clusterIP"], &new["spec"]["clusterIP"]);
+                if !was.is_null() && !is.is_null() && was != is {
+                    let name = meta_str(&new, "name").to_string();
+                    let err = FieldError::invalid(
+                        "spec.clusterIPs[0]",
+                        &json!([is]),
+                        "may not change once set",
+                    );
+                    return Err(Self::invalid(rt, &name, vec![err]));
+                }
             }
             builtin_defaults(rt, &mut new);
         }
