@@ -83,6 +83,52 @@ pub(crate) fn audit_requests(
     Ok((by_verb, writes))
 }
 
+/// Writes in the audit log `path` from byte `from`, by writer and resource: the writer is
+/// the User-Agent's program (kube-controller-manager's with the controller it names last,
+/// as `kube-controller-manager endpointslice-controller`), the resource with its
+/// subresource (`poddisruptionbudgets/status`).
+pub(crate) fn audit_writes_by(path: &Path, from: u64) -> Result<BTreeMap<String, u64>> {
+    use std::io::{BufRead, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(SeekFrom::Start(from))?;
+    let mut by = BTreeMap::new();
+    for line in std::io::BufReader::new(f).lines() {
+        let Ok(event) = serde_json::from_str::<Value>(&line?) else {
+            continue;
+        };
+        let field = |name: &str| event.get(name).and_then(Value::as_str).unwrap_or_default();
+        let writes = matches!(
+            field("verb"),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        );
+        if field("stage") != "ResponseComplete"
+            || !writes
+            || field("requestURI").contains("dryRun=All")
+        {
+            continue;
+        }
+        let agent = field("userAgent");
+        let program = agent.split('/').next().unwrap_or_default();
+        let writer = match agent.rsplit('/').next() {
+            Some(controller) if program == "kube-controller-manager" => {
+                format!("{program} {controller}")
+            }
+            _ => program.to_string(),
+        };
+        let resource = event
+            .pointer("/objectRef/resource")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let sub = event
+            .pointer("/objectRef/subresource")
+            .and_then(Value::as_str)
+            .map(|s| format!("/{s}"))
+            .unwrap_or_default();
+        *by.entry(format!("{writer}: {resource}{sub}")).or_insert(0) += 1;
+    }
+    Ok(by)
+}
+
 pub(crate) fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }

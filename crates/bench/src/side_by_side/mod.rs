@@ -186,6 +186,8 @@ struct Measured {
     cluster_writes: u64,
     /// CPU of each control-plane component from the start until done.
     cluster_cpu: BTreeMap<String, Duration>,
+    /// `cluster_writes` by writer and resource.
+    cluster_writes_by: BTreeMap<String, u64>,
 }
 
 fn audit_offset(path: &Path) -> u64 {
@@ -384,6 +386,7 @@ async fn account_cluster(
     // The audit log is written a moment after each request completes.
     tokio::time::sleep(Duration::from_millis(500)).await;
     measured.cluster_writes = audit_requests(&target.audit, mark, "")?.1;
+    measured.cluster_writes_by = crate::measure::audit_writes_by(&target.audit, mark)?;
     Ok(())
 }
 

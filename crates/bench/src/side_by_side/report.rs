@@ -116,6 +116,25 @@ pub(super) fn table(
             }
         },
     ));
+    out.push_str(&row(
+        "writes by all clients, by writer and resource (median run; the 12 most)",
+        &|_, m| {
+            let mut all: Vec<&Measured> = m.iter().collect();
+            all.sort_by_key(|m| m.converged);
+            match all.get(all.len() / 2) {
+                Some(m) if !m.cluster_writes_by.is_empty() => {
+                    let mut by: Vec<(&String, &u64)> = m.cluster_writes_by.iter().collect();
+                    by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                    by.iter()
+                        .take(12)
+                        .map(|(w, c)| format!("{w} {c}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+                _ => "–".into(),
+            }
+        },
+    ));
     out.push_str(&row("requests by verb (median run)", &|_, m| {
         let mut all: Vec<&Measured> = m.iter().collect();
         all.sort_by_key(|m| m.converged);
