@@ -382,15 +382,19 @@ mod tests {
         planned_with(mc, LiveServices::default())
     }
 
-    fn planned_with(mc: &Memcached, services: LiveServices) -> Vec<(String, String, bool)> {
+    /// Every child of `mc` with the default settings and the client Services as `services`.
+    fn plans(mc: &Memcached, services: LiveServices) -> Vec<Planned<'static>> {
         let inputs = Inputs {
             settings: &BuildSettings::default(),
             secrets: &SecretVersions::default(),
             backends: &[],
             services,
         };
-        plan(CHILDREN, mc, &inputs)
-            .expect("builds")
+        plan(CHILDREN, mc, &inputs).expect("builds")
+    }
+
+    fn planned_with(mc: &Memcached, services: LiveServices) -> Vec<(String, String, bool)> {
+        plans(mc, services)
             .into_iter()
             .map(|p| {
                 // Each child is named as its entry says, and of its entry's kind.
@@ -414,14 +418,7 @@ mod tests {
     }
 
     fn service_spec(mc: &Memcached, services: LiveServices, name: &str) -> Option<Value> {
-        let inputs = Inputs {
-            settings: &BuildSettings::default(),
-            secrets: &SecretVersions::default(),
-            backends: &[],
-            services,
-        };
-        plan(CHILDREN, mc, &inputs)
-            .expect("builds")
+        plans(mc, services)
             .into_iter()
             .find(|p| p.child.kind == Kind::Service && p.name == name)
             .and_then(|p| p.desired)
