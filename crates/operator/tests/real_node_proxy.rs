@@ -5,7 +5,7 @@
 //! - Keys set through the Service `NAME-proxy`, on its ClusterIP from the host (kube-proxy
 //!   picks a proxy pod per connection), are each on exactly one of the pool's pods (read on
 //!   each pod's IP), spread over all of them, and read back through the Service.
-//! - Each scale-up (3 → 4 → 5 → 6) is measured: from the moment the operator's write of the
+//! - Each scale-up (3 → 4 → 5) is measured: from the moment the operator's write of the
 //!   new ConfigMap `NAME-proxy` is seen, until each proxy pod routes keys to the new pod
 //!   (keys set on that proxy's own pod IP land on the new pod). The ConfigMap reaches the
 //!   pods through the kubelet's own propagation (its defaults: the pod resync every 60 s
@@ -45,8 +45,9 @@ const CONVERGE: Duration = Duration::from_secs(240);
 const MEASURE_LIMIT: Duration = Duration::from_secs(400);
 const NAME: &str = "cache";
 const PORT: u16 = 11211;
-/// The sizes the pool is grown through, one measurement per step.
-const SIZES: [i32; 4] = [3, 4, 5, 6];
+/// The sizes the pool is grown through, one measurement per step and proxy pod (two steps:
+/// each waits up to the kubelet's ~90 s propagation, and the suite's time counts in CI).
+const SIZES: [i32; 3] = [3, 4, 5];
 
 /// One real node per test binary at a time (the host allows one).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
