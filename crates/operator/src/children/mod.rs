@@ -466,7 +466,7 @@ mod tests {
         );
         let spec = service_spec(&mc, earlier, "cache").expect("wanted");
         assert_eq!(spec.get("clusterIP"), None, "{spec}");
-        // The same object as before (its hash annotation too): nothing to apply.
+        // The object the earlier release applied, so the same hash: nothing to apply.
         assert_eq!(
             Desired::Service(builders::desired_cluster_ip_service(&mc).expect("builds"))
                 .to_json()

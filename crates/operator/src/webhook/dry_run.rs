@@ -14,8 +14,8 @@
 //!
 //! The cost, and what happens when the API server does not answer:
 //! - One read of the client Service (whose form depends on it), then one apply per child
-//!   (3–5), sent at once; on a local control plane the whole check
-//!   takes a median of 11–15 ms (printed by `tests/admission_children.rs`). It runs only
+//!   (3–5), sent at once; on a local control plane the whole check took a median of
+//!   11–15 ms before the read was added (printed by `tests/admission_children.rs`). It runs only
 //!   on create, and on update when the spec changed, so editing labels or finalizers of a
 //!   Memcached admitted while the webhook was off is never blocked by its children.
 //! - The identity needs what the dry run needs: `get` on Services and `patch` on the
@@ -243,9 +243,7 @@ impl ChildrenCheck {
             Verdict::Accepted
         }
     }
-}
 
-impl ChildrenCheck {
     /// The form of `mc`'s client Services, from the live `NAME` (one read): the reconciler
     /// keeps a cluster IP `NAME` has, and `NAME-headless` beside it.
     async fn live_services(&self, mc: &Memcached, namespace: &str) -> Result<LiveServices, String> {
