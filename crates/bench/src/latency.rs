@@ -244,7 +244,7 @@ async fn admission(kube: Kube, reviews: usize) -> Result<String> {
     let max = samples.last().copied().unwrap_or_default();
     Ok(format!(
         "admission with the children's dry run, {kube:?} ({}): {reviews} reviews of a size-3 \
-         Memcached with the exporter (Deployment, two Services, budget): p50 {p50:.1?}, p99 {p99:.1?}, max {max:.1?}",
+         Memcached with the exporter (a read of its Service, then its Deployment, Service and budget): p50 {p50:.1?}, p99 {p99:.1?}, max {max:.1?}",
         cp.version()
     ))
 }
