@@ -27,6 +27,13 @@ pub(super) fn count_cell(v: Vec<u64>) -> String {
     )
 }
 
+/// The run whose time to done is the median (the later of the middle two for an even count).
+fn median_run(runs: &[Measured]) -> Option<&Measured> {
+    let mut all: Vec<&Measured> = runs.iter().collect();
+    all.sort_by_key(|m| m.converged);
+    all.get(all.len() / 2).copied()
+}
+
 /// The side-by-side table for one N; ratios are taken within a run (contender over its own
 /// bound, ours over the peers).
 pub(super) fn table(
@@ -99,46 +106,37 @@ pub(super) fn table(
     }));
     out.push_str(&row(
         "control-plane CPU until done (median run)",
-        &|_, m| {
-            let mut all: Vec<&Measured> = m.iter().collect();
-            all.sort_by_key(|m| m.converged);
-            match all.get(all.len() / 2) {
-                Some(m) if !m.cluster_cpu.is_empty() => {
-                    let total: f64 = m.cluster_cpu.values().map(Duration::as_secs_f64).sum();
-                    let parts: Vec<String> = m
-                        .cluster_cpu
-                        .iter()
-                        .map(|(name, cpu)| format!("{name} {:.0}", cpu.as_secs_f64()))
-                        .collect();
-                    format!("{total:.0} s: {}", parts.join(", "))
-                }
-                _ => "–".into(),
+        &|_, m| match median_run(m) {
+            Some(m) if !m.cluster_cpu.is_empty() => {
+                let total: f64 = m.cluster_cpu.values().map(Duration::as_secs_f64).sum();
+                let parts: Vec<String> = m
+                    .cluster_cpu
+                    .iter()
+                    .map(|(name, cpu)| format!("{name} {:.0}", cpu.as_secs_f64()))
+                    .collect();
+                format!("{total:.0} s: {}", parts.join(", "))
             }
+            _ => "–".into(),
         },
     ));
     out.push_str(&row(
         "writes by all clients, by writer and resource (median run; the 12 most)",
-        &|_, m| {
-            let mut all: Vec<&Measured> = m.iter().collect();
-            all.sort_by_key(|m| m.converged);
-            match all.get(all.len() / 2) {
-                Some(m) if !m.cluster_writes_by.is_empty() => {
-                    let mut by: Vec<(&String, &u64)> = m.cluster_writes_by.iter().collect();
-                    by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-                    by.iter()
-                        .take(12)
-                        .map(|(w, c)| format!("{w} {c}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-                _ => "–".into(),
+        &|_, m| match median_run(m) {
+            Some(m) if !m.cluster_writes_by.is_empty() => {
+                let mut by: Vec<(&String, &u64)> = m.cluster_writes_by.iter().collect();
+                by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                by.iter()
+                    .take(12)
+                    .map(|(w, c)| format!("{w} {c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             }
+            _ => "–".into(),
         },
     ));
-    out.push_str(&row("requests by verb (median run)", &|_, m| {
-        let mut all: Vec<&Measured> = m.iter().collect();
-        all.sort_by_key(|m| m.converged);
-        match all.get(all.len() / 2) {
+    out.push_str(&row(
+        "requests by verb (median run)",
+        &|_, m| match median_run(m) {
             Some(m) if !m.requests.is_empty() => m
                 .requests
                 .iter()
@@ -146,8 +144,8 @@ pub(super) fn table(
                 .collect::<Vec<_>>()
                 .join(", "),
             _ => "–".into(),
-        }
-    }));
+        },
+    ));
     out.push_str(&row("CPU until done", &|_, m| {
         let v: Vec<f64> = m
             .iter()
