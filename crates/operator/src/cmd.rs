@@ -65,6 +65,12 @@ pub struct RunArgs {
     /// deletions of its children are repaired at once regardless. `0s` disables batching.
     #[arg(long, default_value = "1s", value_parser = parse_batch_window)]
     pub status_batch_window: Duration,
+    /// How often a Memcached's status is written while its pods only come up: what changes
+    /// its meaning (a condition turns, a problem, a pod leaving `status.endpoints`, a new
+    /// generation observed) is written at once; pods listed and counts that only add to the
+    /// last status wait until this long after it. `0s` writes them at once.
+    #[arg(long, default_value = "5s", value_parser = parse_batch_window)]
+    pub status_progress_interval: Duration,
     /// How often converged objects are checked again (they cost no writes).
     #[arg(long, default_value = "5m", value_parser = parse_resync_period)]
     pub resync_period: Duration,
@@ -383,6 +389,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         concurrency: args.max_concurrent_reconciles,
         resync: args.resync_period,
         status_batch: args.status_batch_window,
+        status_progress_interval: args.status_progress_interval,
         instance: std::env::var("POD_NAME").ok(),
         telemetry: Some(telemetry),
         rollout_slots: std::sync::Arc::new(controller::RolloutSlots::new(

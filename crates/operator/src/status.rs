@@ -522,6 +522,27 @@ fn ready_condition(
     }
 }
 
+/// Whether `want` only adds to what `live` says: pods listed, counts and messages moved,
+/// endpoints added. Not when a condition turns (changes its status), a problem appears or
+/// changes (`Degraded`, `CertificatesReloaded`: their reason or message), a pod leaves the
+/// endpoints (a client reading them must stop using it), or the observed generation, the
+/// selector or the proxy's part changes. The operator writes such progress at most once per
+/// interval per pool (`controller::pacing`).
+pub fn progress_only(live: &MemcachedStatus, want: &MemcachedStatus) -> bool {
+    let problem =
+        |type_: &str| type_ == condition::DEGRADED || type_ == condition::CERTIFICATES_RELOADED;
+    live.observed_generation == want.observed_generation
+        && live.selector == want.selector
+        && live.proxy == want.proxy
+        && live.endpoints.iter().all(|e| want.endpoints.contains(e))
+        && live.conditions.len() == want.conditions.len()
+        && live.conditions.iter().zip(&want.conditions).all(|(l, w)| {
+            l.type_ == w.type_
+                && l.status == w.status
+                && (!problem(&w.type_) || (l.reason == w.reason && l.message == w.message))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,5 +1038,67 @@ mod tests {
                 .iter()
                 .all(|c| c.type_ != condition::PROXY_READY)
         );
+    }
+
+    /// A new pool of 3 on its way up, step by step: which steps only add to what the last
+    /// status said (written at most once per interval) and which are written at once.
+    #[test]
+    fn progress_is_what_only_adds_and_a_turn_or_a_loss_is_not() {
+        let m = mc(3, 1);
+        let pod = |i: usize, ready: bool| ObservedPod {
+            name: format!("m-{i}"),
+            ip: Some(format!("10.0.0.{i}")),
+            ready,
+        };
+        let step = |d: &Deployment, ready: usize| {
+            let pods = (0..3).map(|i| pod(i, i < ready)).collect();
+            let mut m = m.clone();
+            let status = |m: &Memcached| {
+                desired_status(
+                    m,
+                    &Observed {
+                        deployment: Some(d),
+                        pods: if d.status.as_ref().and_then(|s| s.replicas) == Some(0) {
+                            Vec::new()
+                        } else {
+                            pods
+                        },
+                        ..Observed::default()
+                    },
+                    t(100),
+                )
+            };
+            m.status = Some(status(&m));
+            m
+        };
+        let created = step(&deployment(1, 0, 0, 0, 0), 0);
+        let scaling = step(&deployment(1, 1, 3, 3, 0), 0);
+        let one = step(&deployment(1, 1, 3, 3, 1), 1);
+        let two = step(&deployment(1, 1, 3, 3, 2), 2);
+        let three = step(&deployment(1, 1, 3, 3, 3), 3);
+        let s = |m: &Memcached| m.status.clone().unwrap_or_default();
+        assert!(progress_only(&s(&created), &s(&scaling)), "pods listed");
+        assert!(progress_only(&s(&scaling), &s(&one)), "a first pod Ready");
+        assert!(progress_only(&s(&one), &s(&two)), "a second");
+        assert!(
+            !progress_only(&s(&two), &s(&three)),
+            "the pool turns Available and Ready"
+        );
+        assert!(
+            !progress_only(&s(&two), &s(&one)),
+            "a pod leaves the endpoints"
+        );
+        let mut moved = s(&one);
+        moved.observed_generation = Some(2);
+        assert!(!progress_only(&s(&one), &moved), "a new generation");
+        let mut problem = s(&one);
+        if let Some(c) = problem
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == condition::DEGRADED)
+        {
+            c.message = "another problem".into();
+        }
+        assert!(!progress_only(&s(&one), &problem), "a problem's message");
     }
 }

@@ -12,7 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
 use memcached_api::{Memcached, condition};
-use memcached_operator::builders::{APPLIED_HASH_ANNOTATION, LABEL_COMPONENT, LABEL_INSTANCE};
+use memcached_operator::builders::{
+    APPLIED_HASH_ANNOTATION, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY,
+};
 use memcached_operator::controller::{self, Backoff, ControllerConfig, ReconcileCounters};
 use memcached_operator::samples::SEED_SAMPLE;
 use serde_json::json;
@@ -535,6 +537,67 @@ async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes()
             "Created Deployment thrifty with 3 replicas; Created Service thrifty; \
           Created PodDisruptionBudget thrifty"
         ],
+    );
+    env.stop().await;
+}
+
+/// A status change that only adds to what was written (here a pod listed in
+/// `status.nodes`) waits until the pool's progress interval after its last write, and is
+/// written then even though nothing else happens: held, never lost.
+#[tokio::test]
+async fn progress_waits_for_the_interval_after_the_last_write_and_is_then_written() {
+    let interval = Duration::from_secs(6);
+    let config = ControllerConfig {
+        status_progress_interval: interval,
+        ..ControllerConfig::default()
+    };
+    let env = Env::start_with(config, |_| {}).await;
+    env.apply_sample("paced", 3).await;
+    env.converged("paced", 3).await;
+    quiet(&env.counters).await;
+    // Pods of the pool as the operator counts them (a ReplicaSet `paced-<hash>` controls
+    // them), outside the Deployment's selector so that its ReplicaSet does not take them:
+    // each only adds a name to `status.nodes`.
+    let extra = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {
+                LABEL_INSTANCE: "paced",
+                LABEL_MANAGED_BY: MANAGED_BY,
+                "pod-template-hash": "extra",
+            }, "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "paced-extra",
+                "uid": "6f1c9d3e-0000-4000-8000-000000000001", "controller": true,
+            }]},
+            "spec": {"containers": [{"name": "c", "image": "memcached"}]},
+        }))
+        .expect("a pod")
+    };
+    let listed = |pod: &'static str| {
+        let api = env.memcacheds();
+        async move {
+            wait_for(&format!("{pod} in status.nodes"), || async {
+                let mc = api.get_opt("paced").await.ok().flatten()?;
+                mc.status?.nodes.iter().any(|n| n == pod).then_some(())
+            })
+            .await
+        }
+    };
+    let pods = env.pods();
+    pods.create(&PostParams::default(), &extra("paced-extra-a"))
+        .await
+        .expect("pod a");
+    // The pool's last write was while it converged, longer ago than the interval or not:
+    // once a is listed, the last write is that one.
+    listed("paced-extra-a").await;
+    let written = std::time::Instant::now();
+    pods.create(&PostParams::default(), &extra("paced-extra-b"))
+        .await
+        .expect("pod b");
+    listed("paced-extra-b").await;
+    let waited = written.elapsed();
+    assert!(
+        waited >= interval / 2,
+        "b was written {waited:?} after a: progress is held for the interval ({interval:?})"
     );
     env.stop().await;
 }

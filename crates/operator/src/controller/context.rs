@@ -11,6 +11,7 @@ use memcached_api::{Memcached, validation};
 
 use super::ControllerConfig;
 use super::events::Events;
+use super::pacing::StatusPacing;
 use super::secrets::SecretReads;
 use super::watches::SecretMeta;
 use crate::builders::BuildError;
@@ -114,6 +115,8 @@ pub struct Context {
     pub(super) busy: Busy,
     /// What the server stores for each child's desired state (see [`NormalForms`]).
     pub(super) normal_forms: Arc<NormalForms>,
+    /// When each pool's status was last written (progress waits for an interval).
+    pub(super) status_pacing: StatusPacing,
     /// Our ServiceMonitors, while they are served.
     pub(super) service_monitors: Arc<WhileServed<CachedServiceMonitor>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
@@ -128,6 +131,7 @@ impl Context {
         busy: Busy,
         normal_forms: Arc<NormalForms>,
     ) -> Self {
+        let status_pacing = StatusPacing::new(config.status_progress_interval);
         Context {
             client,
             config,
@@ -143,6 +147,7 @@ impl Context {
             events,
             busy,
             normal_forms,
+            status_pacing,
             failures: Mutex::new(HashMap::new()),
         }
     }

@@ -14,6 +14,7 @@ pub mod apply;
 pub mod context;
 pub mod deletion_costs;
 pub mod events;
+pub mod pacing;
 pub mod reconcile;
 pub mod restart_gate;
 pub mod rollout;
@@ -92,6 +93,9 @@ pub struct ControllerConfig {
     /// Window over which status-only changes of a Memcached's children are batched into
     /// one reconcile (see [`crate::triggers`]); zero reconciles on each.
     pub status_batch: Duration,
+    /// How often a pool's status is written while it only makes progress (pods listed,
+    /// counts); what changes its meaning is written at once (see [`pacing`]). Zero: at once.
+    pub status_progress_interval: Duration,
     pub backoff: Backoff,
     /// Reported as the events' `reportingInstance` (the pod name in a cluster).
     pub instance: Option<String>,
@@ -125,6 +129,7 @@ impl Default for ControllerConfig {
             concurrency: 16,
             resync: Duration::from_secs(300),
             status_batch: Duration::from_secs(1),
+            status_progress_interval: Duration::from_secs(5),
             backoff: Backoff::default(),
             instance: None,
             counters: Arc::default(),

@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 use manager::ReconcileResult;
 use memcached_api::{Memcached, MemcachedStatus, validation};
+use tokio::time::Instant;
 use tracing::{Instrument, debug, warn};
 
 use super::apply::{self, Owner};
@@ -194,7 +195,17 @@ async fn reconcile_inner(
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
     let recheck = proxy_recheck(&status, now, ctx.config.proxy_propagation);
-    if write_status_if_changed(&ctx.client, mc, status).await? {
+    // Progress only (pods listed, counts) waits for the pool's interval; a look again then
+    // writes it, unless a change of meaning comes first.
+    let held = ctx
+        .status_pacing
+        .hold(owner.key, mc.status.as_ref(), &status, Instant::now());
+    let recheck = match held {
+        Some(left) => Some(recheck.map_or(left, |r| r.min(left))),
+        None => recheck,
+    };
+    if held.is_none() && write_status_if_changed(&ctx.client, mc, status).await? {
+        ctx.status_pacing.written(owner.key, Instant::now());
         debug!(object, "status updated");
         // Files the agent refused itself: reported when the status first says so; the pod
         // keeps serving the certificate it has.
