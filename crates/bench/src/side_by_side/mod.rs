@@ -23,10 +23,20 @@
 //! (spec.size of a separate Memcached changed 3 ↔ 4 until its Deployment follows) while
 //! the N converge (under load, at most one change a second) and after (idle).
 //!
+//! With `--bare`, on a control plane with no controllers (etcd and kube-apiserver only: no
+//! pod ever exists), the operator against two bounds of a bare client measured in the same
+//! run, each contender on a fresh control plane (`bare`): `minimal-creates` (the cheapest
+//! creates of a pool's objects and a status write), `ssa-bound` (our own children applied
+//! server-side and our own status) and `ours`. *Done* is then: every child the operator
+//! plans for the Memcached exists and its status describes its generation. The scale
+//! changes are timed only after the N are done (none under load), on a Memcached created
+//! then, so each contender handles exactly the N while timed.
+//!
 //! This file holds the flags, the contenders and one run's measurement; `target` where a
-//! contender runs, `process` its process, `bound` the raw-write bounds, `tracker` what is
-//! done, `report` the table.
+//! contender runs, `process` its process, `bound` the raw-write bounds, `bare` the bare
+//! control plane's bounds, `tracker` what is done, `report` the table.
 
+mod bare;
 mod bound;
 mod process;
 mod report;
@@ -64,8 +74,13 @@ pub struct Args {
     /// and waited for between runs) instead of on a fresh control plane each (the default:
     /// the pinned newest Kubernetes with kwok nodes, started in about 3 s; `make
     /// controlplane` builds it). The CRD must be installed.
-    #[arg(long, requires = "audit_log")]
+    #[arg(long, requires = "audit_log", conflicts_with = "bare")]
     pub kubeconfig: Option<PathBuf>,
+    /// A bare control plane each (etcd and kube-apiserver, no controllers: no pod ever
+    /// exists): done when every child the operator plans for a Memcached exists and its
+    /// status describes its generation. Contenders: minimal-creates, ssa-bound, ours.
+    #[arg(long)]
+    pub bare: bool,
     /// With `--kubeconfig`: the API server's audit log (metadata level, as `make
     /// dev-cluster` writes `bin/dev-cluster.audit.log`).
     #[arg(long, requires = "kubeconfig")]
@@ -76,12 +91,9 @@ pub struct Args {
     /// Runs per N; the contenders' order rotates from run to run.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
     pub runs: u16,
-    /// Contenders (comma-separated): bound, peer-bound, peer, peer-tuned, ours.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "bound,peer-bound,peer,peer-tuned,ours"
-    )]
+    /// Contenders (comma-separated): bound, peer-bound, peer, peer-tuned, ours (default:
+    /// all of them); with `--bare`: minimal-creates, ssa-bound, ours (default: all three).
+    #[arg(long, value_delimiter = ',')]
     pub contenders: Vec<String>,
     /// Requests in flight of the bounds' client and of the client creating the Memcacheds.
     #[arg(long, default_value_t = 16)]
@@ -116,7 +128,25 @@ enum Contender {
     Peer,
     PeerTuned,
     Ours,
+    /// Bare: the cheapest creates of a pool's objects, and a status write.
+    MinimalCreates,
+    /// Bare: our children applied server-side, and our status.
+    SsaBound,
 }
+
+/// The contenders when none are named.
+const DEFAULT_CONTENDERS: &[Contender] = &[
+    Contender::Bound,
+    Contender::PeerBound,
+    Contender::Peer,
+    Contender::PeerTuned,
+    Contender::Ours,
+];
+const DEFAULT_BARE_CONTENDERS: &[Contender] = &[
+    Contender::MinimalCreates,
+    Contender::SsaBound,
+    Contender::Ours,
+];
 
 impl Contender {
     fn parse(s: &str) -> Result<Self> {
@@ -126,6 +156,8 @@ impl Contender {
             "peer" => Self::Peer,
             "peer-tuned" => Self::PeerTuned,
             "ours" => Self::Ours,
+            "minimal-creates" => Self::MinimalCreates,
+            "ssa-bound" => Self::SsaBound,
             other => return Err(format!("unknown contender {other:?}").into()),
         })
     }
@@ -137,6 +169,8 @@ impl Contender {
             Self::Peer => "peer as generated",
             Self::PeerTuned => "peer tuned",
             Self::Ours => "memcached-operator",
+            Self::MinimalCreates => "minimal creates",
+            Self::SsaBound => "SSA bound (ours' children)",
         }
     }
 
@@ -147,6 +181,8 @@ impl Contender {
             Self::Peer => "peer",
             Self::PeerTuned => "ptuned",
             Self::Ours => "ours",
+            Self::MinimalCreates => "minimal",
+            Self::SsaBound => "ssa",
         }
     }
 
@@ -157,6 +193,16 @@ impl Contender {
             Self::Ours => Some(Self::Bound),
             _ => None,
         }
+    }
+
+    /// Whether it runs on a bare control plane (and only there): the bare bounds, and ours.
+    fn runs_bare(self) -> bool {
+        matches!(self, Self::MinimalCreates | Self::SsaBound | Self::Ours)
+    }
+
+    /// Whether it runs on a control plane with workloads: all but the bare bounds.
+    fn runs_with_pods(self) -> bool {
+        !matches!(self, Self::MinimalCreates | Self::SsaBound)
     }
 
     /// The User-Agent its requests carry.
@@ -257,13 +303,16 @@ async fn measure(
         .try_collect()
         .await?;
     let process_contender = who.user_agent().is_some();
-    if process_contender {
+    // Bare, the latency Memcached comes once the N are done: the contender handles
+    // exactly the N while timed, as the bounds do.
+    if process_contender && !args.bare {
         api.create(&PostParams::default(), &memcached(LATENCY_CR, SIZE)?)
             .await?;
     }
-    let (track, tracker) = track(client, &ns);
+    let (track, tracker) = track(client, &ns, args.bare);
     wait_until("the tracker's watches", Duration::from_secs(60), || {
-        lock(&track).synced >= 3
+        let t = lock(&track);
+        t.synced >= t.watches
     })
     .await?;
     let mark = audit_offset(&target.audit);
@@ -286,12 +335,21 @@ async fn measure(
                 measured.converged = started.elapsed();
                 account_cluster(&mut measured, target, mark, &components, &cpu_before).await?;
             }
+            Contender::MinimalCreates | Contender::SsaBound => {
+                measured.writes = bare::bound(client, &ns, &crs, who, args.concurrency).await?;
+                wait_until("every Memcached done", args.timeout, || {
+                    lock(&track).done.len() == n
+                })
+                .await?;
+                measured.converged = started.elapsed();
+                account_cluster(&mut measured, target, mark, &components, &cpu_before).await?;
+            }
             _ => {
                 let mut process = Process::spawn(args, target, who, &ns, dir)?;
                 // Scale changes of the latency Memcached (3 ↔ 4, so no PDB comes and goes)
                 // while the N converge, at most one a second so the probe adds little load.
                 let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let probe = {
+                let probe = (!args.bare).then(|| {
                     let (client, ns, track, stop) =
                         (client.clone(), ns.clone(), track.clone(), stop.clone());
                     tokio::spawn(async move {
@@ -315,7 +373,7 @@ async fn measure(
                         }
                         (samples, size)
                     })
-                };
+                });
                 let mut converged = None;
                 while converged.is_none() {
                     process.check_alive()?;
@@ -334,8 +392,12 @@ async fn measure(
                     }
                 }
                 stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                let (samples, mut size) = probe.await?;
-                measured.latency_load = samples;
+                let mut size = SIZE as i32;
+                if let Some(probe) = probe {
+                    let samples;
+                    (samples, size) = probe.await?;
+                    measured.latency_load = samples;
+                }
                 measured.converged = converged.unwrap_or_default();
                 measured.cpu = Some(cpu_time(process.pid()));
                 account_cluster(&mut measured, target, mark, &components, &cpu_before).await?;
@@ -345,6 +407,14 @@ async fn measure(
                 let (by_verb, writes) = audit_requests(&target.audit, mark, agent)?;
                 measured.requests = by_verb;
                 measured.writes = writes;
+                if args.bare {
+                    api.create(&PostParams::default(), &memcached(LATENCY_CR, SIZE)?)
+                        .await?;
+                    wait_until("the latency Deployment", Duration::from_secs(60), || {
+                        lock(&track).replicas.get(LATENCY_CR) == Some(&size)
+                    })
+                    .await?;
+                }
                 // Steady state: two resync periods with nothing changing.
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let steady_mark = audit_offset(&target.audit);
@@ -390,12 +460,35 @@ async fn account_cluster(
     Ok(())
 }
 
+/// The contenders named (or the default ones), each one that runs where `--bare` says.
+fn contenders(args: &Args) -> Result<Vec<Contender>> {
+    let contenders: Vec<Contender> = match args.contenders.as_slice() {
+        [] if args.bare => DEFAULT_BARE_CONTENDERS.to_vec(),
+        [] => DEFAULT_CONTENDERS.to_vec(),
+        named => named
+            .iter()
+            .map(|c| Contender::parse(c))
+            .collect::<Result<_>>()?,
+    };
+    if let Some(c) = contenders.iter().find(|c| {
+        if args.bare {
+            !c.runs_bare()
+        } else {
+            !c.runs_with_pods()
+        }
+    }) {
+        return Err(if args.bare {
+            format!("{} does not run with --bare (it waits for pods)", c.name())
+        } else {
+            format!("{} runs only with --bare", c.name())
+        }
+        .into());
+    }
+    Ok(contenders)
+}
+
 pub async fn run(args: Args) -> Result<()> {
-    let contenders: Vec<Contender> = args
-        .contenders
-        .iter()
-        .map(|c| Contender::parse(c))
-        .collect::<Result<_>>()?;
+    let contenders = contenders(&args)?;
     let dir = std::env::temp_dir().join(format!("mc-sbs-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut report = String::new();
@@ -419,13 +512,66 @@ pub async fn run(args: Args) -> Result<()> {
             }
         }
         report.push_str(&table(n, &contenders, &results));
-        report.push_str(&format!(
-            "\nbound (ours' writes): {} per Memcached\n",
-            args.bound_objects.join(", ")
-        ));
+        if args.bare {
+            report.push_str(
+                "\nbare control plane (etcd, kube-apiserver; no pods): done = every child \
+                 planned for a size-3 pool (Deployment, Service, PodDisruptionBudget) exists \
+                 and status.observedGeneration = generation\n",
+            );
+        } else {
+            report.push_str(&format!(
+                "\nbound (ours' writes): {} per Memcached\n",
+                args.bound_objects.join(", ")
+            ));
+        }
         println!("{report}");
     }
     let _ = std::fs::remove_dir_all(&dir);
     println!("{report}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(flags.iter().copied())).map(|c| c.args)
+    }
+
+    fn chosen(flags: &[&str]) -> Result<Vec<Contender>> {
+        contenders(&parse(flags)?)
+    }
+
+    /// `--bare` runs the bare bounds and ours (by default, all three); the contenders that
+    /// wait for pods do not run there, and the bare bounds run nowhere else.
+    #[test]
+    fn bare_runs_its_own_contenders_only() {
+        use Contender::*;
+        assert_eq!(
+            chosen(&["--bare"]).expect("default"),
+            [MinimalCreates, SsaBound, Ours]
+        );
+        assert_eq!(
+            chosen(&["--bare", "--contenders", "ours,ssa-bound"]).expect("named"),
+            [Ours, SsaBound]
+        );
+        assert_eq!(
+            chosen(&[]).expect("default"),
+            [Bound, PeerBound, Peer, PeerTuned, Ours]
+        );
+        assert!(chosen(&["--bare", "--contenders", "bound,ours"]).is_err());
+        assert!(chosen(&["--bare", "--contenders", "peer"]).is_err());
+        assert!(chosen(&["--contenders", "minimal-creates,ours"]).is_err());
+        assert!(chosen(&["--contenders", "bogus"]).is_err());
+        // A given cluster has controllers: never bare.
+        assert!(parse(&["--bare", "--kubeconfig", "k", "--audit-log", "a"]).is_err());
+    }
 }

@@ -67,7 +67,25 @@ pub(super) fn table(
                     .unwrap_or_else(|| "–".into())
             })
             .collect();
+        // A row with nothing to show for these contenders (the peers' rows without a
+        // peer, the bounds' rows on a bare control plane) is left out.
+        if cells.iter().all(|c| c == "–") {
+            return String::new();
+        }
         format!("| {label} | {} |\n", cells.join(" | "))
+    };
+    // Time over `bound`, per run, of the contenders that run as processes.
+    let over = |bound: Contender| {
+        move |c: Contender, m: &[Measured]| match results.get(&bound) {
+            Some(b) if c.user_agent().is_some() => spread(
+                m.iter()
+                    .zip(b)
+                    .map(|(m, b)| m.converged.as_secs_f64() / b.converged.as_secs_f64().max(1e-9))
+                    .collect(),
+                "×",
+            ),
+            _ => "–".into(),
+        }
     };
     out.push_str(&row("every Memcached done", &|_, m| {
         spread(m.iter().map(|m| m.converged.as_secs_f64()).collect(), " s")
@@ -85,10 +103,17 @@ pub(super) fn table(
         ),
         None => "–".into(),
     }));
+    for bound in [Contender::MinimalCreates, Contender::SsaBound] {
+        out.push_str(&row(
+            &format!("over {} (per run)", bound.name()),
+            &over(bound),
+        ));
+    }
     out.push_str(&row(
         "peer's time over ours (per run)",
         &|c, m| match results.get(&Contender::Ours) {
-            Some(ours) if c != Contender::Ours => spread(
+            // The bare bounds have rows of their own, ours over each.
+            Some(ours) if c != Contender::Ours && c.runs_with_pods() => spread(
                 m.iter()
                     .zip(ours)
                     .map(|(m, o)| m.converged.as_secs_f64() / o.converged.as_secs_f64().max(1e-9))
@@ -112,9 +137,9 @@ pub(super) fn table(
                 let parts: Vec<String> = m
                     .cluster_cpu
                     .iter()
-                    .map(|(name, cpu)| format!("{name} {:.0}", cpu.as_secs_f64()))
+                    .map(|(name, cpu)| format!("{name} {:.1}", cpu.as_secs_f64()))
                     .collect();
-                format!("{total:.0} s: {}", parts.join(", "))
+                format!("{total:.1} s: {}", parts.join(", "))
             }
             _ => "–".into(),
         },
@@ -194,4 +219,50 @@ pub(super) fn table(
         lat(m.iter().flat_map(|m| m.latency_idle.clone()).collect())
     }));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(secs: &[f64]) -> Vec<Measured> {
+        secs.iter()
+            .map(|&s| Measured {
+                converged: Duration::from_secs_f64(s),
+                ..Measured::default()
+            })
+            .collect()
+    }
+
+    /// On a bare control plane ours is given over each bound, run by run; rows with nothing
+    /// to show for these contenders (the peers', the raw-write bound's) are left out.
+    #[test]
+    fn bare_table_gives_ours_over_each_bound_per_run() {
+        use Contender::*;
+        let contenders = [MinimalCreates, SsaBound, Ours];
+        let results = BTreeMap::from([
+            (MinimalCreates, runs(&[1.0, 2.0])),
+            (SsaBound, runs(&[2.0, 2.0])),
+            (Ours, runs(&[3.0, 5.0])),
+        ]);
+        let out = table(50, &contenders, &results);
+        let line = |label: &str| {
+            out.lines()
+                .find(|l| l.starts_with(&format!("| {label} |")))
+                .map(str::to_string)
+        };
+        assert_eq!(
+            line("over minimal creates (per run)").as_deref(),
+            Some("| over minimal creates (per run) | – | – | 2.75× (2.50–3.00×, 2 runs) |")
+        );
+        assert_eq!(
+            line("over SSA bound (ours' children) (per run)").as_deref(),
+            Some(
+                "| over SSA bound (ours' children) (per run) | – | – | 2.00× (1.50–2.50×, 2 runs) |"
+            )
+        );
+        assert!(line("over its own bound (per run)").is_none(), "{out}");
+        assert!(line("peer's time over ours (per run)").is_none(), "{out}");
+        assert!(line("every Memcached done").is_some());
+    }
 }

@@ -1,5 +1,6 @@
-//! Where one contender runs: a fresh control plane (envtest, stopped afterwards) or a fresh
-//! namespace of a given cluster (deleted afterwards), with the CRD installed.
+//! Where one contender runs: a fresh control plane (envtest, stopped afterwards; with
+//! `--bare`, etcd and kube-apiserver alone) or a fresh namespace of a given cluster
+//! (deleted afterwards), with the CRD installed.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -47,7 +48,11 @@ impl Target {
                 control_plane: None,
             });
         }
-        let cp = envtest::ControlPlane::start(envtest::Options::new(envtest::Kube::Newest)).await?;
+        let cp = envtest::ControlPlane::start(envtest::Options {
+            workloads: !args.bare,
+            ..envtest::Options::new(envtest::Kube::Newest)
+        })
+        .await?;
         let client = cp.client().await?;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         crds.patch(
@@ -62,7 +67,15 @@ impl Target {
             kube::runtime::wait::conditions::is_crd_established(),
         )
         .await?;
-        let ns = cp.namespace(&format!("{PREFIX}{}", who.tag())).await?;
+        let ns = if args.bare {
+            // `ControlPlane::namespace` waits for the `default` ServiceAccount, which only
+            // kube-controller-manager creates; nothing here runs pods.
+            let ns = format!("{PREFIX}{}", who.tag());
+            create_namespace(&client, &ns).await?;
+            ns
+        } else {
+            cp.namespace(&format!("{PREFIX}{}", who.tag())).await?
+        };
         Ok(Target {
             client,
             kubeconfig: cp.kubeconfig().to_path_buf(),
