@@ -62,6 +62,7 @@ pub struct Classifier<K: Resource<DynamicType = ()>> {
     seen: HashMap<u64, (u64, u64)>,
     spec: SpecHash<K>,
     status: StatusHash<K>,
+    settled: Option<fn(&K) -> bool>,
 }
 
 impl<K: Resource<DynamicType = ()>> Classifier<K> {
@@ -70,7 +71,17 @@ impl<K: Resource<DynamicType = ()>> Classifier<K> {
             seen: HashMap::new(),
             spec,
             status,
+            settled: None,
         }
+    }
+
+    /// A status move that leaves the object `settled` is urgent: it is the move that
+    /// completes the owner (a Deployment whose pods are all updated and Ready), so nothing
+    /// would come to batch with it, and batching would only delay the status that says so
+    /// by a window.
+    pub fn urgent_when(mut self, settled: fn(&K) -> bool) -> Self {
+        self.settled = Some(settled);
+        self
     }
 
     /// `None` when nothing the reconciler reads changed. An object being deleted (or gone:
@@ -86,7 +97,10 @@ impl<K: Resource<DynamicType = ()>> Classifier<K> {
         match self.seen.insert(key, now) {
             None => Some(Urgency::Batched),
             Some(before) if before.0 != now.0 => Some(Urgency::Now),
-            Some(before) if before.1 != now.1 => Some(Urgency::Batched),
+            Some(before) if before.1 != now.1 => match self.settled {
+                Some(settled) if settled(obj) => Some(Urgency::Now),
+                _ => Some(Urgency::Batched),
+            },
             Some(_) => None,
         }
     }
@@ -315,6 +329,25 @@ mod tests {
             c.classify(&deleting),
             Some(Urgency::Now),
             "its final removal after a graceful deletion is urgent too"
+        );
+    }
+
+    #[test]
+    fn a_status_move_that_settles_the_object_is_urgent() {
+        fn ready(p: &Pod) -> bool {
+            p.status.as_ref().is_some_and(|s| s.pod_ip.is_some())
+        }
+        let mut c = Classifier::new(labels, ip).urgent_when(ready);
+        assert_eq!(
+            c.classify(&pod("a", "x", Some("10.0.0.1"))),
+            Some(Urgency::Batched),
+            "a new object is batched, settled or not (a relist brings every one)"
+        );
+        assert_eq!(c.classify(&pod("a", "x", None)), Some(Urgency::Batched));
+        assert_eq!(
+            c.classify(&pod("a", "x", Some("10.0.0.2"))),
+            Some(Urgency::Now),
+            "the move that settles it"
         );
     }
 

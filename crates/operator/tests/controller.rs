@@ -541,6 +541,27 @@ async fn a_new_memcached_costs_each_child_once_one_event_and_few_status_writes()
     env.stop().await;
 }
 
+/// The move that completes a pool (its Deployment rolled out) reconciles it at once: the
+/// status says Available without waiting for the batch window the pods' moves fall in.
+#[tokio::test]
+async fn a_pool_is_reported_available_as_soon_as_its_deployment_completes() {
+    let window = Duration::from_secs(30);
+    let config = ControllerConfig {
+        status_batch: window,
+        ..ControllerConfig::default()
+    };
+    let env = Env::start_with(config, |_| {}).await;
+    let start = std::time::Instant::now();
+    env.apply_sample("prompt", 3).await;
+    env.converged("prompt", 3).await;
+    let took = start.elapsed();
+    assert!(
+        took < window,
+        "Available after {took:?}: the completing move waited for the batch window"
+    );
+    env.stop().await;
+}
+
 /// A status change that only adds to what was written (here a pod listed in
 /// `status.nodes`) waits until the pool's progress interval after its last write, and is
 /// written then even though nothing else happens: held, never lost.

@@ -121,6 +121,20 @@ fn deployment_status(d: &CachedDeployment) -> u64 {
     h.finish()
 }
 
+/// Whether the Deployment controller has seen the Deployment's spec and every pod it asks
+/// for is updated and Ready, with no other pod left: the pool is complete (its status turns
+/// Available and no longer Progressing).
+fn rolled_out(d: &CachedDeployment) -> bool {
+    let Some(s) = &d.status else {
+        return false;
+    };
+    let want = d.replicas.unwrap_or(1);
+    s.observed_generation >= d.metadata.generation
+        && s.replicas.unwrap_or(0) == want
+        && s.updated_replicas.unwrap_or(0) == want
+        && s.ready_replicas.unwrap_or(0) == want
+}
+
 /// A Service's metadata and spec, or a ConfigMap's metadata and data (neither kind has a
 /// generation).
 fn service_spec<K>(s: &SpecOnly<K>) -> u64
@@ -333,7 +347,7 @@ pub(super) fn child_triggers(
     futures::stream::select_all([
         owner_triggers(
             caches.deployments.subscribe(),
-            Classifier::new(spec_by_generation, deployment_status),
+            Classifier::new(spec_by_generation, deployment_status).urgent_when(rolled_out),
             controller_owner,
         ),
         owner_triggers(
@@ -363,4 +377,39 @@ pub(super) fn child_triggers(
         ),
     ])
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(
+        generation: i64,
+        seen: i64,
+        replicas: i32,
+        updated: i32,
+        ready: i32,
+    ) -> CachedDeployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "d", "namespace": "ns", "generation": generation},
+            "spec": {"replicas": 3},
+            "status": {
+                "observedGeneration": seen,
+                "replicas": replicas,
+                "updatedReplicas": updated,
+                "readyReplicas": ready,
+            },
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_deployment_is_rolled_out_once_seen_with_every_pod_updated_and_ready() {
+        assert!(rolled_out(&deployment(2, 2, 3, 3, 3)));
+        assert!(!rolled_out(&deployment(2, 1, 3, 3, 3)), "spec not yet seen");
+        assert!(!rolled_out(&deployment(2, 2, 3, 3, 2)), "a pod not Ready");
+        assert!(!rolled_out(&deployment(2, 2, 4, 3, 3)), "an old pod left");
+        assert!(!rolled_out(&deployment(2, 2, 3, 2, 3)), "an old pod Ready");
+        assert!(!rolled_out(&CachedDeployment::default()), "no status");
+    }
 }
