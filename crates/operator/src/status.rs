@@ -298,11 +298,23 @@ pub fn desired_status(
             None,
         ),
         Some(deployment) => {
-            let r = rollout(deployment);
+            let mut r = rollout(deployment);
+            // Ready pods as the pod cache has them (the pods `status.endpoints` lists): the
+            // Deployment's count follows the pods through two more controllers (ReplicaSet,
+            // then Deployment), a second or more behind under load, and a pool that serves
+            // is reported as soon as its pods do. The higher count is the one reported.
+            let ready_pods =
+                i32::try_from(pods.iter().filter(|p| p.ready).count()).unwrap_or(i32::MAX);
+            let serving = r.ready.max(ready_pods);
+            // For the rollout's end it counts only when the cache holds as many live pods
+            // as the Deployment (then they are the same pods, all updated when it says so).
+            if usize::try_from(r.replicas).is_ok_and(|n| n == pods.len()) {
+                r.ready = serving;
+            }
             // The pool serves at full size once `size` pods are Ready. The Deployment's own
             // count of available pods lags that by `minReadySeconds`, a pace for replacing
             // old pods that says nothing about whether the pool serves.
-            let available = r.ready >= size;
+            let available = serving >= size;
             let available_cond = cond(
                 condition::AVAILABLE,
                 available,
@@ -311,7 +323,7 @@ pub fn desired_status(
                 } else {
                     "MinimumReplicasUnavailable"
                 },
-                format!("{}/{} pods ready", r.ready, size),
+                format!("{}/{} pods ready", serving, size),
             );
             // Done when only updated pods remain and all are Ready. While old pods remain, a
             // new one waits out `minReadySeconds` before the next old one goes (the rollout
@@ -342,7 +354,7 @@ pub fn desired_status(
             } else {
                 (
                     "WaitingForReadyPods",
-                    format!("{} of {size} pods ready", r.ready),
+                    format!("{} of {size} pods ready", serving),
                 )
             };
             // The Deployment controller gave up waiting for this rollout.
@@ -365,7 +377,7 @@ pub fn desired_status(
                 ),
                 (None, _) => cond(condition::PROGRESSING, !done, reason, message),
             };
-            (r.replicas, r.ready, available_cond, progressing_cond, stuck)
+            (r.replicas, serving, available_cond, progressing_cond, stuck)
         }
     };
     let degraded_cond = match (&observed.problem, stuck) {
@@ -1038,6 +1050,56 @@ mod tests {
                 .iter()
                 .all(|c| c.type_ != condition::PROXY_READY)
         );
+    }
+
+    /// The pods' readiness in the cache counts as soon as it is seen, before the Deployment
+    /// controller counts it, when the cache and the Deployment agree on the pods.
+    #[test]
+    fn a_pool_is_available_when_its_pods_are_ready_before_the_deployment_counts_them() {
+        let m = mc(3, 1);
+        let pods = |n: usize, ready: usize| -> Vec<ObservedPod> {
+            (0..n)
+                .map(|i| ObservedPod {
+                    name: format!("m-{i}"),
+                    ip: Some(format!("10.0.0.{i}")),
+                    ready: i < ready,
+                })
+                .collect()
+        };
+        let with = |d: &Deployment, pods: Vec<ObservedPod>| {
+            desired_status(
+                &m,
+                &Observed {
+                    deployment: Some(d),
+                    pods,
+                    ..Observed::default()
+                },
+                t(100),
+            )
+        };
+        let counted_two = deployment(1, 1, 3, 3, 2);
+        let s = with(&counted_two, pods(3, 3));
+        assert_eq!(s.ready_replicas, 3);
+        assert_eq!(status_of(&s, condition::AVAILABLE).0, "True");
+        assert_eq!(
+            status_of(&s, condition::PROGRESSING),
+            ("False", "RolloutComplete")
+        );
+        assert_eq!(status_of(&s, condition::READY).0, "True");
+        // The cache holds a pod the Deployment no longer counts (an old one whose deletion
+        // is not seen yet): its count is not mixed with the Deployment's.
+        let s = with(&counted_two, pods(4, 3));
+        assert_eq!(
+            status_of(&s, condition::PROGRESSING),
+            ("True", "WaitingForReadyPods")
+        );
+        // What serves is counted all the same: the Ready pods the endpoints list.
+        assert_eq!(s.ready_replicas, 3);
+        assert_eq!(s.endpoints.len(), 3);
+        assert_eq!(status_of(&s, condition::AVAILABLE).0, "True");
+        // The Deployment's count is fresher: it stands.
+        let s = with(&deployment(1, 1, 3, 3, 3), pods(3, 2));
+        assert_eq!(status_of(&s, condition::AVAILABLE).0, "True");
     }
 
     /// A new pool of 3 on its way up, step by step: which steps only add to what the last

@@ -121,6 +121,14 @@ fn deployment_status(d: &CachedDeployment) -> u64 {
     h.finish()
 }
 
+/// A pod's move that leaves it Ready is urgent: it may be the one that makes the pool
+/// Available (the status counts Ready pods from the cache, see `status::desired_status`),
+/// and a pool that serves is reported at once. The status write itself is paced when the
+/// move only adds a pod ([`super::pacing`]).
+fn ready(p: &CachedPod) -> bool {
+    p.ready
+}
+
 /// Whether the Deployment controller has seen the Deployment's spec and every pod it asks
 /// for is updated and Ready, with no other pod left: the pool is complete (its status turns
 /// Available and no longer Progressing).
@@ -372,7 +380,7 @@ pub(super) fn child_triggers(
         ),
         owner_triggers(
             caches.pods.subscribe(),
-            Classifier::new(pod_spec, pod_status),
+            Classifier::new(pod_spec, pod_status).urgent_when(ready),
             pod_owner,
         ),
     ])
