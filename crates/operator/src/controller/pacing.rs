@@ -26,8 +26,8 @@ pub struct StatusPacing {
     last: Mutex<HashMap<u64, Instant>>,
 }
 
-/// The map is pruned of old writes once it holds this many (and then twice as many as
-/// remain), so it holds about the pools written within one interval.
+/// The map is pruned of writes older than the interval whenever its size reaches a power of
+/// two from this one on, so it holds about the pools written within one interval.
 const PRUNE_AT: usize = 64;
 
 impl StatusPacing {
@@ -39,9 +39,9 @@ impl StatusPacing {
         }
     }
 
-    /// How long the write of `want` over `live` waits, or `None` when it is made now: when
-    /// it changes more than progress, or the pool's status was not written within the
-    /// interval (nor ever, by this process).
+    /// How long the write of `want` over `live` waits, or `None` when it is made now (or
+    /// there is nothing to write): when it changes more than progress, or the pool's status
+    /// was not written within the interval (nor ever, by this process).
     pub fn hold(
         &self,
         owner: u64,
@@ -49,7 +49,9 @@ impl StatusPacing {
         want: &MemcachedStatus,
         now: Instant,
     ) -> Option<Duration> {
-        if self.interval.is_zero() || !status::progress_only(live?, want) {
+        let live = live?;
+        // Nothing to write: no look again is needed either.
+        if self.interval.is_zero() || live == want || !status::progress_only(live, want) {
             return None;
         }
         let last = self.lock().get(&owner).copied()?;
@@ -138,6 +140,11 @@ mod tests {
             "the pool turning Available is written at once"
         );
         assert_eq!(pacing.hold(1, None, &one, later), None, "a first status");
+        assert_eq!(
+            pacing.hold(1, Some(&two), &two, later),
+            None,
+            "nothing to write: no look again"
+        );
         assert_eq!(
             pacing.hold(1, Some(&two), &one, later),
             None,
