@@ -9,6 +9,9 @@
 #                                    the TLS reload agent (crates/tls-agent, VERSION its own
 #                                    version), a debug build in CARGO_TARGET_DIR (default
 #                                    target/), and the libraries it links
+#   envtest.local/memcached-exporter:VERSION
+#                                    the memcached exporter the operator runs by default,
+#                                    from its source in hack/memcached-exporter (static)
 # Rebuilds only when an input (the binaries, pause.c, mkimage, this script) changed.
 #   hack/node/images.sh
 set -euo pipefail
@@ -80,8 +83,20 @@ fi
 agent="${CARGO_TARGET_DIR:-$root/target}/debug/memcached-tls-agent"
 agent_version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/crates/tls-agent/Cargo.toml" | head -1)"
 agent_libs="$(libs_of "$agent")"
+# The exporter: go decides whether it is up to date (its build cache); the binary is an input
+# of the stamp (-trimpath and the fixed version make it the same from the same sources).
+exporter_src="$root/hack/memcached-exporter"
+exporter_version="$(cat "$exporter_src/VERSION")"
+exporter_dir="$bin/memcached-exporter-$exporter_version"
+mkdir -p "$exporter_dir"
+(cd "$exporter_src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w \
+  -X github.com/prometheus/common/version.Version=$exporter_version \
+  -X github.com/prometheus/common/version.Revision=$(sed -n 's/.*(commit \([0-9a-f]*\).*/\1/p' README.md)" \
+  -o "$exporter_dir/memcached_exporter" ./cmd/memcached_exporter)
+exporter="$exporter_dir/memcached_exporter"
 stamp="$(cat "$here/images.sh" "$here/pause.c" "$here/runtime/cmd/mkimage/main.go" \
-  "$here/runtime/go.sum" "$memcached" $libs $sasl_libs "$agent" $agent_libs | sha256sum | cut -c1-16)"
+  "$here/runtime/go.sum" "$memcached" $libs $sasl_libs "$agent" $agent_libs "$exporter" \
+  | sha256sum | cut -c1-16)"
 if [[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$stamp" ]]; then
   echo "up to date: $out"; exit 0
 fi
@@ -100,6 +115,11 @@ mc=envtest.local/memcached:$mc_version
 agent_image=envtest.local/memcached-tls-agent:$agent_version
 "$work/mkimage" -o "$out/tls-agent.tar" -name "$agent_image" -entrypoint /memcached-tls-agent \
   -user 65534 /memcached-tls-agent="$agent" $agent_libs
-printf 'pause %s\nmemcached %s\ntls-agent %s\n' "$pause" "$mc" "$agent_image" > "$out/names"
+# The exporter at the path of the upstream image's entrypoint, as nobody (the pod sets it too).
+exporter_image=envtest.local/memcached-exporter:$exporter_version
+"$work/mkimage" -o "$out/exporter.tar" -name "$exporter_image" \
+  -entrypoint /bin/memcached_exporter -user 65534 /bin/memcached_exporter="$exporter"
+printf 'pause %s\nmemcached %s\ntls-agent %s\nexporter %s\n' "$pause" "$mc" "$agent_image" \
+  "$exporter_image" > "$out/names"
 echo "$stamp" > "$out/.stamp"
-echo "built $out: $pause, $mc, $agent_image"
+echo "built $out: $pause, $mc, $agent_image, $exporter_image"

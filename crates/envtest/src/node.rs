@@ -84,6 +84,10 @@ pub struct RealNodeInfo {
     /// The TLS reload agent's image (crates/tls-agent, its binary at `/memcached-tls-agent`,
     /// the operator's `--tls-agent-image`); imported, never pulled.
     pub tls_agent_image: String,
+    /// The memcached exporter's image (hack/memcached-exporter, the version the operator runs
+    /// by default, its binary at `/bin/memcached_exporter` as upstream's); imported, never
+    /// pulled.
+    pub exporter_image: String,
     /// The operator's image (crates/operator, its binary at `/memcached-operator` as
     /// `config/manager` and the chart run it, user 65532), named
     /// `envtest.local/memcached-operator:VERSION` (VERSION the chart's `appVersion`);
@@ -385,6 +389,7 @@ impl RealNode {
         };
         let (pause_image, memcached_image) = (image("pause")?, image("memcached")?);
         let tls_agent_image = image("tls-agent")?;
+        let exporter_image = image("exporter")?;
         // The operator's image has a name file of its own (hack/node/images.sh builds it
         // apart from the others).
         let operator_image =
@@ -396,6 +401,7 @@ impl RealNode {
             require_file(images.join("pause.tar"), &build)?,
             require_file(images.join("memcached.tar"), &build)?,
             require_file(images.join("tls-agent.tar"), &build)?,
+            require_file(images.join("exporter.tar"), &build)?,
             require_file(images.join("operator.tar"), &build)?,
         ];
 
@@ -440,6 +446,7 @@ impl RealNode {
                 name: REAL_NODE_NAME.to_string(),
                 memcached_image,
                 tls_agent_image,
+                exporter_image,
                 operator_image,
                 pause_image,
                 node_ip,
@@ -785,10 +792,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     /// What the node makes on the host, in `<run_dir>/node`, for [`sweep_dead_nodes`].
     fn write_record(&self, run_dir: &Path) -> Result<(), Error> {
         let mut record = format!(
-            "name {}\nmemcached {}\ntls-agent {}\noperator {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
+            "name {}\nmemcached {}\ntls-agent {}\nexporter {}\noperator {}\npause {}\nnode-ip {}\nsubnet {}\nbridge {}\ncgroup {}\n",
             self.info.name,
             self.info.memcached_image,
             self.info.tls_agent_image,
+            self.info.exporter_image,
             self.info.operator_image,
             self.info.pause_image,
             self.info.node_ip,
@@ -1016,6 +1024,7 @@ pub fn real_node_record(path: &Path) -> Option<RealNodeInfo> {
         memcached_image: field("memcached")?,
         // Not in the records of nodes from before the agent's (the operator's) image.
         tls_agent_image: field("tls-agent").unwrap_or_default(),
+        exporter_image: field("exporter").unwrap_or_default(),
         operator_image: field("operator").unwrap_or_default(),
         pause_image: field("pause")?,
         node_ip: field("node-ip")?.parse().ok()?,

@@ -12,10 +12,15 @@
 //!   do not) and the ANONYMOUS plugin: memcached starts, offers PLAIN alone, serves a client
 //!   with the Secret's password and refuses one without it, with a wrong one or ANONYMOUS;
 //!   and a SASL pool the last release (`make previous-release`) left crash-looping serves
-//!   once this build takes over.
+//!   once this build takes over;
+//! - the exporter (its image built from hack/memcached-exporter, the version the operator
+//!   runs by default): the ServiceMonitor the operator writes leads, through the Service and
+//!   the EndpointSlices Kubernetes keeps, to each pod's exporter, which reports its own
+//!   pod's memcached (up, its items, its hits and misses); the families it exports are
+//!   hack/memcached-exporter/metrics.txt, which the alerts and dashboards are checked against.
 //!
 //! Needs root and `make node` (the kubelet, containerd, and bin/node-images: memcached built
-//! with SASL by `make memcached-proxy`, the TLS reload agent). No Services: clients use pod
+//! with SASL by `make memcached-proxy`, the TLS reload agent, the exporter). Clients use pod
 //! IPs, reachable from the host on the node's bridge.
 
 use std::collections::BTreeMap;
@@ -586,5 +591,234 @@ async fn a_sasl_pool_the_last_release_left_down_serves_after_the_upgrade() {
         });
     }
     assert_no_restarts(&env.restarts("sasl").await, 2);
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. The exporter, scraped where the ServiceMonitor points
+
+/// The families the shipped exporter exports from memcached as the operator runs it
+/// (`# TYPE` lines), one per line: what alerts and dashboards may use.
+const EXPORTER_FAMILIES: &str = include_str!("../../../hack/memcached-exporter/metrics.txt");
+const EXPORTER_FAMILIES_PATH: &str = "hack/memcached-exporter/metrics.txt";
+
+/// `GET path` over plain HTTP/1.0; the status and the body.
+fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .map_err(|e| format!("reading {addr}{path}: {e}"))?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no end of headers")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_string()))
+}
+
+/// A sample's value in Prometheus' text format: `name{labels} value` with the labels
+/// written as the exporter writes them (sorted), or `name value` for `labels` "".
+fn sample(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let series = if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    metrics.lines().find_map(|l| {
+        let (s, v) = l.rsplit_once(' ')?;
+        (s == series).then(|| v.parse().ok())?
+    })
+}
+
+fn families(metrics: &str) -> std::collections::BTreeSet<String> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// What Prometheus scrapes for a ServiceMonitor: the Services its selector matches in its
+/// namespace, their EndpointSlices' Ready addresses, at the port of the endpoint's `port`
+/// name; pod name → address (`kube-controller-manager` and the kubelet decide them).
+async fn monitor_targets(env: &Env, monitor: &str) -> Option<BTreeMap<String, SocketAddr>> {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+    let gvk = GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor");
+    let monitors: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), &env.ns, &ApiResource::from_gvk(&gvk));
+    let sm = monitors.get(monitor).await.ok()?;
+    let selector = sm.data["spec"]["selector"]["matchLabels"].as_object()?;
+    let labels = selector
+        .iter()
+        .map(|(k, v)| Some(format!("{k}={}", v.as_str()?)))
+        .collect::<Option<Vec<_>>>()?
+        .join(",");
+    let port = sm.data["spec"]["endpoints"][0]["port"]
+        .as_str()?
+        .to_string();
+    let services = env
+        .api::<Service>()
+        .list(&ListParams::default().labels(&labels))
+        .await
+        .ok()?;
+    let mut targets = BTreeMap::new();
+    for svc in services.items {
+        let slices = env
+            .api::<EndpointSlice>()
+            .list(
+                &ListParams::default()
+                    .labels(&format!("kubernetes.io/service-name={}", svc.name_any())),
+            )
+            .await
+            .ok()?;
+        for slice in slices.items {
+            let Some(number) = slice
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(&*port))
+                .and_then(|p| p.port)
+            else {
+                continue;
+            };
+            for e in &slice.endpoints {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+                let pod = e.target_ref.as_ref().and_then(|r| r.name.clone());
+                if let (true, Some(pod), Some(ip)) = (ready, pod, e.addresses.first()) {
+                    let ip: Ipv4Addr = ip.parse().ok()?;
+                    targets.insert(pod, SocketAddr::from((ip, number as u16)));
+                }
+            }
+        }
+    }
+    Some(targets)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_reports_each_pod_where_the_monitor_points_newest() {
+    the_exporter_reports_each_pod_where_the_monitor_points(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exporter_reports_each_pod_where_the_monitor_points_oldest() {
+    the_exporter_reports_each_pod_where_the_monitor_points(Kube::Oldest).await;
+}
+
+/// A pool with the exporter on the real node: the ServiceMonitor the operator writes leads,
+/// through the Service and the EndpointSlices Kubernetes keeps, to each pod's exporter (the
+/// image built from hack/memcached-exporter, the version the operator runs by default), and
+/// each exporter reports its own pod's memcached: up, the items set on that pod alone, the
+/// hits and misses it served. The families it exports are the committed list the alerts and
+/// dashboards are checked against.
+async fn the_exporter_reports_each_pod_where_the_monitor_points(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = Env::without_controller(kube, "exporter").await;
+    common::cluster::apply_crd(&env.client, &common::service_monitor_crd()).await;
+    let mut env = env;
+    env.start_controller();
+    let memcacheds: Api<Memcached> = env.api();
+    let mut spec = MemcachedSpec {
+        exporter: Some(memcached_api::ExporterSpec {
+            enabled: true,
+            image: None,
+        }),
+        ..MemcachedSpec::with_size(2)
+    };
+    env.on_the_real_node(&mut spec);
+    memcacheds
+        .create(&PostParams::default(), &Memcached::new("exported", spec))
+        .await
+        .unwrap();
+    let pool = env.ready_pool("exported", 2).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    for name in pool.keys() {
+        let pod = pods.get(name).await.unwrap();
+        let images: Vec<_> = pod
+            .spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .filter_map(|c| c.image.clone())
+            .collect();
+        assert!(
+            images.contains(&env.node.exporter_image),
+            "{name} runs the node's exporter image: {images:?}"
+        );
+    }
+
+    let targets = poll(
+        "the ServiceMonitor's targets are the pool's two Ready pods",
+        CONVERGE,
+        || async {
+            let t = monitor_targets(&env, "exported").await?;
+            (t.keys().collect::<Vec<_>>() == pool.keys().collect::<Vec<_>>()).then_some(t)
+        },
+    )
+    .await;
+
+    // Pod i holds i + 1 items; each is read back once, and one key missed.
+    for (i, ip) in pool.values().enumerate() {
+        blocking(|| {
+            let mut c = plain(*ip);
+            for k in 0..=i {
+                c.set(&format!("key-{k}"), "value");
+                assert_eq!(c.get(&format!("key-{k}")).as_deref(), Some("value"));
+            }
+            assert_eq!(c.get("absent"), None);
+        });
+    }
+    for (i, (pod, addr)) in targets.iter().enumerate() {
+        let (status, metrics) = blocking(|| http_get(*addr, "/metrics"))
+            .unwrap_or_else(|e| panic!("scraping {pod} at {addr}: {e}"));
+        assert_eq!(status, 200, "{pod} at {addr}: {metrics}");
+        let at = |name: &str, labels: &str| {
+            sample(&metrics, name, labels)
+                .unwrap_or_else(|| panic!("{pod} at {addr} exports {name}{{{labels}}}"))
+        };
+        assert_eq!(at("memcached_up", ""), 1.0, "{pod}: memcached is up");
+        assert_eq!(
+            at("memcached_current_items", ""),
+            (i + 1) as f64,
+            "{pod} reports the items set on it alone"
+        );
+        assert_eq!(
+            at("memcached_commands_total", r#"command="set",status="hit""#),
+            (i + 1) as f64,
+            "{pod}: its sets"
+        );
+        assert_eq!(
+            at("memcached_commands_total", r#"command="get",status="hit""#),
+            (i + 1) as f64,
+            "{pod}: its hits"
+        );
+        assert_eq!(
+            at("memcached_commands_total", r#"command="get",status="miss""#),
+            1.0,
+            "{pod}: its miss"
+        );
+        let exported = families(&metrics);
+        if std::env::var_os("UPDATE_EXPORTER_FAMILIES").is_some() {
+            let text: String = exported.iter().map(|f| format!("{f}\n")).collect();
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
+                .join(EXPORTER_FAMILIES_PATH);
+            std::fs::write(&path, text).unwrap();
+            continue;
+        }
+        let committed: std::collections::BTreeSet<String> =
+            EXPORTER_FAMILIES.lines().map(str::to_string).collect();
+        assert_eq!(
+            exported, committed,
+            "the families {pod}'s exporter exports are {EXPORTER_FAMILIES_PATH} \
+             (UPDATE_EXPORTER_FAMILIES=1 rewrites it from this run)"
+        );
+    }
+    assert_no_restarts(&env.restarts("exported").await, 4);
     env.stop().await;
 }

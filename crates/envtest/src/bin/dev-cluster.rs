@@ -100,12 +100,14 @@ fn main() -> ExitCode {
                 "real node {} at {} (pods on {}; {which})\n\
                  memcached image: {}\n\
                  tls-agent image: {}\n\
+                 exporter image: {}\n\
                  operator image: {}",
                 node.name,
                 node.node_ip,
                 node.pod_subnet,
                 node.memcached_image,
                 node.tls_agent_image,
+                node.exporter_image,
                 node.operator_image,
             );
         }

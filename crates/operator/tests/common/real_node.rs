@@ -96,7 +96,7 @@ impl Env {
             build: BuildSettings {
                 default_image: self.node.memcached_image.clone(),
                 tls_agent_image: self.node.tls_agent_image.clone(),
-                ..BuildSettings::default()
+                default_exporter_image: self.node.exporter_image.clone(),
             },
             ..ControllerConfig::default()
         };
