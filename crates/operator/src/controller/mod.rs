@@ -152,6 +152,7 @@ pub async fn run_controller(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let telemetry = config.telemetry.clone();
+    let stopped = telemetry.clone();
     if let Some(t) = &telemetry {
         t.controller
             .set_max_concurrent(i64::from(config.concurrency));
@@ -226,6 +227,9 @@ pub async fn run_controller(
             }
         })
         .await;
+    if let Some(t) = stopped {
+        t.clear_problems();
+    }
 }
 
 /// Starts the caches for `config.namespace`, waits for them, and runs the controller until

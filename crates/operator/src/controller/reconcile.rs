@@ -41,6 +41,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         if t.instances_due() {
             let scope = ctx.config.namespace.as_deref().unwrap_or("");
             t.set_instances(scope, ctx.memcacheds.state().len());
+            t.prune_problems(|key| ctx.memcacheds.get(key).is_some());
         }
         t.controller.reconcile_started()
     });
@@ -194,6 +195,9 @@ async fn reconcile_inner(
     };
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
+    if let Some(t) = &ctx.config.telemetry {
+        t.set_problems(&ObjectRef::from_obj(mc), &status.conditions);
+    }
     let recheck = proxy_recheck(&status, now, ctx.config.proxy_propagation);
     // Progress only (pods listed, counts) waits for the pool's interval; a look again then
     // writes it, unless a change of meaning comes first.
@@ -365,6 +369,9 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
         rollout_waiting: None,
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
+    if let Some(t) = &ctx.config.telemetry {
+        t.set_problems(&ObjectRef::from_obj(mc), &status.conditions);
+    }
     write_status_if_changed(&ctx.client, mc, status).await
 }
 

@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::reflector::ObjectRef;
 use manager::ControllerMetrics;
-use memcached_api::Memcached;
+use memcached_api::{Memcached, condition};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::CONTROLLER_NAME;
@@ -108,6 +110,10 @@ pub struct Telemetry {
     pub controller: ControllerMetrics,
     /// `memcached_operator_managed_instances`: Memcacheds in the cache, all scopes together.
     pub managed_instances: Gauge,
+    /// `memcached_operator_pool_problem`: see [`Telemetry::set_problems`].
+    problems: Family<ProblemLabels, Gauge>,
+    /// The series of `problems` each pool has now, to remove them when they clear.
+    problems_by_pool: Arc<Mutex<HashMap<ObjectRef<Memcached>, Vec<ProblemLabels>>>>,
     /// Keys waiting for a reconcile (the work queue's content, for `workqueue_depth`).
     pending: Arc<Mutex<HashSet<ObjectRef<Memcached>>>>,
     instances_by_scope: Arc<Mutex<HashMap<String, i64>>>,
@@ -123,9 +129,19 @@ impl Telemetry {
             "Memcached objects in the operator's cache",
             managed_instances.clone(),
         );
+        let problems = Family::<ProblemLabels, Gauge>::default();
+        metrics.register(
+            "memcached_operator_pool_problem",
+            "1 for each condition of a Memcached in its unhealthy state (Ready, Available, \
+             ProxyReady or CertificatesReloaded False; Degraded True), with its reason; a \
+             healthy pool has no series",
+            problems.clone(),
+        );
         Self {
             controller: metrics.controller(CONTROLLER_NAME),
             managed_instances,
+            problems,
+            problems_by_pool: Arc::default(),
             pending: Arc::default(),
             instances_by_scope: Arc::default(),
             instances_at: Arc::default(),
@@ -155,6 +171,62 @@ impl Telemetry {
         true
     }
 
+    /// The pool's series of `memcached_operator_pool_problem`, from the conditions of the
+    /// status this reconcile computed (written now or paced: the conditions that change the
+    /// meaning are never held), replacing its earlier ones.
+    pub fn set_problems(&self, key: &ObjectRef<Memcached>, conditions: &[Condition]) {
+        let namespace = key.namespace.clone().unwrap_or_default();
+        let now: Vec<ProblemLabels> = unhealthy(conditions)
+            .map(|c| {
+                [
+                    ("namespace", namespace.clone()),
+                    ("memcached", key.name.clone()),
+                    ("condition", c.type_.clone()),
+                    ("reason", c.reason.clone()),
+                ]
+            })
+            .collect();
+        let mut by_pool = self
+            .problems_by_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let before = if now.is_empty() {
+            by_pool.remove(key).unwrap_or_default()
+        } else {
+            by_pool.insert(key.clone(), now.clone()).unwrap_or_default()
+        };
+        for gone in before.iter().filter(|l| !now.contains(l)) {
+            self.problems.remove(gone);
+        }
+        for labels in &now {
+            self.problems.get_or_create(labels).set(1);
+        }
+    }
+
+    /// Removes the series of pools for which `exists` is false (deleted ones: a deleted
+    /// pool is not reconciled again).
+    pub(super) fn prune_problems(&self, exists: impl Fn(&ObjectRef<Memcached>) -> bool) {
+        let mut by_pool = self
+            .problems_by_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        by_pool.retain(|key, labels| {
+            let keep = exists(key);
+            if !keep {
+                for l in labels.iter() {
+                    self.problems.remove(l);
+                }
+            }
+            keep
+        });
+    }
+
+    /// Removes every pool's series (the controller stopped: this replica no longer speaks
+    /// for the pools, the next leader does).
+    pub fn clear_problems(&self) {
+        self.prune_problems(|_| false);
+    }
+
     pub(super) fn set_instances(&self, scope: &str, count: usize) {
         let mut by_scope = self
             .instances_by_scope
@@ -162,5 +234,95 @@ impl Telemetry {
             .unwrap_or_else(|e| e.into_inner());
         by_scope.insert(scope.to_string(), count as i64);
         self.managed_instances.set(by_scope.values().sum());
+    }
+}
+
+/// `namespace`, `memcached`, `condition`, `reason`.
+type ProblemLabels = [(&'static str, String); 4];
+
+/// The conditions in their unhealthy state.
+fn unhealthy(conditions: &[Condition]) -> impl Iterator<Item = &Condition> {
+    conditions.iter().filter(|c| match c.type_.as_str() {
+        condition::DEGRADED => c.status == "True",
+        condition::READY
+        | condition::AVAILABLE
+        | condition::PROXY_READY
+        | condition::CERTIFICATES_RELOADED => c.status == "False",
+        _ => false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Default::default(),
+            ),
+            observed_generation: None,
+        }
+    }
+
+    fn exposed(metrics: &manager::Metrics) -> Vec<String> {
+        let mut lines: Vec<String> = metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("memcached_operator_pool_problem{"))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn a_pool_has_problem_series_while_unhealthy_and_none_once_healthy_or_gone() {
+        let metrics = manager::Metrics::new();
+        let t = Telemetry::register(&metrics);
+        let a = ObjectRef::<Memcached>::new("a").within("ns");
+        let b = ObjectRef::<Memcached>::new("b").within("ns");
+        t.set_problems(
+            &a,
+            &[
+                cond("Available", "False", "MinimumReplicasUnavailable"),
+                cond("Progressing", "True", "Scaling"),
+                cond("Degraded", "True", "SecretNotFound"),
+                cond("Ready", "False", "Degraded"),
+            ],
+        );
+        t.set_problems(&b, &[cond("Degraded", "True", "InvalidSpec")]);
+        assert_eq!(
+            exposed(&metrics),
+            [
+                r#"memcached_operator_pool_problem{namespace="ns",memcached="a",condition="Available",reason="MinimumReplicasUnavailable"} 1"#,
+                r#"memcached_operator_pool_problem{namespace="ns",memcached="a",condition="Degraded",reason="SecretNotFound"} 1"#,
+                r#"memcached_operator_pool_problem{namespace="ns",memcached="a",condition="Ready",reason="Degraded"} 1"#,
+                r#"memcached_operator_pool_problem{namespace="ns",memcached="b",condition="Degraded",reason="InvalidSpec"} 1"#,
+            ]
+        );
+        // The reason changes: the old series goes.
+        t.set_problems(
+            &a,
+            &[
+                cond("Available", "True", "MinimumReplicasAvailable"),
+                cond("Degraded", "False", "AsExpected"),
+                cond("Ready", "False", "Progressing"),
+            ],
+        );
+        assert_eq!(
+            exposed(&metrics),
+            [
+                r#"memcached_operator_pool_problem{namespace="ns",memcached="a",condition="Ready",reason="Progressing"} 1"#,
+                r#"memcached_operator_pool_problem{namespace="ns",memcached="b",condition="Degraded",reason="InvalidSpec"} 1"#,
+            ]
+        );
+        t.set_problems(&a, &[cond("Ready", "True", "Ready")]);
+        t.prune_problems(|key| key != &b);
+        assert!(exposed(&metrics).is_empty(), "{:?}", exposed(&metrics));
     }
 }
