@@ -70,6 +70,11 @@ pub const REAL_NODE_START_TIMEOUT: Duration = Duration::from_secs(120);
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CNI_CACHE: &str = "/var/lib/cni/results";
 const CONTAINER_LOG_LINKS: &str = "/var/log/containers";
+/// Where the kubelet's built-in cAdvisor looks for containerd (its `-containerd` flag's
+/// default, which the kubelet does not expose): without it, `/metrics/cadvisor` has no
+/// `container`, `pod` or `namespace` labels. The node links its own socket there when
+/// nothing else is (and removes the link with itself).
+const CADVISOR_CONTAINERD_SOCK: &str = "/run/containerd/containerd.sock";
 
 /// What a test needs to know of the real node: its name, the images it holds, where its
 /// pods' addresses come from, and what it created on the host (to check that all of it is
@@ -649,6 +654,20 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // cAdvisor's containerd, unless the host has its own there (then the series of
+        // this node's containers are unlabelled). A link to a socket gone is a dead node's.
+        if std::fs::read_link(CADVISOR_CONTAINERD_SOCK).is_ok_and(|t| !t.exists()) {
+            let _ = std::fs::remove_file(CADVISOR_CONTAINERD_SOCK);
+        }
+        if std::fs::symlink_metadata(CADVISOR_CONTAINERD_SOCK).is_err() {
+            let link = Path::new(CADVISOR_CONTAINERD_SOCK);
+            if let Some(parent) = link.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io_err("creating cAdvisor's containerd directory"))?;
+            }
+            std::os::unix::fs::symlink(&sock, link)
+                .map_err(io_err("linking cAdvisor's containerd socket"))?;
+        }
         for tarball in &tarballs {
             run(Command::new(&ctr)
                 .arg(format!("--address={}", sock.display()))
@@ -952,6 +971,15 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
                 let _ = std::fs::remove_file(e.path());
             }
         }
+        if let Ok(target) = std::fs::read_link(CADVISOR_CONTAINERD_SOCK)
+            && self.info.dirs.iter().any(|d| target.starts_with(d))
+        {
+            let _ = std::fs::remove_file(CADVISOR_CONTAINERD_SOCK);
+            // The directory too, if the node made it (nothing else is in it).
+            let _ = Path::new(CADVISOR_CONTAINERD_SOCK)
+                .parent()
+                .map(std::fs::remove_dir);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let dirs = cgroup_dirs(&self.info.cgroup);
@@ -1076,6 +1104,11 @@ pub fn leftovers(info: &RealNodeInfo) -> Vec<String> {
         if std::fs::read_link(e.path()).is_ok_and(|t| info.dirs.iter().any(|d| t.starts_with(d))) {
             out.push(format!("log link {}", e.path().display()));
         }
+    }
+    if std::fs::read_link(CADVISOR_CONTAINERD_SOCK)
+        .is_ok_and(|t| info.dirs.iter().any(|d| t.starts_with(d)))
+    {
+        out.push(format!("link {CADVISOR_CONTAINERD_SOCK}"));
     }
     // The host's KUBE-* chains are the running real node's while one holds the host's
     // lock: they are counted only when none does.

@@ -17,7 +17,9 @@
 //!   runs by default): the ServiceMonitor the operator writes leads, through the Service and
 //!   the EndpointSlices Kubernetes keeps, to each pod's exporter, which reports its own
 //!   pod's memcached (up, its items, its hits and misses); the families it exports are
-//!   hack/memcached-exporter/metrics.txt, which the alerts and dashboards are checked against.
+//!   hack/memcached-exporter/metrics.txt, and those of the kubelet's cAdvisor endpoint
+//!   include hack/node/cadvisor-metrics.txt: the alerts and dashboards are checked against
+//!   both (crates/gen/tests/monitoring.rs).
 //!
 //! Needs root and `make node` (the kubelet, containerd, and bin/node-images: memcached built
 //! with SASL by `make memcached-proxy`, the TLS reload agent, the exporter). Clients use pod
@@ -601,6 +603,9 @@ async fn a_sasl_pool_the_last_release_left_down_serves_after_the_upgrade() {
 /// (`# TYPE` lines), one per line: what alerts and dashboards may use.
 const EXPORTER_FAMILIES: &str = include_str!("../../../hack/memcached-exporter/metrics.txt");
 const EXPORTER_FAMILIES_PATH: &str = "hack/memcached-exporter/metrics.txt";
+/// The families the pinned kubelets' cAdvisor endpoint exports (both versions have each).
+const CADVISOR_FAMILIES: &str = include_str!("../../../hack/node/cadvisor-metrics.txt");
+const CADVISOR_FAMILIES_PATH: &str = "hack/node/cadvisor-metrics.txt";
 
 /// `GET path` over plain HTTP/1.0; the status and the body.
 fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
@@ -817,6 +822,46 @@ async fn the_exporter_reports_each_pod_where_the_monitor_points(kube: Kube) {
             exported, committed,
             "the families {pod}'s exporter exports are {EXPORTER_FAMILIES_PATH} \
              (UPDATE_EXPORTER_FAMILIES=1 rewrites it from this run)"
+        );
+    }
+
+    // The kubelet's cAdvisor series (what kube-prometheus scrapes for containers' CPU,
+    // memory and network), which the proxy's dashboard reads: the committed families are
+    // among what this kubelet exports, once the pool's containers are measured.
+    let scraped = poll(
+        "the kubelet's cAdvisor metrics measuring the pool's memcached containers",
+        CONVERGE,
+        || async {
+            let request = http::Request::get(format!(
+                "/api/v1/nodes/{}/proxy/metrics/cadvisor",
+                env.node.name
+            ))
+            .body(Vec::new())
+            .ok()?;
+            let text = env.client.request_text(request).await.ok()?;
+            text.lines()
+                .any(|l| {
+                    l.starts_with("container_cpu_usage_seconds_total{")
+                        && l.contains("container=\"memcached\"")
+                })
+                .then_some(text)
+        },
+    )
+    .await;
+    let exported = families(&scraped);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(CADVISOR_FAMILIES_PATH);
+    if std::env::var_os("UPDATE_EXPORTER_FAMILIES").is_some() {
+        let text: String = exported.iter().map(|f| format!("{f}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+    } else {
+        let committed: std::collections::BTreeSet<String> =
+            CADVISOR_FAMILIES.lines().map(str::to_string).collect();
+        let missing: Vec<_> = committed.difference(&exported).collect();
+        assert!(
+            missing.is_empty(),
+            "{kube:?}'s kubelet does not export {missing:?} of {CADVISOR_FAMILIES_PATH}"
         );
     }
     assert_no_restarts(&env.restarts("exported").await, 4);
