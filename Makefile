@@ -64,7 +64,7 @@ test: controlplane memcached-proxy node tools previous-release peer-test ## Run 
 ##@ Control plane (a real Kubernetes without a cluster)
 
 .PHONY: tools
-tools: ## Build the pinned helm and operator-sdk into bin/ (Go; only when a pin changed).
+tools: ## Build the pinned helm, operator-sdk, promtool and the PromQL checker into bin/ (Go; only when a pin changed).
 	hack/tools/build.sh
 
 .PHONY: controlplane

@@ -2,7 +2,10 @@
 # Builds the pinned release tools the tests run into bin/ (git-ignored), keyed by version:
 #   bin/helm-vX.Y.Z/helm                   (hack/tools/helm/go.mod)
 #   bin/operator-sdk-vX.Y.Z/operator-sdk   (hack/tools/operator-sdk/go.mod)
-# Rebuilds only when a pin (go.mod, go.sum, this script) changed since the last build.
+#   bin/promtool-vX.Y.Z/promtool           (hack/tools/prometheus/go.mod: Prometheus's module)
+#   bin/promql-vX.Y.Z/promql               (hack/tools/prometheus/promql, Prometheus's parser)
+# Rebuilds only when a pin (go.mod, go.sum, this script, a local package's sources) changed
+# since the last build.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -15,7 +18,10 @@ build() { # dir module-path package binary version-ldflags
   local version
   version="$(sed -n "s|^require $module \(v[0-9.]*\)$|\1|p; s|^\t$module \(v[0-9.]*\).*|\1|p" "$dir/go.mod" | head -1)"
   local out="$bin/$name-$version"
-  local stamp; stamp="$(cat "$dir/go.mod" "$dir/go.sum" "$here/build.sh" | sha256sum | cut -c1-16)"
+  local sources=() # a package of this repository: its sources are pins too
+  [[ "$package" == ./* ]] && sources=("$dir/${package#./}"/*.go)
+  local stamp
+  stamp="$(cat "$dir/go.mod" "$dir/go.sum" "$here/build.sh" "${sources[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$stamp" ]]; then
     echo "up to date: $out"; return
   fi
@@ -32,3 +38,7 @@ build helm helm.sh/helm/v4 helm.sh/helm/v4/cmd/helm helm \
 build operator-sdk github.com/operator-framework/operator-sdk \
   github.com/operator-framework/operator-sdk/cmd/operator-sdk operator-sdk \
   "-X github.com/operator-framework/operator-sdk/internal/version.Version=VERSION -X github.com/operator-framework/operator-sdk/internal/version.GitVersion=VERSION"
+build prometheus github.com/prometheus/prometheus \
+  github.com/prometheus/prometheus/cmd/promtool promtool \
+  "-X github.com/prometheus/common/version.Version=VERSION"
+build prometheus github.com/prometheus/prometheus ./promql promql ""

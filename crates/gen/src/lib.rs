@@ -4,4 +4,5 @@
 
 pub mod helm;
 pub mod manifests;
+pub mod monitoring;
 pub mod olm;

@@ -15,6 +15,7 @@ use memcached_api::Memcached;
 use serde_json::{Value, json};
 
 use crate::manifests::{self, Error, File, HEADER};
+use crate::monitoring;
 use memcached_operator::{rbac, webhook};
 
 /// The OLM package, and the CSV's name prefix.
@@ -483,6 +484,34 @@ pub fn render(repository: &str) -> Result<Vec<File>, Error> {
     let mut reader = to_value("ClusterRole", &rbac::metrics_reader_role())?;
     reader["metadata"]["name"] = json!(format!("{}metrics-reader", manifests::NAME_PREFIX));
     without_kustomize_label(&mut reader);
+    // The alerts and the dashboards, in the operator's namespace (OLM installs a
+    // PrometheusRule where the Prometheus Operator's CRDs are served).
+    let mut rule = manifests::prometheus_rule();
+    rule["metadata"]["name"] = json!(format!(
+        "{}{}",
+        manifests::NAME_PREFIX,
+        monitoring::RULE_NAME
+    ));
+    if let Some(meta) = rule["metadata"].as_object_mut() {
+        meta.remove("namespace");
+    }
+    without_kustomize_label(&mut rule);
+    let (label, label_value) = monitoring::DASHBOARD_LABEL;
+    let dashboards: Vec<(String, Value)> = monitoring::dashboards::dashboards()
+        .iter()
+        .map(|d| {
+            let name = format!("{}{}", manifests::NAME_PREFIX, d.file);
+            let mut cm = json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "labels": manifests::labels()},
+                "data": {format!("{}.json", d.file): monitoring::dashboard_file("", d).content},
+            });
+            cm["metadata"]["labels"][label] = json!(label_value);
+            without_kustomize_label(&mut cm);
+            (format!("bundle/manifests/{name}_v1_configmap.yaml"), cm)
+        })
+        .collect();
     let annotations: serde_json::Map<String, Value> = bundle_annotations()
         .into_iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
@@ -493,7 +522,15 @@ pub fn render(repository: &str) -> Result<Vec<File>, Error> {
         dockerfile.push_str(&format!("LABEL {k}={v}\n"));
     }
     dockerfile.push_str("\nCOPY bundle/manifests /manifests/\nCOPY bundle/metadata /metadata/\n");
-    Ok(vec![
+    let mut files = vec![
+        yaml_file(
+            &format!(
+                "bundle/manifests/{}{}_monitoring.coreos.com_v1_prometheusrule.yaml",
+                manifests::NAME_PREFIX,
+                monitoring::RULE_NAME
+            ),
+            &rule,
+        )?,
         yaml_file(
             &format!("bundle/manifests/{PACKAGE}.clusterserviceversion.yaml"),
             &cluster_service_version(repository)?,
@@ -524,7 +561,11 @@ pub fn render(repository: &str) -> Result<Vec<File>, Error> {
             path: PathBuf::from("bundle.Dockerfile"),
             content: dockerfile,
         },
-    ])
+    ];
+    for (path, cm) in dashboards {
+        files.push(yaml_file(&path, &cm)?);
+    }
+    Ok(files)
 }
 
 /// Writes the bundle under `root` (the repository), only rewriting files whose content

@@ -192,6 +192,13 @@ fn helm_lint_passes_for_every_feature_combination() {
             "serviceAccount.name=ops-operator",
             "crds.install=false",
         ],
+        vec![
+            "prometheusRule.enabled=true",
+            "prometheusRule.labels.release=kube-prometheus-stack",
+            "prometheusRule.thresholds.downFor=5m",
+            "dashboards.enabled=true",
+            "dashboards.annotations.grafana_folder=Memcached",
+        ],
     ] {
         let mut cmd = helm(tmp.path());
         cmd.args(["lint", "--strict"]).arg(chart_dir());
@@ -378,9 +385,9 @@ fn kustomize(dir: &Path) -> Vec<Value> {
     yaml_objects(&ok(Command::new(kubectl).arg("kustomize").arg(dir)))
 }
 
-/// The chart with cert-manager, the ServiceMonitor and the NetworkPolicies renders exactly
-/// the objects kustomize builds from config/default plus config/prometheus and
-/// config/network-policy (under config/default's namespace and prefix), but the Namespace
+/// The chart with cert-manager, the ServiceMonitor, the alerts, the dashboards and the
+/// NetworkPolicies renders exactly the objects kustomize builds from config/default plus
+/// config/prometheus, config/grafana and config/network-policy (under config/default's namespace and prefix), but the Namespace
 /// (Helm's `--create-namespace`).
 #[test]
 fn rendered_objects_equal_kustomizes() {
@@ -396,7 +403,7 @@ fn rendered_objects_equal_kustomizes() {
         serde_yaml::to_string(&json!({
             "namespace": manifests::NAMESPACE,
             "namePrefix": manifests::NAME_PREFIX,
-            "resources": ["../config/prometheus", "../config/network-policy"],
+            "resources": ["../config/prometheus", "../config/grafana", "../config/network-policy"],
         }))
         .expect("YAML"),
     )
@@ -427,6 +434,8 @@ fn rendered_objects_equal_kustomizes() {
             "webhook.certManager.enabled=true",
             "networkPolicy.enabled=true",
             "metrics.serviceMonitor.enabled=true",
+            "prometheusRule.enabled=true",
+            "dashboards.enabled=true",
             // config/'s image placeholders.
             "image.repository=controller",
             "image.tag=latest",

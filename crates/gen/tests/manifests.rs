@@ -414,11 +414,23 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
 #[tokio::test]
 async fn config_default_builds_and_the_api_server_accepts_every_object() {
     let default = kustomize("default");
-    let (prometheus, network_policy, samples) = (
+    let (prometheus, grafana, network_policy, samples) = (
         kustomize("prometheus"),
+        kustomize("grafana"),
         kustomize("network-policy"),
         kustomize("samples"),
     );
+    // The dashboards: one ConfigMap each, labelled for Grafana's sidecar, holding the JSON.
+    assert_eq!(grafana.len(), 3, "{grafana:?}");
+    for cm in &grafana {
+        assert_eq!(cm["kind"], "ConfigMap");
+        assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+        let data = cm["data"].as_object().expect("data");
+        for json in data.values() {
+            let model: Value = serde_json::from_str(json.as_str().expect("text")).expect("JSON");
+            assert!(model["panels"].as_array().is_some_and(|p| !p.is_empty()));
+        }
+    }
 
     // What a fresh Kubebuilder project's `make deploy` yields, by kind.
     let mut kinds: Vec<&str> = default.iter().filter_map(|o| o["kind"].as_str()).collect();
@@ -542,6 +554,7 @@ async fn config_default_builds_and_the_api_server_accepts_every_object() {
             .collect::<Vec<_>>()
     };
     create_all(&client, &in_namespace(prometheus)).await;
+    create_all(&client, &in_namespace(grafana)).await;
     create_all(&client, &in_namespace(network_policy)).await;
     create_all(&client, &in_namespace(samples)).await;
     let sample = server

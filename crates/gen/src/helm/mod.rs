@@ -14,6 +14,7 @@
 
 mod deployment;
 mod metrics;
+mod monitoring;
 mod rbac;
 pub mod tpl;
 pub mod values;
@@ -291,6 +292,9 @@ fn values_table() -> String {
                     "WebhookCertificate",
                     "Metrics",
                     "ServiceMonitor",
+                    "PrometheusRule",
+                    "AlertThresholds",
+                    "Dashboards",
                     "NetworkPolicy",
                     "ServiceAccount",
                 ]
@@ -432,6 +436,11 @@ pub fn render() -> Result<Vec<File>, Error> {
         ),
     );
     add("templates/NOTES.txt", NOTES.to_string());
+    // The dashboards' JSON, which templates/dashboards.yaml reads with .Files.Get.
+    for d in crate::monitoring::dashboards::dashboards() {
+        let f = crate::monitoring::dashboard_file(monitoring::DASHBOARD_DIR, &d);
+        add(&f.path.display().to_string(), f.content);
+    }
     for t in [
         rbac::crd_template()?,
         rbac::rbac_template()?,
@@ -439,6 +448,8 @@ pub fn render() -> Result<Vec<File>, Error> {
         metrics::metrics_template()?,
         webhook::webhook_template()?,
         metrics::network_policy_template()?,
+        monitoring::prometheus_rule_template()?,
+        monitoring::dashboards_template()?,
     ] {
         let mut file = t.render();
         file.content = format!(

@@ -13,6 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::manifests;
+use crate::monitoring::AlertThresholds;
 
 /// The values of the memcached-operator chart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -39,6 +40,8 @@ pub struct Values {
     pub crds: Crds,
     pub webhook: Webhook,
     pub metrics: Metrics,
+    pub prometheus_rule: PrometheusRule,
+    pub dashboards: Dashboards,
     pub network_policy: NetworkPolicy,
     pub service_account: ServiceAccount,
     /// The operator container's resources.
@@ -194,6 +197,32 @@ pub struct ServiceMonitor {
     pub enabled: bool,
 }
 
+/// The alerts (README, "Alerts and dashboards").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PrometheusRule {
+    /// The pools' and the operator's alerts as a PrometheusRule (needs the Prometheus
+    /// Operator's CRDs); the pools' read their exporters (`spec.exporter.enabled`).
+    pub enabled: bool,
+    /// Labels added to the PrometheusRule, for Prometheus' `ruleSelector`
+    /// (kube-prometheus-stack: `release: <its release>`).
+    pub labels: BTreeMap<String, String>,
+    pub thresholds: AlertThresholds,
+}
+
+/// The Grafana dashboards (README, "Alerts and dashboards").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Dashboards {
+    /// The pool, proxy and operator dashboards as ConfigMaps, which Grafana's dashboard
+    /// sidecar loads.
+    pub enabled: bool,
+    /// Labels of the ConfigMaps: the sidecar's `label` and `labelValue`.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the ConfigMaps (the sidecar's folder annotation, for instance).
+    pub annotations: BTreeMap<String, String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct NetworkPolicy {
@@ -248,6 +277,19 @@ impl Default for Values {
                 enabled: true,
                 port: manifests::METRICS_PORT,
                 service_monitor: ServiceMonitor { enabled: false },
+            },
+            prometheus_rule: PrometheusRule {
+                enabled: false,
+                labels: BTreeMap::new(),
+                thresholds: AlertThresholds::default(),
+            },
+            dashboards: Dashboards {
+                enabled: false,
+                labels: BTreeMap::from([(
+                    crate::monitoring::DASHBOARD_LABEL.0.to_string(),
+                    crate::monitoring::DASHBOARD_LABEL.1.to_string(),
+                )]),
+                annotations: BTreeMap::new(),
             },
             network_policy: NetworkPolicy {
                 enabled: false,
@@ -327,6 +369,8 @@ default_from_values!(
     CertManager => webhook.cert_manager,
     Metrics => metrics,
     ServiceMonitor => metrics.service_monitor,
+    PrometheusRule => prometheus_rule,
+    Dashboards => dashboards,
     NetworkPolicy => network_policy,
     ServiceAccount => service_account,
 );

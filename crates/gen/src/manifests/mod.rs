@@ -30,7 +30,7 @@ pub use deployment::{TERMINATION_GRACE_PERIOD_SECONDS, manager_args, manager_dep
 pub use rbac::CRD_FILE;
 
 pub(crate) use default::{manager_webhook_patch, metrics_service};
-pub(crate) use optional::{network_policies, service_monitor};
+pub(crate) use optional::{network_policies, prometheus_rule, service_monitor};
 pub(crate) use rbac::service_account;
 pub(crate) use webhook::{certificate, issuer, webhook_configurations, webhook_service};
 
@@ -228,6 +228,7 @@ pub fn render() -> Result<Vec<File>, Error> {
         webhook::webhook_files()?,
         webhook::certmanager_files()?,
         optional::prometheus_files()?,
+        optional::grafana_files()?,
         optional::network_policy_files()?,
         default::default_files()?,
         default::sample_files()?,
@@ -276,6 +277,12 @@ mod tests {
     #[test]
     fn every_file_starts_with_the_header_and_parses_as_yaml() {
         for file in render().expect("renders") {
+            if file.path.extension().is_some_and(|e| e == "json") {
+                // JSON has no comments: the dashboards say it in their description.
+                let v: Value = serde_json::from_str(&file.content).expect("JSON");
+                assert_eq!(v["description"], crate::monitoring::GENERATED);
+                continue;
+            }
             assert!(file.content.starts_with(HEADER), "{}", file.path.display());
             for doc in serde_yaml::Deserializer::from_str(&file.content) {
                 let v = serde_yaml::Value::deserialize(doc);

@@ -1,5 +1,6 @@
 //! The overlays `config/default` leaves out: `config/prometheus` (the Prometheus Operator's
-//! ServiceMonitor) and `config/network-policy` (the NetworkPolicies of the operator's pod).
+//! ServiceMonitor of the operator and the alerts), `config/grafana` (the dashboards) and
+//! `config/network-policy` (the NetworkPolicies of the operator's pod).
 
 use serde_json::{Value, json};
 
@@ -7,6 +8,7 @@ use super::{
     Doc, Error, File, Kustomization, METRICS_PORT, WEBHOOK_PORT, labels, object_labels,
     selector_labels, typed,
 };
+use crate::monitoring;
 use memcached_operator::rbac::BASE_NAMESPACE;
 
 /// The Prometheus Operator's ServiceMonitor of the metrics Service.
@@ -32,9 +34,25 @@ pub(crate) fn service_monitor() -> Value {
     })
 }
 
+/// The alerts (crate::monitoring::alerts) with their default thresholds.
+pub(crate) fn prometheus_rule() -> Value {
+    monitoring::prometheus_rule(json!({
+        "name": monitoring::RULE_NAME,
+        "namespace": BASE_NAMESPACE,
+        "labels": labels(),
+    }))
+}
+
 pub(super) fn prometheus_files() -> Result<Vec<File>, Error> {
     let monitor = service_monitor();
     Ok(vec![
+        Doc::new("prometheus/alerts.yaml")
+            .comment("The alerts of the pools (from their exporters' metrics) and of the operator.")
+            .comment("Prometheus loads a PrometheusRule its ruleSelector matches: add its labels")
+            .comment("(kube-prometheus-stack: release: <its release>) with kustomize's `labels`.")
+            .comment("Thresholds: README, \"Alerts and dashboards\".")
+            .object(&prometheus_rule())?
+            .finish(),
         Doc::new("prometheus/monitor.yaml")
             .comment("Scrapes the secured metrics endpoint with the Prometheus service account's")
             .comment(
@@ -44,9 +62,47 @@ pub(super) fn prometheus_files() -> Result<Vec<File>, Error> {
             .object(&monitor)?
             .finish(),
         Doc::new("prometheus/kustomization.yaml")
-            .object(&Kustomization::resources(&["monitor.yaml"]))?
+            .object(&Kustomization::resources(&["monitor.yaml", "alerts.yaml"]))?
             .finish(),
     ])
+}
+
+// ---------------------------------------------------------------------------------------
+// config/grafana
+
+/// The dashboards' ConfigMaps, as kustomize's configMapGenerator makes them: one per
+/// dashboard, named after it, labelled for Grafana's sidecar, without a hash suffix (the
+/// sidecar reads every labelled ConfigMap; a fixed name replaces the old one).
+pub(crate) fn dashboard_generator() -> Value {
+    let (key, value) = monitoring::DASHBOARD_LABEL;
+    let mut labels = labels();
+    labels[key] = json!(value);
+    let generators: Vec<Value> = monitoring::dashboards::dashboards()
+        .iter()
+        .map(|d| {
+            json!({
+                "name": d.file,
+                "files": [format!("dashboards/{}.json", d.file)],
+                "options": {"disableNameSuffixHash": true, "labels": labels},
+            })
+        })
+        .collect();
+    json!({"namespace": BASE_NAMESPACE, "configMapGenerator": generators})
+}
+
+pub(super) fn grafana_files() -> Result<Vec<File>, Error> {
+    let mut files = vec![
+        Doc::new("grafana/kustomization.yaml")
+            .comment("The Grafana dashboards, as ConfigMaps Grafana's dashboard sidecar loads")
+            .comment("(label grafana_dashboard: \"1\"; kube-prometheus-stack's Grafana has it on).")
+            .comment("The JSON in dashboards/ imports into any Grafana as well.")
+            .object(&dashboard_generator())?
+            .finish(),
+    ];
+    for d in monitoring::dashboards::dashboards() {
+        files.push(monitoring::dashboard_file("grafana/dashboards", &d));
+    }
+    Ok(files)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 //! Minimal CRDs for the third-party kinds the manifests in `config/` use (cert-manager's
-//! Issuer and Certificate, the Prometheus Operator's ServiceMonitor), so an API server
+//! Issuer and Certificate, the Prometheus Operator's ServiceMonitor and PrometheusRule), so an API server
 //! that lacks them can still check every object.
 
 use serde_json::{Value, json};
@@ -39,8 +39,8 @@ pub fn minimal_crd(group: &str, plural: &str, kind: &str, spec_required: &[&str]
     })
 }
 
-/// cert-manager's Issuer and Certificate and the Prometheus Operator's ServiceMonitor,
-/// requiring the fields the real CRDs require of what `config/` sets.
+/// cert-manager's Issuer and Certificate and the Prometheus Operator's ServiceMonitor and
+/// PrometheusRule, requiring the fields the real CRDs require of what `config/` sets.
 pub fn cert_manager_and_prometheus() -> Vec<Value> {
     vec![
         minimal_crd("cert-manager.io", "issuers", "Issuer", &[]),
@@ -55,6 +55,12 @@ pub fn cert_manager_and_prometheus() -> Vec<Value> {
             "servicemonitors",
             "ServiceMonitor",
             &["endpoints", "selector"],
+        ),
+        minimal_crd(
+            "monitoring.coreos.com",
+            "prometheusrules",
+            "PrometheusRule",
+            &["groups"],
         ),
     ]
 }
