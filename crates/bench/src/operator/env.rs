@@ -1,6 +1,12 @@
 //! Where a phase of `bench operator` runs ([`Env`]): a fresh in-memory API server served
-//! over HTTP, or a fresh namespace of a real cluster; and the API requests counted there
+//! over HTTP, or fresh namespaces of a real cluster; and the API requests counted there
 //! (the in-memory server's counts, or the real server's audit log).
+//!
+//! A phase's pools go into `--namespaces` namespaces, round-robin (pool i into namespace
+//! i mod K). One namespace (the default) is the run as it always was; several keep each
+//! namespace's share small, as real clusters do: kube-controller-manager's disruption and
+//! endpoint controllers do work in proportion to a namespace's objects for every pod
+//! event, so N pools in one namespace would measure a control plane that is O(N²).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -16,10 +22,11 @@ use super::report::Requests;
 use crate::measure::secs;
 use crate::{Result, create_namespace, log};
 
-/// Where a phase runs: a fresh in-memory server, or a fresh namespace of a real cluster.
+/// Where a phase runs: a fresh in-memory server, or fresh namespaces of a real cluster.
 pub(super) struct Env {
     pub(super) client: Client,
-    pub(super) namespace: String,
+    /// The phase's namespaces (at least one); pool i goes into `namespaces[i % K]`.
+    pub(super) namespaces: Vec<String>,
     pub(super) kubeconfig: PathBuf,
     /// The in-memory server (None on a real cluster).
     pub(super) server: Option<apisim::ApiServer>,
@@ -52,14 +59,17 @@ impl Env {
             .await?;
             let client = Client::try_from(config)?;
             memcached_operator::crd::check_installed(&client, None).await?;
-            let namespace = format!(
+            let base = format!(
                 "mc-bench-{tag}-{}",
                 jiff::Timestamp::now().as_second() % 1_000_000
             );
-            create_namespace(&client, &namespace).await?;
+            let namespaces = namespace_names(&base, args.namespaces);
+            for namespace in &namespaces {
+                create_namespace(&client, namespace).await?;
+            }
             return Ok(Env {
                 client,
-                namespace,
+                namespaces,
                 kubeconfig: path.clone(),
                 server: None,
                 _handle: None,
@@ -78,11 +88,13 @@ impl Env {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         crds.create(&PostParams::default(), &Memcached::crd())
             .await?;
-        let namespace = "bench".to_string();
-        create_namespace(&client, &namespace).await?;
+        let namespaces = namespace_names("bench", args.namespaces);
+        for namespace in &namespaces {
+            create_namespace(&client, namespace).await?;
+        }
         Ok(Env {
             client,
-            namespace,
+            namespaces,
             kubeconfig,
             server: Some(server),
             _handle: Some(handle),
@@ -91,8 +103,18 @@ impl Env {
         })
     }
 
-    pub(super) fn memcacheds(&self) -> Api<Memcached> {
-        Api::namespaced(self.client.clone(), &self.namespace)
+    /// The namespace of pool `i`: the phase's namespaces in turn.
+    pub(super) fn namespace_of(&self, i: usize) -> &str {
+        &self.namespaces[i % self.namespaces.len()]
+    }
+
+    /// The namespace of the `latency` Memcached: the first one.
+    pub(super) fn latency_namespace(&self) -> &str {
+        self.namespace_of(0)
+    }
+
+    pub(super) fn memcacheds(&self, namespace: &str) -> Api<Memcached> {
+        Api::namespaced(self.client.clone(), namespace)
     }
 
     /// Starts counting requests from here.
@@ -110,7 +132,8 @@ impl Env {
     }
 
     /// Requests since `mark`: every client's on the in-memory server, the operator's on a
-    /// real one with an audit log, unknown otherwise.
+    /// real one with an audit log (told by its User-Agent, in whichever namespace), unknown
+    /// otherwise.
     pub(super) fn requests_since(&self, mark: &Mark) -> Option<Requests> {
         if let Some(server) = &self.server {
             return Some(Requests::of(&server.request_counts()));
@@ -128,37 +151,66 @@ impl Env {
     pub(super) async fn cleanup(&self) {
         if self.cluster {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            if let Err(e) = namespaces
-                .delete(&self.namespace, &DeleteParams::background())
-                .await
-            {
-                log(format!(
-                    "could not delete namespace {}: {e}",
-                    self.namespace
-                ));
-                return;
+            // All deleted first, so that the garbage collector works on them together.
+            let mut deleted = Vec::new();
+            for namespace in &self.namespaces {
+                match namespaces
+                    .delete(namespace, &DeleteParams::background())
+                    .await
+                {
+                    Ok(_) => deleted.push(namespace),
+                    Err(e) => log(format!("could not delete namespace {namespace}: {e}")),
+                }
             }
             // The next phase runs on the same server: wait until the garbage collector has
             // removed this one's objects (thousands of pods at large N), so that it does not
-            // compete with what is measured next.
+            // compete with what is measured next. One namespace is asked after at a time.
             let started = Instant::now();
+            let mut waiting = deleted.into_iter().peekable();
             while started.elapsed() < Duration::from_secs(600) {
-                match namespaces.get_opt(&self.namespace).await {
+                let Some(namespace) = waiting.peek() else {
+                    break;
+                };
+                match namespaces.get_opt(namespace).await {
                     Ok(None) => {
                         log(format!(
-                            "namespace {} gone after {}",
-                            self.namespace,
+                            "namespace {namespace} gone after {}",
                             secs(started.elapsed())
                         ));
-                        return;
+                        waiting.next();
                     }
                     Ok(Some(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
                 }
             }
-            log(format!(
-                "namespace {} still terminating after 10 min; going on",
-                self.namespace
-            ));
+            for namespace in waiting {
+                log(format!(
+                    "namespace {namespace} still terminating after 10 min; going on"
+                ));
+            }
         }
+    }
+}
+
+/// The phase's `k` namespace names: `base` itself for one (as the bench always named it),
+/// `base-0` … `base-{k-1}` for more.
+pub(super) fn namespace_names(base: &str, k: u16) -> Vec<String> {
+    if k <= 1 {
+        vec![base.to_string()]
+    } else {
+        (0..k).map(|j| format!("{base}-{j}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_namespace_keeps_its_name_and_more_are_numbered() {
+        assert_eq!(namespace_names("mc-bench-op-1", 1), ["mc-bench-op-1"]);
+        assert_eq!(
+            namespace_names("bench", 3),
+            ["bench-0", "bench-1", "bench-2"]
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! The event→reconcile latency: spec changes of the `latency` Memcached (size 3 ↔ 4) timed
-//! until its Deployment follows, and their percentiles.
+//! The event→reconcile latency: spec changes of the `latency` Memcached (size 3 ↔ 4, in
+//! the phase's first namespace) timed until its Deployment follows, and their percentiles.
 
 use std::time::{Duration, Instant};
 
@@ -48,7 +48,7 @@ pub(super) async fn deployment_reaches(
 ) -> Result<bool> {
     if let Some(server) = &env.server {
         // Poll the store directly from a thread: sub-millisecond resolution, no HTTP.
-        let (server, ns) = (server.clone(), env.namespace.clone());
+        let (server, ns) = (server.clone(), env.latency_namespace().to_string());
         return Ok(tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + timeout;
             while Instant::now() < deadline {
@@ -62,7 +62,7 @@ pub(super) async fn deployment_reaches(
         })
         .await?);
     }
-    let api: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    let api: Api<Deployment> = Api::namespaced(env.client.clone(), env.latency_namespace());
     let cond = move |d: Option<&Deployment>| {
         d.and_then(|d| d.spec.as_ref())
             .and_then(|s| s.replicas)
@@ -85,7 +85,7 @@ pub(super) async fn measure_latency(
     timeout: Duration,
     stop: impl Fn() -> bool,
 ) -> Result<Latency> {
-    let api = env.memcacheds();
+    let api = env.memcacheds(env.latency_namespace());
     let mut latency = Latency::default();
     for i in 0..samples {
         if stop() {

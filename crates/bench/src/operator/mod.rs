@@ -3,7 +3,8 @@
 //! much memory it holds. Not part of the test suite; see BENCHMARKS.md for results.
 //!
 //! For each N it runs, on a fresh in-memory API server served over HTTP (workload simulator
-//! on: 3 pods per Memcached) or, with `--kubeconfig`, in fresh namespaces of a real cluster:
+//! on: 3 pods per Memcached) or, with `--kubeconfig`, in fresh namespaces of a real cluster
+//! (`--namespaces K`: each phase's N Memcacheds spread round-robin over K of them, see `env`):
 //! 1. the raw-write bound (measured with 3.): a bare client creates N Memcacheds (untimed),
 //!    then creates their Deployments and Services (the operator's own builders) and patches
 //!    their statuses (the operator's own status function), C requests in flight;
@@ -60,10 +61,16 @@ pub struct BenchArgs {
     /// The operator's `--max-concurrent-reconciles` (comma-separated: one operator run each).
     #[arg(long, value_delimiter = ',', default_value = "16")]
     pub max_concurrent_reconciles: Vec<u16>,
-    /// Run against this cluster (a namespace per run, deleted afterwards) instead of the
-    /// in-memory API server. The CRD must be installed.
+    /// Run against this cluster (fresh namespaces per phase, deleted afterwards) instead
+    /// of the in-memory API server. The CRD must be installed.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Namespaces each phase spreads its N Memcacheds over, round-robin (Memcached i in
+    /// the (i mod K)-th); on a cluster the operator watches exactly these. One namespace
+    /// holding thousands of pools makes kube-controller-manager's per-namespace work
+    /// O(N²). The in-memory server runs no such controllers; it takes K all the same.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub namespaces: u16,
     /// With `--kubeconfig`: the API server's audit log (metadata level, one JSON event per
     /// line, as `make dev-cluster` writes it). The operator's requests (its `User-Agent` is
     /// `memcached-operator/…`) are counted from it, as the server saw them.
@@ -117,16 +124,14 @@ fn cr_name(i: usize) -> String {
     format!("{PREFIX}{i:05}")
 }
 
-/// Creates `names` as Memcacheds of size 3, `concurrency` at a time.
-async fn create_crs(
-    api: &Api<Memcached>,
-    names: Vec<String>,
-    concurrency: usize,
-) -> Result<Vec<Memcached>> {
-    futures::stream::iter(names)
-        .map(|name| async move {
-            let mc = memcached(&name, SIZE)?;
-            Ok::<_, BoxError>(api.create(&PostParams::default(), &mc).await?)
+/// Creates the `n` Memcacheds `bench-00000` … of size 3, each in its namespace
+/// ([`Env::namespace_of`]), `concurrency` at a time; returns each with its number.
+async fn create_crs(env: &Env, n: usize, concurrency: usize) -> Result<Vec<(usize, Memcached)>> {
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            let mc = memcached(&cr_name(i), SIZE)?;
+            let api = env.memcacheds(env.namespace_of(i));
+            Ok::<_, BoxError>((i, api.create(&PostParams::default(), &mc).await?))
         })
         .buffer_unordered(concurrency.max(1))
         .try_collect()
@@ -139,18 +144,28 @@ async fn create_crs(
 /// operator's own status function).
 /// Returns the time taken and the CPU time this process (server and client) used.
 async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Duration, Duration)> {
-    let api = env.memcacheds();
-    let crs = create_crs(&api, (0..n).map(cr_name).collect(), concurrency).await?;
+    let crs = create_crs(env, n, concurrency).await?;
     let settings = BuildSettings::default();
-    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.namespace);
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
+    // The clients of each namespace, built before the clock starts: `apis[i % K]` serves
+    // Memcached i's namespace (`Env::namespace_of`).
+    let apis: Vec<_> = env
+        .namespaces
+        .iter()
+        .map(|ns| {
+            (
+                env.memcacheds(ns),
+                Api::<Deployment>::namespaced(env.client.clone(), ns),
+                Api::<Service>::namespaced(env.client.clone(), ns),
+                Api::<PodDisruptionBudget>::namespaced(env.client.clone(), ns),
+            )
+        })
+        .collect();
     let cpu_before = cpu_time(std::process::id());
     let started = Instant::now();
     futures::stream::iter(crs)
-        .map(|mc| {
-            let (api, deployments, services, pdbs, settings) =
-                (&api, &deployments, &services, &pdbs, &settings);
+        .map(|(i, mc)| {
+            let (api, deployments, services, pdbs) = &apis[i % apis.len()];
+            let settings = &settings;
             async move {
                 let pp = PostParams::default();
                 let deployment = deployments
@@ -250,12 +265,7 @@ async fn catch_up(
     n: usize,
     reconciles: u16,
 ) -> Result<Pair> {
-    create_crs(
-        &env.memcacheds(),
-        (0..n).map(cr_name).collect(),
-        args.concurrency,
-    )
-    .await?;
+    create_crs(env, n, args.concurrency).await?;
     let (progress, tracker) = track(env, n);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mark = env.mark();
@@ -303,7 +313,7 @@ async fn operator_phases(
     ));
 
     // Idle latency, on a Memcached of its own.
-    let api = env.memcacheds();
+    let api = env.memcacheds(env.latency_namespace());
     api.create(&PostParams::default(), &memcached(LATENCY_CR, SIZE)?)
         .await?;
     if !deployment_reaches(env, i64::from(SIZE), Duration::from_secs(60)).await? {
@@ -326,7 +336,7 @@ async fn operator_phases(
     let started = Instant::now();
     let cpu_before = (cpu_time(op.pid()), cpu_time(std::process::id()));
     let create = async {
-        let created = create_crs(&api, (0..n).map(cr_name).collect(), args.concurrency).await;
+        let created = create_crs(env, n, args.concurrency).await;
         (created, started.elapsed())
     };
     let converged = || {

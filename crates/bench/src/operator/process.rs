@@ -56,8 +56,9 @@ impl Operator {
             // The operator logs to stdout, its start-up errors go to stderr.
             .stdout(file.try_clone()?)
             .stderr(file);
+        // On a cluster it watches the phase's namespaces (comma-separated), nothing else.
         if env.cluster {
-            cmd.arg(format!("--namespace={}", env.namespace));
+            cmd.arg(format!("--namespace={}", env.namespaces.join(",")));
         }
         let mut child = cmd.spawn()?;
         let deadline = Instant::now() + Duration::from_secs(20);

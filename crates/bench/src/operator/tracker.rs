@@ -1,6 +1,8 @@
 //! The convergence tracker: which `bench-*` Memcacheds have their children and an
 //! up-to-date status, and which have all pods ready, and when all got there; read from the
-//! in-memory server's change feed, or from watches of a real cluster's namespace.
+//! in-memory server's change feed, or from watches of a real cluster's namespaces (the
+//! phase's, each watched on its own, as the operator watches them). The names are unique
+//! across a phase's namespaces, so progress is kept by name.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -84,11 +86,11 @@ pub(super) fn summary(mc: &Memcached) -> Seen {
 }
 
 /// Records when all `n` Memcacheds got there: from the in-memory server's own change feed,
-/// or by watching the namespace of a cluster.
+/// or by watching the namespaces of a cluster.
 pub(super) fn track(env: &Env, n: usize) -> (Arc<Mutex<Progress>>, tokio::task::JoinHandle<()>) {
     let progress = Arc::new(Mutex::new(Progress::default()));
     let mut all = match &env.server {
-        Some(server) => store_changes(server, &env.namespace),
+        Some(server) => store_changes(server, &env.namespaces),
         None => watched_changes(env),
     };
     let shared = progress.clone();
@@ -124,9 +126,9 @@ pub(super) fn track(env: &Env, n: usize) -> (Arc<Mutex<Progress>>, tokio::task::
 /// measured, and the raw-write bound (no tracker) pays nothing like it.
 pub(super) fn store_changes(
     server: &apisim::ApiServer,
-    namespace: &str,
+    namespaces: &[String],
 ) -> BoxStream<'static, Seen> {
-    let (server, namespace) = (server.clone(), namespace.to_string());
+    let (server, namespaces) = (server.clone(), namespaces.to_vec());
     // Subscribed first, then the store is read whole (`None`), so nothing falls in between.
     let changes = futures::stream::unfold(server.changes(), |mut changes| async move {
         changes.recv().await.map(|change| (Some(change), changes))
@@ -136,9 +138,9 @@ pub(super) fn store_changes(
         .flat_map(move |change| {
             let seen = if change.as_ref().is_none_or(|c| c.event_type() == "LAGGED") {
                 // at the start, or changes were missed: read every tracked object
-                read_store(&server, &namespace)
+                read_store(&server, &namespaces)
             } else if let Some(change) = change.filter(|c| c.event_type() != "DELETED") {
-                seen_in_store(change.kind_plural(), change.object(), &namespace)
+                seen_in_store(change.kind_plural(), change.object(), &namespaces)
                     .into_iter()
                     .collect()
             } else {
@@ -149,8 +151,9 @@ pub(super) fn store_changes(
         .boxed()
 }
 
-/// What the tracker learns from every Memcached, Deployment and Service in the store.
-pub(super) fn read_store(server: &apisim::ApiServer, namespace: &str) -> Vec<Seen> {
+/// What the tracker learns from every Memcached, Deployment and Service of `namespaces` in
+/// the store.
+pub(super) fn read_store(server: &apisim::ApiServer, namespaces: &[String]) -> Vec<Seen> {
     fn kind<K: kube::Resource<DynamicType = ()>>() -> (String, String) {
         (
             K::api_version(&()).into_owned(),
@@ -160,23 +163,27 @@ pub(super) fn read_store(server: &apisim::ApiServer, namespace: &str) -> Vec<See
     [kind::<Memcached>(), kind::<Deployment>(), kind::<Service>()]
         .into_iter()
         .flat_map(|(api_version, plural)| {
-            server
-                .list_objects(&api_version, &plural, Some(namespace))
-                .into_iter()
-                .filter_map(move |o| seen_in_store(&plural, &o, namespace))
+            namespaces.iter().flat_map(move |namespace| {
+                let plural = plural.clone();
+                server
+                    .list_objects(&api_version, &plural, Some(namespace))
+                    .into_iter()
+                    .filter_map(move |o| seen_in_store(&plural, &o, namespaces))
+            })
         })
         .collect()
 }
 
-/// What a stored object tells the tracker, read from its JSON (what [`summary`] reads of a
-/// typed Memcached).
+/// What a stored object of one of `namespaces` tells the tracker, read from its JSON (what
+/// [`summary`] reads of a typed Memcached).
 pub(super) fn seen_in_store(
     plural: &str,
     obj: &serde_json::Value,
-    namespace: &str,
+    namespaces: &[String],
 ) -> Option<Seen> {
     let meta = &obj["metadata"];
-    if meta["namespace"].as_str() != Some(namespace) {
+    let namespace = meta["namespace"].as_str()?;
+    if !namespaces.iter().any(|ns| ns == namespace) {
         return None;
     }
     let name = meta["name"].as_str()?.to_string();
@@ -197,34 +204,38 @@ pub(super) fn seen_in_store(
     }
 }
 
-/// Progress from watches of the namespace (a real cluster).
+/// Progress from watches of the namespaces (a real cluster): three per namespace.
 pub(super) fn watched_changes(env: &Env) -> BoxStream<'static, Seen> {
     let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    let mcs = watcher(env.memcacheds(), watcher::Config::default())
-        .filter_map(|e| async move { e.ok().and_then(applied).map(|mc| summary(&mc)) })
+    let mut all = Vec::new();
+    for namespace in &env.namespaces {
+        let mcs = watcher(env.memcacheds(namespace), watcher::Config::default())
+            .filter_map(|e| async move { e.ok().and_then(applied).map(|mc| summary(&mc)) })
+            .boxed();
+        // Children are watched metadata-only: the tracker needs their names.
+        let deployments = watcher(
+            Api::<PartialObjectMeta<Deployment>>::namespaced(env.client.clone(), namespace),
+            owned.clone(),
+        )
+        .filter_map(|e| async move {
+            e.ok()
+                .and_then(applied)
+                .map(|d| Seen::Deployment(d.name_any()))
+        })
         .boxed();
-    // Children are watched metadata-only: the tracker needs their names.
-    let deployments = watcher(
-        Api::<PartialObjectMeta<Deployment>>::namespaced(env.client.clone(), &env.namespace),
-        owned.clone(),
-    )
-    .filter_map(|e| async move {
-        e.ok()
-            .and_then(applied)
-            .map(|d| Seen::Deployment(d.name_any()))
-    })
-    .boxed();
-    let services = watcher(
-        Api::<PartialObjectMeta<Service>>::namespaced(env.client.clone(), &env.namespace),
-        owned,
-    )
-    .filter_map(|e| async move {
-        e.ok()
-            .and_then(applied)
-            .map(|s| Seen::Service(s.name_any()))
-    })
-    .boxed();
-    futures::stream::select_all([mcs, deployments, services]).boxed()
+        let services = watcher(
+            Api::<PartialObjectMeta<Service>>::namespaced(env.client.clone(), namespace),
+            owned.clone(),
+        )
+        .filter_map(|e| async move {
+            e.ok()
+                .and_then(applied)
+                .map(|s| Seen::Service(s.name_any()))
+        })
+        .boxed();
+        all.extend([mcs, deployments, services]);
+    }
+    futures::stream::select_all(all).boxed()
 }
 
 pub(super) async fn wait_progress(
@@ -265,9 +276,13 @@ mod tests {
     use memcached_operator::builders::{self, BuildSettings};
     use serde_json::json;
 
+    fn names(namespaces: &[&str]) -> Vec<String> {
+        namespaces.iter().map(|ns| ns.to_string()).collect()
+    }
+
     /// The tracker's whole-store read (at its start and after a gap in the change feed)
-    /// finds every kind it tracks: the Memcacheds under their own API group, and the
-    /// operator's Deployments and Services.
+    /// finds every kind it tracks, in each of the phase's namespaces: the Memcacheds under
+    /// their own API group, and the operator's Deployments and Services.
     #[tokio::test]
     async fn the_store_read_finds_memcacheds_and_children() {
         let server = apisim::ApiServer::new();
@@ -277,32 +292,53 @@ mod tests {
             .await
             .unwrap();
         let pp = PostParams::default();
-        let mc = Api::<Memcached>::namespaced(client.clone(), "default")
-            .create(&pp, &memcached("mc-1", 3).unwrap())
-            .await
-            .unwrap();
-        Api::<Deployment>::namespaced(client.clone(), "default")
-            .create(
-                &pp,
-                &builders::desired_deployment(&mc, &BuildSettings::default()).unwrap(),
-            )
-            .await
-            .unwrap();
-        Api::<Service>::namespaced(client, "default")
-            .create(&pp, &builders::desired_service(&mc).unwrap())
-            .await
-            .unwrap();
-        let mut seen: Vec<String> = read_store(&server, "default")
-            .into_iter()
-            .map(|s| match s {
-                Seen::Memcached(name, ..) => format!("memcached {name}"),
-                Seen::Deployment(name) => format!("deployment {name}"),
-                Seen::Service(name) => format!("service {name}"),
-            })
-            .collect();
-        seen.sort();
-        assert_eq!(seen, ["deployment mc-1", "memcached mc-1", "service mc-1"]);
-        assert!(read_store(&server, "other").is_empty());
+        for (ns, name) in [("default", "mc-1"), ("second", "mc-2"), ("third", "mc-3")] {
+            crate::create_namespace(&client, ns).await.unwrap();
+            let mc = Api::<Memcached>::namespaced(client.clone(), ns)
+                .create(&pp, &memcached(name, 3).unwrap())
+                .await
+                .unwrap();
+            Api::<Deployment>::namespaced(client.clone(), ns)
+                .create(
+                    &pp,
+                    &builders::desired_deployment(&mc, &BuildSettings::default()).unwrap(),
+                )
+                .await
+                .unwrap();
+            Api::<Service>::namespaced(client.clone(), ns)
+                .create(&pp, &builders::desired_service(&mc).unwrap())
+                .await
+                .unwrap();
+        }
+        let seen = |namespaces: &[&str]| {
+            let mut seen: Vec<String> = read_store(&server, &names(namespaces))
+                .into_iter()
+                .map(|s| match s {
+                    Seen::Memcached(name, ..) => format!("memcached {name}"),
+                    Seen::Deployment(name) => format!("deployment {name}"),
+                    Seen::Service(name) => format!("service {name}"),
+                })
+                .collect();
+            seen.sort();
+            seen
+        };
+        assert_eq!(
+            seen(&["default"]),
+            ["deployment mc-1", "memcached mc-1", "service mc-1"]
+        );
+        // several namespaces: theirs, and nothing of another one (`third`)
+        assert_eq!(
+            seen(&["default", "second"]),
+            [
+                "deployment mc-1",
+                "deployment mc-2",
+                "memcached mc-1",
+                "memcached mc-2",
+                "service mc-1",
+                "service mc-2"
+            ]
+        );
+        assert!(seen(&["other"]).is_empty());
     }
 
     #[test]
@@ -333,22 +369,25 @@ mod tests {
             let typed: Memcached = serde_json::from_value(obj.clone()).unwrap();
             assert_eq!(parts(Some(summary(&typed))), want, "typed: {obj}");
             assert_eq!(
-                parts(seen_in_store("memcacheds", &obj, "b")),
+                parts(seen_in_store("memcacheds", &obj, &names(&["b"]))),
                 want,
                 "stored: {obj}"
             );
         }
-        // another namespace's objects, and children the operator does not manage, are not counted
-        assert!(seen_in_store("memcacheds", &mc(json!(null)), "other").is_none());
+        // another namespace's objects, and children the operator does not manage, are not
+        // counted; an object of any of the phase's namespaces is
+        assert!(seen_in_store("memcacheds", &mc(json!(null)), &names(&["other"])).is_none());
+        assert!(seen_in_store("memcacheds", &mc(json!(null)), &names(&["a", "b"])).is_some());
+        let b = names(&["b"]);
         let child = |labels: serde_json::Value| json!({"metadata": {"name": "mc-1", "namespace": "b", "labels": labels}});
         let owned = child(json!({LABEL_MANAGED_BY: MANAGED_BY}));
         assert!(
-            matches!(seen_in_store("deployments", &owned, "b"), Some(Seen::Deployment(n)) if n == "mc-1")
+            matches!(seen_in_store("deployments", &owned, &b), Some(Seen::Deployment(n)) if n == "mc-1")
         );
         assert!(
-            matches!(seen_in_store("services", &owned, "b"), Some(Seen::Service(n)) if n == "mc-1")
+            matches!(seen_in_store("services", &owned, &b), Some(Seen::Service(n)) if n == "mc-1")
         );
-        assert!(seen_in_store("deployments", &child(json!({})), "b").is_none());
-        assert!(seen_in_store("pods", &owned, "b").is_none());
+        assert!(seen_in_store("deployments", &child(json!({})), &b).is_none());
+        assert!(seen_in_store("pods", &owned, &b).is_none());
     }
 }
