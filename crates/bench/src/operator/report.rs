@@ -118,10 +118,17 @@ pub(super) fn table(args: &BenchArgs, rows: &[Row]) -> String {
     let header: Vec<String> = rows
         .iter()
         .map(|r| {
+            let mut about = Vec::new();
             if args.max_concurrent_reconciles.len() > 1 {
-                format!("N={} (reconciles {})", r.n, r.reconciles)
-            } else {
+                about.push(format!("reconciles {}", r.reconciles));
+            }
+            if args.namespaces > 1 {
+                about.push(format!("{} namespaces", args.namespaces));
+            }
+            if about.is_empty() {
                 format!("N={}", r.n)
+            } else {
+                format!("N={} ({})", r.n, about.join(", "))
             }
         })
         .collect();
@@ -278,6 +285,44 @@ pub(super) fn table(args: &BenchArgs, rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(flags: &[&str]) -> std::result::Result<BenchArgs, String> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("bench").chain(flags.iter().copied()))
+            .map(|c| c.bench)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The header says over how many namespaces the pools were spread, when more than one
+    /// (the default, one, leaves the table as it was).
+    #[test]
+    fn the_header_names_the_namespaces() {
+        let rows = [Row {
+            n: 60,
+            reconciles: 16,
+            ..Row::default()
+        }];
+        let header = |flags: &[&str]| {
+            let args = args(flags).unwrap();
+            table(&args, &rows)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(header(&[]), "| | N=60 |");
+        assert_eq!(header(&["--namespaces", "1"]), "| | N=60 |");
+        assert_eq!(header(&["--namespaces", "3"]), "| | N=60 (3 namespaces) |");
+        assert_eq!(
+            header(&["--namespaces", "3", "--max-concurrent-reconciles", "8,16"]),
+            "| | N=60 (reconciles 16, 3 namespaces) |"
+        );
+        assert!(args(&["--namespaces", "0"]).is_err());
+    }
 
     #[test]
     fn the_ratio_is_the_median_of_the_paired_ratios() {
