@@ -148,8 +148,8 @@ EOF
 k wait --for=condition=Ready -n shop memcached/cache --timeout=300s >/dev/null
 k wait --for=condition=Ready -n accounts memcached/sessions --timeout=300s >/dev/null
 proxy="$(k get service -n shop cache-proxy -o jsonpath='{.spec.clusterIP}:{.spec.ports[0].port}')"
-sessions="$(k get endpoints -n accounts sessions \
-  -o jsonpath='{range .subsets[*]}{range .addresses[*]}{.ip}:11211,{end}{end}')"
+sessions="$(k get endpointslices -n accounts -l kubernetes.io/service-name=sessions \
+  -o jsonpath='{range .items[*].endpoints[*]}{.addresses[0]}:11211,{end}')"
 say "load for $load_seconds s: cache through $proxy, sessions to ${sessions%,}"
 load_start=$(date +%s)
 nice python3 "$here/load.py" "$load_seconds" --cache "$proxy" --sessions "${sessions%,}" >"$work/load.log" 2>&1 &
@@ -180,3 +180,4 @@ say "plotting ..."
 "$python" "$here/plot.py" --prometheus "http://$prom_addr" --start "$start" --end "$end" --step 5 \
   --out "$root/docs/dashboards" --note "$note" --event "$scaled" --event "$killed" \
   "$root"/config/grafana/dashboards/memcached-{pool,proxy,operator}.json
+say "done in $SECONDS s"
