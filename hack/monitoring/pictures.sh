@@ -4,7 +4,7 @@
 # Prometheus that scraped real memcached, the exporter, the operator and the kubelet's
 # cAdvisor under load, and plotted panel by panel (plot.py).
 #
-#   sudo hack/monitoring/pictures.sh        (about 13 minutes; root: the real node)
+#   hack/monitoring/pictures.sh        (as root: the real node; about 12 minutes, 9 of them load)
 #
 # The run: the pinned control plane with one real node (dev-cluster --real-node, holding
 # /tmp/real-node.lock: one real node per host), the operator on the host, three pools
