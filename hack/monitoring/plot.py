@@ -158,9 +158,8 @@ def draw_timeseries(ax, panel, series, step, events):
     else:
         ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))
     if any(labels):
-        return ax.legend(handles, labels, loc="upper center",
-                  ncol=legend_columns(labels), fontsize=6.5, frameon=False,
-                  handlelength=1.2, columnspacing=1.0, labelspacing=0.2)
+        return ax.legend(handles, labels, loc="upper center", ncol=legend_columns(labels), fontsize=6.5,
+                         frameon=False, handlelength=1.2, columnspacing=1.0, labelspacing=0.2)
 
 
 def legend_columns(labels):
