@@ -109,6 +109,7 @@ scrape_configs:
   - {source_labels: [__meta_kubernetes_service_name], target_label: job}
   - {source_labels: [__meta_kubernetes_endpoint_port_name], target_label: endpoint}
 - job_name: memcached-operator-controller-manager-metrics-service
+  honor_labels: true                # as config/prometheus's ServiceMonitor (honorLabels)
   static_configs:
   - targets: [$operator_addr]
     labels: {namespace: memcached-operator-system, pod: memcached-operator-controller-manager-0}

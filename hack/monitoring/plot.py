@@ -33,12 +33,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 COLORS = plt.get_cmap("tab10").colors
 
 
-def substitute(expr):
-    """Grafana's variables as the dashboard's 'All' would have them: every variable a regex
-    matching anything, `$__rate_interval` one minute (four 5 s scrapes and more)."""
+def all_values(dashboard, prom):
+    """Each variable as the dashboard's 'All' has it: its `allValue` (`.+`) where it has one,
+    else the values its query finds, as Grafana joins them (`(a|b)`)."""
+    values = {}
+    for v in dashboard.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue
+        if "allValue" in v:
+            values[v["name"]] = v["allValue"]
+            continue
+        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["definition"])
+        qs = urllib.parse.urlencode({"match[]": m.group(1)})
+        with urllib.request.urlopen(f"{prom}/api/v1/label/{m.group(2)}/values?{qs}", timeout=60) as r:
+            found = json.load(r)["data"]
+        values[v["name"]] = "(" + "|".join(re.escape(x) for x in found) + ")"
+    return values
+
+
+def substitute(expr, values):
+    """The query with the variables' 'All' values, `$__rate_interval` one minute (four 5 s
+    scrapes and more)."""
     def var(m):
         name = m.group(1) or m.group(2)
-        return "1m" if name == "__rate_interval" else ".+"
+        return "1m" if name == "__rate_interval" else values.get(name, ".+")
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", var, expr)
 
 
@@ -111,10 +129,10 @@ def with_gaps(pts, step):
     return t, v
 
 
-def fetch_panel(panel, prom, start, end, step):
+def fetch_panel(panel, prom, start, end, step, values):
     series = []
     for target in panel.get("targets", []):
-        for s in query_range(prom, substitute(target["expr"]), start, end, step):
+        for s in query_range(prom, substitute(target["expr"], values), start, end, step):
             pts = [(float(t), float(v)) for t, v in s["values"]]
             name = legend(target.get("legendFormat"), s["metric"])
             series.append((name, pts))
@@ -191,7 +209,7 @@ def draw(dashboard, path, prom, start, end, step, out, note, events):
     panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
     height_units = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
     sub = [f"{os.path.relpath(path, ROOT)}: each panel's queries evaluated by Prometheus, {when(start)} – {when(end)} UTC, "
-           f"step {step} s, every variable 'All', $__rate_interval = 1m"] + textwrap.wrap(note, 240)
+           f"step {step} s, every variable 'All' (as Grafana has it), $__rate_interval = 1m"] + textwrap.wrap(note, 240)
     head_in = 0.55 + 0.15 * len(sub)
     fig_h = height_units * UNIT_IN + head_in
     fig = plt.figure(figsize=(PAGE_IN, fig_h))
@@ -199,6 +217,7 @@ def draw(dashboard, path, prom, start, end, step, out, note, events):
     fy = lambda u: 1 - (head_in + u * UNIT_IN) / fig_h  # noqa: E731  (gridPos y → figure fraction)
     fig.text(0.01, 1 - 0.3 / fig_h, dashboard["title"], fontsize=16, weight="bold", va="center")
     fig.text(0.01, 1 - 0.5 / fig_h, "\n".join(sub), fontsize=8, va="top", color="dimgrey", linespacing=1.4)
+    values = all_values(dashboard, prom)
     empty = []
     for p in panels:
         g = p["gridPos"]
@@ -206,7 +225,7 @@ def draw(dashboard, path, prom, start, end, step, out, note, events):
             fig.text(fx(g["x"]) + 0.005, fy(g["y"] + 0.55), p["title"], fontsize=12, weight="bold", va="center")
             fig.add_artist(plt.Line2D([0.005, 0.995], [fy(g["y"] + 1)] * 2, color="lightgrey", lw=1))
             continue
-        series = fetch_panel(p, prom, start, end, step)
+        series = fetch_panel(p, prom, start, end, step, values)
         print(f"  {dashboard['title']} / {p['title']}: {len(series)} series")
         if not series:
             empty.append(p["title"])

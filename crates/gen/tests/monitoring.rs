@@ -357,3 +357,37 @@ fn the_dashboards_are_committed_as_generated() {
         assert_eq!(ids.len(), panels.len(), "panel ids are distinct");
     }
 }
+
+/// The operator's `memcached_operator_pool_problem` names the pool's namespace in its own
+/// `namespace` label, which the alerts and dashboards group by: the ServiceMonitor that
+/// scrapes the operator must keep it (`honorLabels`), or Prometheus replaces it with the
+/// operator's namespace and moves the pool's to `exported_namespace` (seen in the pictures
+/// of hack/monitoring/pictures.sh before this was set).
+#[test]
+fn the_operators_monitor_keeps_the_pools_namespace() {
+    let metrics = manager::Metrics::new();
+    let telemetry = memcached_operator::controller::Telemetry::register(&metrics);
+    let degraded: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition =
+        serde_json::from_value(json!({
+            "type": "Degraded", "status": "True", "reason": "R", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }))
+        .expect("a condition");
+    telemetry.set_problems(
+        &kube::runtime::reflector::ObjectRef::new("a").within("pools"),
+        &[degraded],
+    );
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"memcached_operator_pool_problem{namespace="pools""#),
+        "the operator exports the pool's namespace as `namespace`"
+    );
+    let text = std::fs::read_to_string(repo().join("config/prometheus/monitor.yaml"))
+        .expect("config/prometheus/monitor.yaml");
+    let monitor: Value = serde_yaml::from_str(&text).expect("YAML");
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["honorLabels"], true,
+        "{monitor}"
+    );
+}

@@ -23,6 +23,11 @@ pub(crate) fn service_monitor() -> Value {
         },
         "spec": {
             "endpoints": [{
+                // The operator's series name the pool's namespace (`namespace`): kept, not
+                // replaced by the operator's own (Prometheus moves a clashing label to
+                // `exported_namespace` otherwise), as kube-prometheus does for
+                // kube-state-metrics. Its other series carry no namespace: the target's.
+                "honorLabels": true,
                 "path": "/metrics",
                 "port": "https",
                 "scheme": "https",

@@ -57,6 +57,9 @@ struct Var {
     /// `label_values(SELECTOR, LABEL)`.
     selector: String,
     of: &'static str,
+    /// "All" as any value (`.+`), for labels only the dashboard's own metrics carry; else
+    /// "All" is the values found (a label every scraped process has, such as `job`).
+    all_is_any: bool,
 }
 
 pub struct Dashboard {
@@ -124,14 +127,18 @@ impl Dashboard {
         })];
         for v in &self.vars {
             let query = format!("label_values({}, {})", v.selector, v.of);
-            list.push(json!({
+            let mut var = json!({
                 "name": v.name, "label": v.label, "type": "query",
                 "datasource": datasource(),
                 "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
                 "definition": query,
-                "includeAll": true, "multi": true, "allValue": ".+",
+                "includeAll": true, "multi": true,
                 "current": {}, "refresh": 2, "sort": 1, "hide": 0,
-            }));
+            });
+            if v.all_is_any {
+                var["allValue"] = json!(".+");
+            }
+            list.push(var);
         }
         json!({
             "uid": self.uid,
@@ -207,18 +214,21 @@ fn pool() -> Dashboard {
                 label: "Namespace",
                 selector: "memcached_up".into(),
                 of: "namespace",
+                all_is_any: true,
             },
             Var {
                 name: "pool",
                 label: "Memcached",
                 selector: r#"memcached_up{namespace=~"$namespace"}"#.into(),
                 of: "service",
+                all_is_any: true,
             },
             Var {
                 name: "pod",
                 label: "Pod",
                 selector: r#"memcached_up{namespace=~"$namespace", service=~"$pool"}"#.into(),
                 of: "pod",
+                all_is_any: true,
             },
         ],
         rows: vec![
@@ -418,12 +428,14 @@ fn proxy() -> Dashboard {
                 label: "Namespace",
                 selector: "memcached_up".into(),
                 of: "namespace",
+                all_is_any: true,
             },
             Var {
                 name: "pool",
                 label: "Memcached",
                 selector: r#"memcached_up{namespace=~"$namespace"}"#.into(),
                 of: "service",
+                all_is_any: true,
             },
         ],
         rows: vec![
@@ -514,6 +526,8 @@ fn operator() -> Dashboard {
             label: "Operator",
             selector: "memcached_operator_managed_instances".into(),
             of: "job",
+            // Every process Prometheus scrapes has a job: "All" is the operators found.
+            all_is_any: false,
         }],
         rows: vec![
             Row {
