@@ -26,8 +26,10 @@ work="${PICS_WORK:-/tmp/pics}"
 debug="${CARGO_TARGET_DIR:-$root/target}/debug"
 kubectl="$bin/k8s-v1.37.2/kubectl"
 load_seconds="${LOAD_SECONDS:-540}"
-prom_addr=127.0.0.1:39090
-operator_addr=127.0.0.1:38080
+# Below the ephemeral port range (32768 and up), where a busy host's outgoing connections
+# could hold them.
+prom_addr=127.0.0.1:19090
+operator_addr=127.0.0.1:18080
 say() { echo "$(date -u +%H:%M:%S) $*"; }
 die() { echo "pictures.sh: $*" >&2; exit 1; }
 [[ $EUID == 0 ]] || die "needs root (the real node runs containerd and the kubelet)"
@@ -88,6 +90,8 @@ ENABLE_WEBHOOKS=false nice "$debug/memcached-operator" run --memcached-image "$(
   --exporter-image "$(image exporter)" --metrics-secure=false --metrics-bind-address="$operator_addr" \
   --health-probe-bind-address=0 --leader-elect --leader-election-namespace default >"$work/operator.log" 2>&1 &
 pids=($! "${pids[@]}")
+sleep 2
+kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/operator.log" >&2; die "the operator did not start"; }
 
 # Prometheus: what kube-prometheus and a pool's ServiceMonitor would have it scrape.
 k config view --raw --flatten -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$work/ca.crt"

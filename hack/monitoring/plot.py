@@ -47,7 +47,8 @@ def all_values(dashboard, prom):
         qs = urllib.parse.urlencode({"match[]": m.group(1)})
         with urllib.request.urlopen(f"{prom}/api/v1/label/{m.group(2)}/values?{qs}", timeout=60) as r:
             found = json.load(r)["data"]
-        values[v["name"]] = "(" + "|".join(re.escape(x) for x in found) + ")"
+        # Regex metacharacters escaped, the backslash doubled for PromQL's string literal.
+        values[v["name"]] = "(" + "|".join(re.sub(r"([.*+?^${}()|\[\]\\])", r"\\\\\1", x) for x in found) + ")"
     return values
 
 
