@@ -230,6 +230,20 @@ fn exported_families() -> BTreeSet<String> {
         families.extend(text.lines().map(str::to_string));
     }
     // A family is exported once it has a series: one of each.
+    let metrics = operator_metrics_with_a_problem_in("ns");
+    families.extend(
+        metrics
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+            .map(str::to_string),
+    );
+    families
+}
+
+/// The operator's registry with a series in each family: a leader, a reconcile, and pool
+/// `a` of `namespace` Degraded.
+fn operator_metrics_with_a_problem_in(namespace: &str) -> manager::Metrics {
     let metrics = manager::Metrics::new();
     let telemetry = memcached_operator::controller::Telemetry::register(&metrics);
     metrics.set_leader("lease", true);
@@ -241,17 +255,10 @@ fn exported_families() -> BTreeSet<String> {
         }))
         .expect("a condition");
     telemetry.set_problems(
-        &kube::runtime::reflector::ObjectRef::new("a").within("ns"),
+        &kube::runtime::reflector::ObjectRef::new("a").within(namespace),
         &[degraded],
     );
-    families.extend(
-        metrics
-            .encode()
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
-            .map(str::to_string),
-    );
-    families
+    metrics
 }
 
 /// Whether `name` is a series of one of `families` (a counter's `_total`, a histogram's
@@ -365,18 +372,7 @@ fn the_dashboards_are_committed_as_generated() {
 /// of hack/monitoring/pictures.sh before this was set).
 #[test]
 fn the_operators_monitor_keeps_the_pools_namespace() {
-    let metrics = manager::Metrics::new();
-    let telemetry = memcached_operator::controller::Telemetry::register(&metrics);
-    let degraded: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition =
-        serde_json::from_value(json!({
-            "type": "Degraded", "status": "True", "reason": "R", "message": "",
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }))
-        .expect("a condition");
-    telemetry.set_problems(
-        &kube::runtime::reflector::ObjectRef::new("a").within("pools"),
-        &[degraded],
-    );
+    let metrics = operator_metrics_with_a_problem_in("pools");
     assert!(
         metrics
             .encode()

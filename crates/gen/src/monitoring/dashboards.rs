@@ -193,6 +193,15 @@ fn gauge(metric: &str) -> String {
     format!("{metric}{{{POD}}}")
 }
 
+/// `used` as a fraction of `limit`, both summed `by`.
+fn of(by: &str, used: &str, limit: &str) -> String {
+    format!(
+        "sum by ({by}) ({}) / sum by ({by}) ({})",
+        gauge(used),
+        gauge(limit)
+    )
+}
+
 fn pool() -> Dashboard {
     let hits = |by: &str| {
         format!(
@@ -357,11 +366,7 @@ fn pool() -> Dashboard {
                         "Bytes used by items, of the limit (-m), per pod.",
                         "percentunit",
                         vec![(
-                            format!(
-                                "sum by ({by_pod}) ({}) / sum by ({by_pod}) ({})",
-                                gauge("memcached_current_bytes"),
-                                gauge("memcached_limit_bytes")
-                            ),
+                            of(by_pod, "memcached_current_bytes", "memcached_limit_bytes"),
                             "{{pod}}",
                         )],
                     ),
@@ -370,10 +375,10 @@ fn pool() -> Dashboard {
                         "Open connections, of the limit (-c), per pod.",
                         "percentunit",
                         vec![(
-                            format!(
-                                "sum by ({by_pod}) ({}) / sum by ({by_pod}) ({})",
-                                gauge("memcached_current_connections"),
-                                gauge("memcached_max_connections")
+                            of(
+                                by_pod,
+                                "memcached_current_connections",
+                                "memcached_max_connections",
                             ),
                             "{{pod}}",
                         )],
