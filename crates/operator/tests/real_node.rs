@@ -829,7 +829,9 @@ async fn the_exporter_reports_each_pod_where_the_monitor_points(kube: Kube) {
     // memory and network), which the proxy's dashboard reads: the committed families are
     // among what this kubelet exports, once the pool's containers are measured.
     let scraped = poll(
-        "the kubelet's cAdvisor metrics measuring the pool's memcached containers",
+        "the kubelet's cAdvisor metrics labelling the pool's memcached containers (cAdvisor \
+         asks /run/containerd/containerd.sock, which the node links to its containerd when \
+         the path is free: a host's own containerd there hides this node's containers)",
         CONVERGE,
         || async {
             let request = http::Request::get(format!(
