@@ -118,8 +118,9 @@ pub(super) fn default_files() -> Result<Vec<File>, Error> {
                 "The whole operator: `make deploy IMG=...` (needs cert-manager for the webhook",
             )
             .comment(
-                "certificate). Optional: add ../prometheus (needs the Prometheus Operator) and",
+                "certificate). Optional: add ../prometheus (the operator's ServiceMonitor and the",
             )
+            .comment("alerts; needs the Prometheus Operator), ../grafana (the dashboards) and")
             .comment("../network-policy to resources.")
             .object(&kustomization)?
             .finish(),
