@@ -193,6 +193,18 @@ fn gauge(metric: &str) -> String {
     format!("{metric}{{{POD}}}")
 }
 
+/// A gauge (with its legend) and its limit, each summed per pool.
+fn per_pool_and_limit(
+    (used, legend): (&str, &'static str),
+    limit: &str,
+) -> Vec<(String, &'static str)> {
+    let sum = |m: &str| format!("sum by (namespace, service) ({})", gauge(m));
+    vec![
+        (sum(used), legend),
+        (sum(limit), "limit {{namespace}}/{{service}}"),
+    ]
+}
+
 /// `used` as a fraction of `limit`, both summed `by`.
 fn of(by: &str, used: &str, limit: &str) -> String {
     format!(
@@ -294,31 +306,22 @@ fn pool() -> Dashboard {
                         "Memory",
                         "Bytes used by items, and the limit (-m), per pool.",
                         "bytes",
-                        vec![
-                            (
-                                sum(by_pool, gauge("memcached_current_bytes")),
-                                "used {{namespace}}/{{service}}",
-                            ),
-                            (
-                                sum(by_pool, gauge("memcached_limit_bytes")),
-                                "limit {{namespace}}/{{service}}",
-                            ),
-                        ],
+                        per_pool_and_limit(
+                            ("memcached_current_bytes", "used {{namespace}}/{{service}}"),
+                            "memcached_limit_bytes",
+                        ),
                     ),
                     timeseries(
                         "Connections",
                         "Open connections, and the limit (-c), per pool.",
                         "short",
-                        vec![
+                        per_pool_and_limit(
                             (
-                                sum(by_pool, gauge("memcached_current_connections")),
+                                "memcached_current_connections",
                                 "open {{namespace}}/{{service}}",
                             ),
-                            (
-                                sum(by_pool, gauge("memcached_max_connections")),
-                                "limit {{namespace}}/{{service}}",
-                            ),
-                        ],
+                            "memcached_max_connections",
+                        ),
                     ),
                     timeseries(
                         "Network",
