@@ -204,6 +204,29 @@ pub(super) fn seen_in_store(
     }
 }
 
+/// The names of `K`s of ours in `namespace` as they are applied, as `seen`.
+fn owned_names<K>(
+    env: &Env,
+    namespace: &str,
+    owned: watcher::Config,
+    seen: fn(String) -> Seen,
+) -> BoxStream<'static, Seen>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(
+        Api::<PartialObjectMeta<K>>::namespaced(env.client.clone(), namespace),
+        owned,
+    )
+    .filter_map(move |e| async move { e.ok().and_then(applied).map(|o| seen(o.name_any())) })
+    .boxed()
+}
+
 /// Progress from watches of the namespaces (a real cluster): three per namespace.
 pub(super) fn watched_changes(env: &Env) -> BoxStream<'static, Seen> {
     let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
@@ -213,26 +236,9 @@ pub(super) fn watched_changes(env: &Env) -> BoxStream<'static, Seen> {
             .filter_map(|e| async move { e.ok().and_then(applied).map(|mc| summary(&mc)) })
             .boxed();
         // Children are watched metadata-only: the tracker needs their names.
-        let deployments = watcher(
-            Api::<PartialObjectMeta<Deployment>>::namespaced(env.client.clone(), namespace),
-            owned.clone(),
-        )
-        .filter_map(|e| async move {
-            e.ok()
-                .and_then(applied)
-                .map(|d| Seen::Deployment(d.name_any()))
-        })
-        .boxed();
-        let services = watcher(
-            Api::<PartialObjectMeta<Service>>::namespaced(env.client.clone(), namespace),
-            owned.clone(),
-        )
-        .filter_map(|e| async move {
-            e.ok()
-                .and_then(applied)
-                .map(|s| Seen::Service(s.name_any()))
-        })
-        .boxed();
+        let deployments =
+            owned_names::<Deployment>(env, namespace, owned.clone(), Seen::Deployment);
+        let services = owned_names::<Service>(env, namespace, owned.clone(), Seen::Service);
         all.extend([mcs, deployments, services]);
     }
     futures::stream::select_all(all).boxed()
