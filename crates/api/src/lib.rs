@@ -12,7 +12,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+    Affinity, LocalObjectReference, PodSecurityContext, ResourceRequirements, SecurityContext,
+    Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 pub mod field_error;
 pub mod image;
 pub mod memcached_rules;
+pub mod pod_security;
 pub mod quantity;
 pub mod status;
 pub mod validation;
@@ -179,6 +181,32 @@ pub struct MemcachedSpec {
     /// keys in memory, so a pool holds more than its memory. Off unless `enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extstore: Option<ExtstoreSpec>,
+
+    /// Extra annotations and labels on the pool's client Services (`NAME`, and `NAME-proxy`
+    /// with the proxy): for load balancers, meshes and service discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceMetadataSpec>,
+
+    /// How a memcached or proxy pod stops: a delay before memcached is told to exit, so
+    /// clients and proxies move away from a pod while it still answers. Unset: Kubernetes'
+    /// defaults (no delay, 30 s grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_shutdown: Option<GracefulShutdownSpec>,
+
+    /// Pod-level security settings of the memcached and proxy pods: each field set here
+    /// replaces the operator's (non-root UID 11211, `fsGroup` 11211, `RuntimeDefault`
+    /// seccomp). Setting `runAsUser` also removes the UID the operator sets on each
+    /// container, so the pod's applies (as OpenShift's UID ranges need). Values outside
+    /// the `restricted` Pod Security Standard are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<PodSecurityContext>,
+
+    /// Container-level security settings of every container of the memcached and proxy
+    /// pods: each field set here replaces the operator's (no privilege escalation, every
+    /// capability dropped, read-only root filesystem, non-root). Values outside the
+    /// `restricted` Pod Security Standard are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_security_context: Option<SecurityContext>,
 }
 
 /// Default cache size in MiB (the seed's `-m 64`).
@@ -501,6 +529,57 @@ impl Default for ExtstoreSpec {
     }
 }
 
+/// Metadata of the pool's client Services.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceMetadataSpec {
+    /// Extra annotations on the Services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// Extra labels on the Services (the operator's own labels cannot be overridden).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// Longest `spec.gracefulShutdown.preStopDelaySeconds` accepted.
+pub const MAX_PRE_STOP_DELAY_SECONDS: i32 = 600;
+/// Longest `spec.gracefulShutdown.terminationGracePeriodSeconds` accepted.
+pub const MAX_TERMINATION_GRACE_SECONDS: i32 = 3600;
+/// What `terminationGracePeriodSeconds` adds to the delay when unset: Kubernetes' own
+/// default grace, after the delay.
+pub const DEFAULT_GRACE_AFTER_DELAY_SECONDS: i32 = 30;
+
+/// How a pod stops.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GracefulShutdownSpec {
+    /// Seconds a deleted pod keeps serving before memcached is sent SIGTERM (a `preStop`
+    /// sleep, run by the kubelet: nothing is needed in the image). The pod leaves the
+    /// Services' endpoints and the proxy's backends at once, so clients that re-resolve
+    /// and pools that reconnect move away while the old connections are still answered.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 600))]
+    pub pre_stop_delay_seconds: i32,
+    /// The pod's `terminationGracePeriodSeconds`: the whole time from deletion to SIGKILL,
+    /// the delay included, so it must be longer than the delay. Unset: the delay plus 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub termination_grace_period_seconds: Option<i32>,
+}
+
+impl GracefulShutdownSpec {
+    /// The grace period the pods get: the one set, else the delay and Kubernetes' 30 s.
+    pub fn grace_seconds(&self) -> i64 {
+        self.termination_grace_period_seconds.map_or_else(
+            || {
+                i64::from(self.pre_stop_delay_seconds)
+                    + i64::from(DEFAULT_GRACE_AFTER_DELAY_SECONDS)
+            },
+            i64::from,
+        )
+    }
+}
+
 fn default_extstore_size() -> String {
     DEFAULT_EXTSTORE_SIZE.to_string()
 }
@@ -540,6 +619,10 @@ impl MemcachedSpec {
             proxy: None,
             rollout: None,
             extstore: None,
+            service: None,
+            graceful_shutdown: None,
+            pod_security_context: None,
+            container_security_context: None,
         }
     }
 

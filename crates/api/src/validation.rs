@@ -245,12 +245,105 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
         errors.extend(validate_extstore(extstore, spec));
     }
     errors.extend(validate_memory(spec));
+    if let Some(service) = &spec.service {
+        errors.extend(validate_service_metadata(service));
+    }
+    if let Some(shutdown) = &spec.graceful_shutdown {
+        errors.extend(validate_graceful_shutdown(shutdown));
+    }
+    if let Some(context) = &spec.pod_security_context {
+        errors.extend(crate::pod_security::check_pod(
+            "spec.podSecurityContext",
+            context,
+        ));
+    }
+    if let Some(context) = &spec.container_security_context {
+        errors.extend(crate::pod_security::check_container(
+            "spec.containerSecurityContext",
+            context,
+        ));
+    }
     if spec.exporter_enabled() && (spec.sasl.is_some() || spec.tls.is_some()) {
         errors.push(FieldError::invalid(
             "spec.exporter.enabled",
             true,
             "the memcached exporter cannot authenticate with SASL or speak TLS to memcached; disable the exporter or the SASL/TLS settings",
         ));
+    }
+    errors
+}
+
+/// The annotation domain the operator keeps for its own keys on its children.
+pub const OPERATOR_ANNOTATION_PREFIX: &str = "memcached.cache.example.com/";
+
+/// Checks `spec.service`: the operator's labels and annotations stay its own. The keys'
+/// and values' syntax is the API server's to judge (the webhook's dry run of the
+/// Services names these fields in its refusal).
+fn validate_service_metadata(service: &crate::ServiceMetadataSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for key in service
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .filter(|k| OPERATOR_LABELS.contains(&k.as_str()))
+    {
+        errors.push(FieldError::invalid(
+            format!("spec.service.labels[{key}]"),
+            key,
+            "is set by the operator (it names the pool) and cannot be overridden",
+        ));
+    }
+    for key in service
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with(OPERATOR_ANNOTATION_PREFIX))
+    {
+        errors.push(FieldError::invalid(
+            format!("spec.service.annotations[{key}]"),
+            key,
+            format!("the {OPERATOR_ANNOTATION_PREFIX} annotations are the operator's own"),
+        ));
+    }
+    errors
+}
+
+/// Checks `spec.gracefulShutdown`: its ranges, and a grace period that outlasts the delay
+/// (the kubelet kills the containers when the grace period ends, delay or not).
+fn validate_graceful_shutdown(shutdown: &crate::GracefulShutdownSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let delay = shutdown.pre_stop_delay_seconds;
+    if !(0..=crate::MAX_PRE_STOP_DELAY_SECONDS).contains(&delay) {
+        errors.push(FieldError::invalid(
+            "spec.gracefulShutdown.preStopDelaySeconds",
+            delay,
+            format!(
+                "must be between 0 and {}, inclusive",
+                crate::MAX_PRE_STOP_DELAY_SECONDS
+            ),
+        ));
+    }
+    if let Some(grace) = shutdown.termination_grace_period_seconds {
+        if !(1..=crate::MAX_TERMINATION_GRACE_SECONDS).contains(&grace) {
+            errors.push(FieldError::invalid(
+                "spec.gracefulShutdown.terminationGracePeriodSeconds",
+                grace,
+                format!(
+                    "must be between 1 and {}, inclusive",
+                    crate::MAX_TERMINATION_GRACE_SECONDS
+                ),
+            ));
+        } else if grace <= delay {
+            errors.push(FieldError::invalid(
+                "spec.gracefulShutdown.terminationGracePeriodSeconds",
+                grace,
+                format!(
+                    "must be longer than spec.gracefulShutdown.preStopDelaySeconds ({delay}): the grace period counts from the deletion, the delay included, and the kubelet kills memcached when it ends"
+                ),
+            ));
+        }
     }
     errors
 }
@@ -1134,6 +1227,181 @@ mod tests {
                 image: None,
             });
             s.pod_labels = Some([("tier".to_string(), "gold".to_string())].into());
+        });
+        assert_eq!(validate(&good), Ok(()));
+    }
+
+    fn shutdown(delay: i32, grace: Option<i32>) -> Option<crate::GracefulShutdownSpec> {
+        Some(crate::GracefulShutdownSpec {
+            pre_stop_delay_seconds: delay,
+            termination_grace_period_seconds: grace,
+        })
+    }
+
+    #[test]
+    fn stop_service_and_security_settings_are_checked_naming_the_field() {
+        use k8s_openapi::api::core::v1::{
+            Capabilities, PodSecurityContext, SeccompProfile, SecurityContext, Sysctl,
+        };
+        let service = |labels: &[&str], annotations: &[&str]| {
+            let map = |keys: &[&str]| {
+                Some(
+                    keys.iter()
+                        .map(|k| (k.to_string(), "x".to_string()))
+                        .collect(),
+                )
+            };
+            Some(crate::ServiceMetadataSpec {
+                labels: map(labels),
+                annotations: map(annotations),
+            })
+        };
+        let cases: Vec<(Memcached, &str, &str)> = vec![
+            (
+                with(|s| s.graceful_shutdown = shutdown(20, Some(20))),
+                "spec.gracefulShutdown.terminationGracePeriodSeconds",
+                "must be longer than",
+            ),
+            (
+                with(|s| s.graceful_shutdown = shutdown(-1, None)),
+                "spec.gracefulShutdown.preStopDelaySeconds",
+                "between 0 and 600",
+            ),
+            (
+                with(|s| s.graceful_shutdown = shutdown(0, Some(0))),
+                "spec.gracefulShutdown.terminationGracePeriodSeconds",
+                "between 1 and 3600",
+            ),
+            (
+                with(|s| s.service = service(&["app.kubernetes.io/instance"], &[])),
+                "spec.service.labels[app.kubernetes.io/instance]",
+                "set by the operator",
+            ),
+            (
+                with(|s| s.service = service(&[], &["memcached.cache.example.com/applied-hash"])),
+                "spec.service.annotations[memcached.cache.example.com/applied-hash]",
+                "the operator's own",
+            ),
+            (
+                with(|s| {
+                    s.pod_security_context = Some(PodSecurityContext {
+                        run_as_user: Some(0),
+                        ..Default::default()
+                    })
+                }),
+                "spec.podSecurityContext.runAsUser",
+                "restricted",
+            ),
+            (
+                with(|s| {
+                    s.pod_security_context = Some(PodSecurityContext {
+                        sysctls: Some(vec![Sysctl {
+                            name: "net.core.somaxconn".into(),
+                            value: "4096".into(),
+                        }]),
+                        ..Default::default()
+                    })
+                }),
+                "spec.podSecurityContext.sysctls[0].name",
+                "net.ipv4.tcp_syncookies",
+            ),
+            (
+                with(|s| {
+                    s.container_security_context = Some(SecurityContext {
+                        allow_privilege_escalation: Some(true),
+                        ..Default::default()
+                    })
+                }),
+                "spec.containerSecurityContext.allowPrivilegeEscalation",
+                "must be false",
+            ),
+            (
+                with(|s| {
+                    s.container_security_context = Some(SecurityContext {
+                        capabilities: Some(Capabilities {
+                            add: Some(vec!["NET_BIND_SERVICE".into()]),
+                            drop: None,
+                        }),
+                        ..Default::default()
+                    })
+                }),
+                "spec.containerSecurityContext.capabilities.drop",
+                "must include \"ALL\"",
+            ),
+            (
+                with(|s| {
+                    s.container_security_context = Some(SecurityContext {
+                        capabilities: Some(Capabilities {
+                            add: Some(vec!["SYS_ADMIN".into()]),
+                            drop: Some(vec!["ALL".into()]),
+                        }),
+                        ..Default::default()
+                    })
+                }),
+                "spec.containerSecurityContext.capabilities.add[0]",
+                "only NET_BIND_SERVICE",
+            ),
+            (
+                with(|s| {
+                    s.container_security_context = Some(SecurityContext {
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "Unconfined".into(),
+                            localhost_profile: None,
+                        }),
+                        ..Default::default()
+                    })
+                }),
+                "spec.containerSecurityContext.seccompProfile.type",
+                "Unsupported value: \"Unconfined\"",
+            ),
+            (
+                with(|s| {
+                    s.container_security_context = Some(SecurityContext {
+                        privileged: Some(true),
+                        ..Default::default()
+                    })
+                }),
+                "spec.containerSecurityContext.privileged",
+                "restricted",
+            ),
+        ];
+        for (m, field, words) in cases {
+            let errors = validate(&m).expect_err(field);
+            assert!(
+                errors
+                    .0
+                    .iter()
+                    .any(|e| e.field == field && e.to_string().contains(words)),
+                "{field}: {errors}"
+            );
+        }
+    }
+
+    #[test]
+    fn stop_service_and_security_settings_within_the_rules_pass() {
+        use k8s_openapi::api::core::v1::{PodSecurityContext, SELinuxOptions, SecurityContext};
+        let good = with(|s| {
+            s.graceful_shutdown = shutdown(20, Some(21));
+            s.service = Some(crate::ServiceMetadataSpec {
+                labels: Some([("team".to_string(), "cache".to_string())].into()),
+                annotations: Some(
+                    [("mesh.example.com/inject".to_string(), "false".to_string())].into(),
+                ),
+            });
+            s.pod_security_context = Some(PodSecurityContext {
+                run_as_user: Some(1_000_680_000),
+                se_linux_options: Some(SELinuxOptions {
+                    level: Some("s0:c26,c5".into()),
+                    type_: Some("container_t".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            s.container_security_context = Some(SecurityContext {
+                read_only_root_filesystem: Some(false),
+                run_as_non_root: Some(true),
+                ..Default::default()
+            });
         });
         assert_eq!(validate(&good), Ok(()));
     }

@@ -42,6 +42,16 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
             "spec.tls.rotation: InPlace acts as Restart with spec.sasl: SASL makes memcached speak only the binary protocol, which cannot reload a certificate, so a renewed certificate rolls the pods".into(),
         );
     }
+    if let Some(shutdown) = &mc.spec.graceful_shutdown
+        && shutdown.pre_stop_delay_seconds > mc.spec.min_ready_seconds()
+        && mc.spec.size > 1
+    {
+        out.push(format!(
+            "spec.gracefulShutdown.preStopDelaySeconds: {} is longer than a rollout step (spec.rollout.minReadySeconds {}): the next old pod is deleted while the last one still waits, so several pods may be stopping at once, each keeping its memory on its node until it exits",
+            shutdown.pre_stop_delay_seconds,
+            mc.spec.min_ready_seconds()
+        ));
+    }
     if let Some(proxy) = mc.spec.proxy_enabled()
         && proxy.copies > 1
     {
@@ -136,6 +146,24 @@ mod tests {
                 .any(|w| w.contains("moves the Service port"))
         );
         assert_eq!(validate_update(&old, &m), Ok(()));
+
+        let mut stopping = mc("x", 3);
+        stopping.spec.graceful_shutdown = Some(crate::GracefulShutdownSpec {
+            pre_stop_delay_seconds: 30,
+            termination_grace_period_seconds: None,
+        });
+        assert!(
+            warnings(&stopping, crate::DEFAULT_IMAGE).is_empty(),
+            "a delay within a rollout step (30 s) is quiet"
+        );
+        stopping.spec.graceful_shutdown = Some(crate::GracefulShutdownSpec {
+            pre_stop_delay_seconds: 31,
+            termination_grace_period_seconds: None,
+        });
+        assert!(
+            warnings(&stopping, crate::DEFAULT_IMAGE)[0]
+                .contains("several pods may be stopping at once")
+        );
 
         let mut both = mc("x", 3);
         both.spec.tls = Some(crate::TlsSpec::secret("certs"));

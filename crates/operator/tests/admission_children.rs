@@ -135,6 +135,10 @@ async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: 
         "podLabels": {"team": "cache"},
         "podAnnotations": {"example.com/owner": "cache team"},
         "exporter": {"enabled": true},
+        "service": {"labels": {"team": "cache"}, "annotations": {"example.com/lb": "internal"}},
+        "gracefulShutdown": {"preStopDelaySeconds": 10, "terminationGracePeriodSeconds": 20},
+        "podSecurityContext": {"runAsUser": 1_000_680_000, "fsGroup": 1_000_680_000},
+        "containerSecurityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}},
     }));
     let response = call(&app, &review("CREATE", &ns, &good, None)).await;
     assert_eq!(response["allowed"], true, "{response}");
@@ -607,4 +611,178 @@ async fn call_endpoint(app: &Router, path: &str, review: &Value) -> Value {
         .expect("body");
     let answer: Value = serde_json::from_slice(&body).expect("JSON");
     answer["response"].clone()
+}
+
+/// The pod-level and container-level overrides of a row of the Pod Security table, and
+/// whether the operator refuses them.
+fn security_rows() -> Vec<(&'static str, Value)> {
+    vec![
+        ("none", json!({})),
+        (
+            "OpenShift UID",
+            json!({"podSecurityContext": {"runAsUser": 1_000_680_000, "fsGroup": 1_000_680_000}}),
+        ),
+        (
+            "pod root UID",
+            json!({"podSecurityContext": {"runAsUser": 0}}),
+        ),
+        (
+            "pod may be root",
+            json!({"podSecurityContext": {"runAsNonRoot": false}}),
+        ),
+        (
+            "pod root group",
+            json!({"podSecurityContext": {"runAsGroup": 0, "supplementalGroups": [0]}}),
+        ),
+        (
+            "pod unconfined seccomp",
+            json!({"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+        ),
+        (
+            "pod localhost seccomp",
+            json!({"podSecurityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "memcached.json"}}}),
+        ),
+        (
+            "pod SELinux level",
+            json!({"podSecurityContext": {"seLinuxOptions": {"level": "s0:c26,c5", "type": "container_t"}}}),
+        ),
+        (
+            "pod SELinux spc_t",
+            json!({"podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}}}),
+        ),
+        (
+            "pod SELinux user",
+            json!({"podSecurityContext": {"seLinuxOptions": {"user": "system_u"}}}),
+        ),
+        (
+            "safe sysctl",
+            json!({"podSecurityContext": {"sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}}),
+        ),
+        (
+            "unsafe sysctl",
+            json!({"podSecurityContext": {"sysctls": [{"name": "net.core.somaxconn", "value": "4096"}]}}),
+        ),
+        (
+            "pod AppArmor unconfined",
+            json!({"podSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}}),
+        ),
+        (
+            "pod AppArmor default",
+            json!({"podSecurityContext": {"appArmorProfile": {"type": "RuntimeDefault"}}}),
+        ),
+        (
+            "escalation",
+            json!({"containerSecurityContext": {"allowPrivilegeEscalation": true}}),
+        ),
+        (
+            "privileged",
+            json!({"containerSecurityContext": {"privileged": true, "allowPrivilegeEscalation": true}}),
+        ),
+        (
+            "low ports",
+            json!({"containerSecurityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}}}),
+        ),
+        (
+            "SYS_ADMIN",
+            json!({"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}}}),
+        ),
+        (
+            "drops nothing",
+            json!({"containerSecurityContext": {"capabilities": {"drop": ["NET_RAW"]}}}),
+        ),
+        (
+            "container root UID",
+            json!({"containerSecurityContext": {"runAsUser": 0}}),
+        ),
+        (
+            "container may be root",
+            json!({"containerSecurityContext": {"runAsNonRoot": false}}),
+        ),
+        (
+            "writable root",
+            json!({"containerSecurityContext": {"readOnlyRootFilesystem": false}}),
+        ),
+        (
+            "container unconfined seccomp",
+            json!({"containerSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+        ),
+    ]
+}
+
+on_both_versions! {
+/// What `spec.podSecurityContext` and `spec.containerSecurityContext` may say is decided by
+/// the API server's PodSecurity admission at `restricted`: for every row of the table, the
+/// operator refuses the override exactly when the API server refuses a pod of the pool (and
+/// of its proxy) built with it in a namespace that enforces `restricted`, and the pods of
+/// the operator's own settings are admitted there.
+async fn the_security_overrides_allowed_are_what_pod_security_admits(kube: Kube) {
+    use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+    let (_cp, client, ns) = setup(kube, "pod-security").await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let enforce = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    namespaces
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&enforce))
+        .await
+        .expect("label the namespace");
+    // Pods are admitted only once their ServiceAccount exists.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    wait_for("the default ServiceAccount", || async {
+        accounts.get_opt("default").await.ok().flatten()
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let settings = BuildSettings::default();
+    let mut refused_rows = 0;
+    for (row, overrides) in security_rows() {
+        let mut spec = json!({"size": 2, "proxy": {"enabled": true}});
+        for (key, value) in overrides.as_object().into_iter().flatten() {
+            spec[key] = value.clone();
+        }
+        let mut mc: Memcached =
+            serde_json::from_value(memcached("pss", spec)).expect("a Memcached");
+        mc.metadata.namespace = Some(ns.clone());
+        mc.metadata.uid = Some("6a0e4bd1-0000-4000-8000-000000000002".into());
+        let ours = memcached_api::validation::validate(&mc).err();
+        let templates = [
+            memcached_operator::builders::desired_deployment(&mc, &settings),
+            memcached_operator::proxy::desired_proxy_deployment(&mc, &settings)
+                .map(|d| d.expect("the proxy runs")),
+        ];
+        for template in templates {
+            let template = template.expect("builds").spec.expect("spec").template;
+            let pod = Pod {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("pss-probe".into()),
+                    labels: template.metadata.and_then(|m| m.labels),
+                    ..Default::default()
+                },
+                spec: template.spec,
+                status: None,
+            };
+            let theirs = pods
+                .create(&PostParams { dry_run: true, ..PostParams::default() }, &pod)
+                .await
+                .err();
+            println!("{kube:?} {row}: ours {ours:?}; the API server's {theirs:?}");
+            if let Some(kube::Error::Api(status)) = &theirs {
+                assert!(
+                    status.code == 403 && status.message.contains("violates PodSecurity"),
+                    "{row}: refused for another reason than Pod Security, so the row decides nothing: {status:?}"
+                );
+            }
+            assert_eq!(
+                ours.is_some(),
+                theirs.is_some(),
+                "{row}: the operator {} it, the API server's PodSecurity {} it ({ours:?}; {theirs:?})",
+                if ours.is_some() { "refuses" } else { "admits" },
+                if theirs.is_some() { "refuses" } else { "admits" },
+            );
+            refused_rows += usize::from(theirs.is_some());
+        }
+    }
+    assert!(refused_rows >= 10, "the table hardly exercises the refusals: {refused_rows}");
+}
 }

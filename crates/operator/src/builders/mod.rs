@@ -193,6 +193,24 @@ pub(crate) fn child_metadata(mc: &Memcached, child_name: &str) -> Result<ObjectM
     })
 }
 
+/// `child_metadata` for one of the pool's client Services: `spec.service`'s annotations and
+/// labels added, the operator's labels over any of the same key.
+pub(crate) fn service_metadata(
+    mc: &Memcached,
+    child_name: &str,
+    own_labels: BTreeMap<String, String>,
+) -> Result<ObjectMeta, BuildError> {
+    let mut metadata = child_metadata(mc, child_name)?;
+    let extra = mc.spec.service.as_ref();
+    let mut labels = extra.and_then(|s| s.labels.clone()).unwrap_or_default();
+    labels.extend(own_labels);
+    metadata.labels = Some(labels);
+    metadata.annotations = extra
+        .and_then(|s| s.annotations.clone())
+        .filter(|a| !a.is_empty());
+    Ok(metadata)
+}
+
 pub(crate) fn name_of(mc: &Memcached) -> Result<&str, BuildError> {
     mc.metadata
         .name
@@ -233,7 +251,7 @@ fn service_ports(mc: &Memcached) -> Vec<ServicePort> {
 pub fn desired_service(mc: &Memcached) -> Result<Service, BuildError> {
     let name = name_of(mc)?;
     Ok(Service {
-        metadata: child_metadata(mc, name)?,
+        metadata: service_metadata(mc, name, labels(name))?,
         spec: Some(headless_spec(name, service_ports(mc))),
         status: None,
     })
@@ -257,7 +275,7 @@ fn headless_spec(name: &str, ports: Vec<ServicePort>) -> ServiceSpec {
 pub fn desired_cluster_ip_service(mc: &Memcached) -> Result<Service, BuildError> {
     let name = name_of(mc)?;
     Ok(Service {
-        metadata: child_metadata(mc, name)?,
+        metadata: service_metadata(mc, name, labels(name))?,
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
             selector: Some(selector_labels(name)),
@@ -276,7 +294,7 @@ pub fn desired_headless_service(mc: &Memcached) -> Result<Service, BuildError> {
     let mut ports = service_ports(mc);
     ports.truncate(1);
     Ok(Service {
-        metadata: child_metadata(mc, &headless_name(name))?,
+        metadata: service_metadata(mc, &headless_name(name), labels(name))?,
         spec: Some(headless_spec(name, ports)),
         status: None,
     })

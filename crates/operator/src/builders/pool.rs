@@ -10,11 +10,12 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile,
-    EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
-    SecretProjection, SecretVolumeSource, SecurityContext, TCPSocketAction,
-    TopologySpreadConstraint, Volume, VolumeMount, VolumeProjection, VolumeResourceRequirements,
+    EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource, KeyToPath, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SeccompProfile, SecretProjection, SecretVolumeSource, SecurityContext,
+    SleepAction, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount, VolumeProjection,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -388,41 +389,110 @@ pub fn desired_deployment_with(
                     annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    containers,
-                    init_containers,
-                    enable_service_links: Some(false),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(MEMCACHED_UID),
-                        run_as_group: Some(MEMCACHED_UID),
-                        // The kubelet makes mounted Secret files root-owned with this group:
-                        // with mode 0440 the memcached user reads its TLS key and SASL
-                        // database, and no one else in the pod does.
-                        fs_group: Some(MEMCACHED_UID),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".to_string(),
-                            localhost_profile: None,
+                spec: Some(with_user_overrides(
+                    spec,
+                    CONTAINER_NAME,
+                    PodSpec {
+                        containers,
+                        init_containers,
+                        enable_service_links: Some(false),
+                        security_context: Some(PodSecurityContext {
+                            run_as_non_root: Some(true),
+                            run_as_user: Some(MEMCACHED_UID),
+                            run_as_group: Some(MEMCACHED_UID),
+                            // The kubelet makes mounted Secret files root-owned with this group:
+                            // with mode 0440 the memcached user reads its TLS key and SASL
+                            // database, and no one else in the pod does.
+                            fs_group: Some(MEMCACHED_UID),
+                            seccomp_profile: Some(SeccompProfile {
+                                type_: "RuntimeDefault".to_string(),
+                                localhost_profile: None,
+                            }),
+                            ..PodSecurityContext::default()
                         }),
-                        ..PodSecurityContext::default()
-                    }),
-                    node_selector: spec.node_selector.clone(),
-                    tolerations: spec.tolerations.clone(),
-                    affinity: spec.affinity.clone(),
-                    priority_class_name: spec.priority_class_name.clone(),
-                    image_pull_secrets: spec.image_pull_secrets.clone(),
-                    topology_spread_constraints: spread_constraints(
-                        &selector_labels(name),
-                        spec.topology_spread.unwrap_or_default(),
-                    ),
-                    volumes: (!volumes.is_empty()).then_some(volumes),
-                    ..PodSpec::default()
-                }),
+                        node_selector: spec.node_selector.clone(),
+                        tolerations: spec.tolerations.clone(),
+                        affinity: spec.affinity.clone(),
+                        priority_class_name: spec.priority_class_name.clone(),
+                        image_pull_secrets: spec.image_pull_secrets.clone(),
+                        topology_spread_constraints: spread_constraints(
+                            &selector_labels(name),
+                            spec.topology_spread.unwrap_or_default(),
+                        ),
+                        volumes: (!volumes.is_empty()).then_some(volumes),
+                        ..PodSpec::default()
+                    },
+                )),
             },
             ..DeploymentSpec::default()
         }),
         status: None,
     })
+}
+
+/// `pod` with the user's stop and security settings of `spec` applied (none of them set:
+/// `pod` as it is, so pools that set none keep their pods through an upgrade): the
+/// `preStop` sleep on the container named `main` and the grace period
+/// (`spec.gracefulShutdown`), then `spec.podSecurityContext` over the pod's context and
+/// `spec.containerSecurityContext` over every container's, field by field. A pod-level
+/// `runAsUser` first removes the containers' own, which would override it.
+pub(crate) fn with_user_overrides(spec: &MemcachedSpec, main: &str, mut pod: PodSpec) -> PodSpec {
+    if let Some(shutdown) = &spec.graceful_shutdown {
+        pod.termination_grace_period_seconds = Some(shutdown.grace_seconds());
+        if shutdown.pre_stop_delay_seconds > 0
+            && let Some(container) = pod.containers.iter_mut().find(|c| c.name == main)
+        {
+            container.lifecycle = Some(Lifecycle {
+                pre_stop: Some(LifecycleHandler {
+                    sleep: Some(SleepAction {
+                        seconds: i64::from(shutdown.pre_stop_delay_seconds),
+                    }),
+                    ..LifecycleHandler::default()
+                }),
+                ..Lifecycle::default()
+            });
+        }
+    }
+    if let Some(theirs) = &spec.pod_security_context {
+        if theirs.run_as_user.is_some() {
+            for container in containers(&mut pod) {
+                if let Some(context) = container.security_context.as_mut() {
+                    context.run_as_user = None;
+                }
+            }
+        }
+        pod.security_context = Some(overlay(
+            pod.security_context.take().unwrap_or_default(),
+            theirs,
+        ));
+    }
+    if let Some(theirs) = &spec.container_security_context {
+        for container in containers(&mut pod) {
+            container.security_context = Some(overlay(
+                container.security_context.take().unwrap_or_default(),
+                theirs,
+            ));
+        }
+    }
+    pod
+}
+
+/// Every container of `pod`, its init containers (the native sidecars) included.
+fn containers(pod: &mut PodSpec) -> impl Iterator<Item = &mut Container> {
+    let init = pod.init_containers.iter_mut().flatten();
+    pod.containers.iter_mut().chain(init)
+}
+
+/// `ours` with every field `theirs` sets replaced by `theirs`' (whole fields: a
+/// `capabilities` set replaces both its lists).
+fn overlay<T: serde::Serialize + serde::de::DeserializeOwned>(ours: T, theirs: &T) -> T {
+    let (Ok(serde_json::Value::Object(mut merged)), Ok(serde_json::Value::Object(set))) =
+        (serde_json::to_value(&ours), serde_json::to_value(theirs))
+    else {
+        return ours;
+    };
+    merged.extend(set.into_iter().filter(|(_, v)| !v.is_null()));
+    serde_json::from_value(serde_json::Value::Object(merged)).unwrap_or(ours)
 }
 
 /// The TLS reload agent: a native sidecar (an init container that keeps running, started

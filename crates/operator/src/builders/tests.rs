@@ -1108,3 +1108,187 @@ fn sasl_gives_memcached_a_configuration_with_plain_only() {
     let plain = deployment(&with_spec(|_| {}));
     assert!(pod_spec(&plain).containers[0].env.is_none());
 }
+
+fn proxied(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
+    let mut mc = sample(3);
+    mc.spec.proxy = Some(memcached_api::ProxySpec::default());
+    edit(&mut mc.spec);
+    mc
+}
+
+/// The memcached pods' and the proxy pods' specs of `mc`.
+fn pool_and_proxy_pods(mc: &Memcached) -> [PodSpec; 2] {
+    let settings = BuildSettings::default();
+    let pod = |d: Deployment| pod_spec(&d).clone();
+    [
+        pod(desired_deployment(mc, &settings).expect("builds")),
+        pod(crate::proxy::desired_proxy_deployment(mc, &settings)
+            .expect("builds")
+            .expect("the proxy runs")),
+    ]
+}
+
+#[test]
+fn unset_stop_and_security_settings_leave_the_pods_as_they_were() {
+    // Pools that set none of these must keep their pod templates through an upgrade.
+    for pod in pool_and_proxy_pods(&proxied(|_| {})) {
+        assert_eq!(pod.termination_grace_period_seconds, None);
+        assert!(pod.containers.iter().all(|c| c.lifecycle.is_none()));
+        let context = pod.security_context.as_ref().expect("pod context");
+        assert_eq!(context.run_as_user, Some(MEMCACHED_UID));
+        assert!(pod.containers.iter().all(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|s| s.run_as_user)
+                .is_some()
+        }));
+    }
+}
+
+#[test]
+fn graceful_shutdown_delays_memcached_and_the_proxy_within_the_grace_period() {
+    let mc = proxied(|s| {
+        s.exporter = Some(memcached_api::ExporterSpec {
+            enabled: true,
+            image: None,
+        });
+        s.graceful_shutdown = Some(memcached_api::GracefulShutdownSpec {
+            pre_stop_delay_seconds: 15,
+            termination_grace_period_seconds: None,
+        });
+    });
+    for pod in pool_and_proxy_pods(&mc) {
+        // Unset, the grace period is the delay and Kubernetes' 30 s after it.
+        assert_eq!(pod.termination_grace_period_seconds, Some(45));
+        let sleep = |c: &Container| {
+            c.lifecycle
+                .as_ref()
+                .and_then(|l| l.pre_stop.as_ref())
+                .and_then(|h| h.sleep.as_ref())
+                .map(|s| s.seconds)
+        };
+        // The container that serves clients waits; a helper (the exporter) does not.
+        assert_eq!(sleep(&pod.containers[0]), Some(15));
+        assert!(pod.containers[1..].iter().all(|c| sleep(c).is_none()));
+    }
+    let [pool, _] = pool_and_proxy_pods(&proxied(|s| {
+        s.graceful_shutdown = Some(memcached_api::GracefulShutdownSpec {
+            pre_stop_delay_seconds: 0,
+            termination_grace_period_seconds: Some(120),
+        })
+    }));
+    assert_eq!(pool.termination_grace_period_seconds, Some(120));
+    assert!(pool.containers[0].lifecycle.is_none(), "no delay, no hook");
+}
+
+#[test]
+fn security_overrides_replace_only_the_fields_they_set() {
+    use k8s_openapi::api::core::v1::{
+        Capabilities, PodSecurityContext, SeccompProfile, SecurityContext,
+    };
+    let mc = proxied(|s| {
+        s.tls = None;
+        s.pod_security_context = Some(PodSecurityContext {
+            run_as_user: Some(1_000_680_000),
+            fs_group: Some(1_000_680_000),
+            ..PodSecurityContext::default()
+        });
+        s.container_security_context = Some(SecurityContext {
+            capabilities: Some(Capabilities {
+                add: Some(vec!["NET_BIND_SERVICE".into()]),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Localhost".into(),
+                localhost_profile: Some("memcached.json".into()),
+            }),
+            ..SecurityContext::default()
+        });
+    });
+    for pod in pool_and_proxy_pods(&mc) {
+        let context = pod.security_context.as_ref().expect("pod context");
+        assert_eq!(context.run_as_user, Some(1_000_680_000));
+        assert_eq!(context.fs_group, Some(1_000_680_000));
+        // What the override leaves unset stays the operator's.
+        assert_eq!(context.run_as_non_root, Some(true));
+        assert_eq!(
+            context.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        for c in &pod.containers {
+            let context = c.security_context.as_ref().expect("container context");
+            // The pod's UID applies: the container's own is gone.
+            assert_eq!(context.run_as_user, None, "{}", c.name);
+            assert_eq!(
+                context.capabilities.as_ref().and_then(|c| c.add.clone()),
+                Some(vec!["NET_BIND_SERVICE".to_string()])
+            );
+            assert_eq!(context.allow_privilege_escalation, Some(false));
+            assert_eq!(context.read_only_root_filesystem, Some(true));
+            assert_eq!(
+                context
+                    .seccomp_profile
+                    .as_ref()
+                    .and_then(|p| p.localhost_profile.as_deref()),
+                Some("memcached.json")
+            );
+        }
+    }
+}
+
+#[test]
+fn service_metadata_reaches_every_client_service_and_the_operators_labels_win() {
+    let mc = proxied(|s| {
+        s.service = Some(memcached_api::ServiceMetadataSpec {
+            annotations: Some(
+                [(
+                    "service.beta.kubernetes.io/aws-load-balancer-internal".to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            ),
+            labels: Some(
+                [
+                    ("team".to_string(), "cache".to_string()),
+                    (LABEL_INSTANCE.to_string(), "someone-else".to_string()),
+                ]
+                .into(),
+            ),
+        })
+    });
+    let services = [
+        desired_service(&mc).expect("builds"),
+        desired_cluster_ip_service(&mc).expect("builds"),
+        desired_headless_service(&mc).expect("builds"),
+        crate::proxy::desired_proxy_service(&mc)
+            .expect("builds")
+            .expect("the proxy runs"),
+    ];
+    for service in services {
+        let meta = &service.metadata;
+        let labels = meta.labels.as_ref().expect("labels");
+        assert_eq!(labels.get("team").map(String::as_str), Some("cache"));
+        assert_eq!(
+            labels.get(LABEL_INSTANCE).map(String::as_str),
+            Some("memcached-sample")
+        );
+        assert_eq!(
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get("service.beta.kubernetes.io/aws-load-balancer-internal"))
+                .map(String::as_str),
+            Some("true")
+        );
+    }
+    // Neither reaches the pods, the budget or the Deployment.
+    let d = desired_deployment(&mc, &BuildSettings::default()).expect("builds");
+    assert!(
+        d.metadata
+            .labels
+            .as_ref()
+            .expect("labels")
+            .get("team")
+            .is_none()
+    );
+    assert!(d.metadata.annotations.is_none());
+}

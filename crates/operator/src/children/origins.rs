@@ -145,7 +145,61 @@ const PASSED_THROUGH: &[PassedThrough] = &[
             }
         },
     },
+    PassedThrough {
+        field: "spec.service.labels",
+        mark: |s| {
+            s.service.get_or_insert_default().labels =
+                Some([(MARK.to_string(), "service-labels".into())].into())
+        },
+    },
+    PassedThrough {
+        field: "spec.service.annotations",
+        mark: |s| {
+            s.service.get_or_insert_default().annotations =
+                Some([(MARK.to_string(), "service-annotations".into())].into())
+        },
+    },
+    PassedThrough {
+        field: "spec.gracefulShutdown.preStopDelaySeconds",
+        mark: |s| {
+            s.graceful_shutdown
+                .get_or_insert_default()
+                .pre_stop_delay_seconds = 7877
+        },
+    },
+    PassedThrough {
+        field: "spec.gracefulShutdown.terminationGracePeriodSeconds",
+        mark: |s| {
+            s.graceful_shutdown
+                .get_or_insert_default()
+                .termination_grace_period_seconds = Some(7873)
+        },
+    },
+    PassedThrough {
+        field: "spec.podSecurityContext",
+        mark: |s| {
+            s.pod_security_context
+                .get_or_insert_default()
+                .se_linux_options = Some(marked_se_linux(797))
+        },
+    },
+    PassedThrough {
+        field: "spec.containerSecurityContext",
+        mark: |s| {
+            s.container_security_context
+                .get_or_insert_default()
+                .se_linux_options = Some(marked_se_linux(787))
+        },
+    },
 ];
+
+/// SELinux options no builder makes up (a level of one category of the marker's own).
+fn marked_se_linux(category: u32) -> k8s_openapi::api::core::v1::SELinuxOptions {
+    k8s_openapi::api::core::v1::SELinuxOptions {
+        level: Some(format!("s0:c{category}")),
+        ..Default::default()
+    }
+}
 
 /// Where a field of the Memcached lands in a child: `child_path` (as the API server names
 /// fields: `spec.template.spec.containers[0].image`) holds `field`.

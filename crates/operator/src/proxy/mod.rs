@@ -207,39 +207,43 @@ pub fn desired_proxy_deployment(
                     labels: Some(proxy_labels(name)),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    containers: vec![container],
-                    enable_service_links: Some(false),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(MEMCACHED_UID),
-                        run_as_group: Some(MEMCACHED_UID),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".to_string(),
-                            localhost_profile: None,
+                spec: Some(builders::with_user_overrides(
+                    spec,
+                    PROXY_CONTAINER,
+                    PodSpec {
+                        containers: vec![container],
+                        enable_service_links: Some(false),
+                        security_context: Some(PodSecurityContext {
+                            run_as_non_root: Some(true),
+                            run_as_user: Some(MEMCACHED_UID),
+                            run_as_group: Some(MEMCACHED_UID),
+                            seccomp_profile: Some(SeccompProfile {
+                                type_: "RuntimeDefault".to_string(),
+                                localhost_profile: None,
+                            }),
+                            ..PodSecurityContext::default()
                         }),
-                        ..PodSecurityContext::default()
-                    }),
-                    node_selector: spec.node_selector.clone(),
-                    tolerations: spec.tolerations.clone(),
-                    affinity: spec.affinity.clone(),
-                    priority_class_name: spec.priority_class_name.clone(),
-                    image_pull_secrets: spec.image_pull_secrets.clone(),
-                    topology_spread_constraints: builders::spread_constraints(
-                        &selector,
-                        spec.topology_spread.unwrap_or_default(),
-                    ),
-                    volumes: Some(vec![Volume {
-                        name: "config".to_string(),
-                        config_map: Some(ConfigMapVolumeSource {
-                            name: proxy_name(name),
-                            default_mode: Some(0o444),
-                            ..ConfigMapVolumeSource::default()
-                        }),
-                        ..Volume::default()
-                    }]),
-                    ..PodSpec::default()
-                }),
+                        node_selector: spec.node_selector.clone(),
+                        tolerations: spec.tolerations.clone(),
+                        affinity: spec.affinity.clone(),
+                        priority_class_name: spec.priority_class_name.clone(),
+                        image_pull_secrets: spec.image_pull_secrets.clone(),
+                        topology_spread_constraints: builders::spread_constraints(
+                            &selector,
+                            spec.topology_spread.unwrap_or_default(),
+                        ),
+                        volumes: Some(vec![Volume {
+                            name: "config".to_string(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: proxy_name(name),
+                                default_mode: Some(0o444),
+                                ..ConfigMapVolumeSource::default()
+                            }),
+                            ..Volume::default()
+                        }]),
+                        ..PodSpec::default()
+                    },
+                )),
             },
             ..DeploymentSpec::default()
         }),
@@ -254,7 +258,7 @@ pub fn desired_proxy_service(mc: &Memcached) -> Result<Option<Service>, BuildErr
     }
     let name = builders::name_of(mc)?;
     Ok(Some(Service {
-        metadata: proxy_metadata(mc)?,
+        metadata: builders::service_metadata(mc, &proxy_name(name), proxy_labels(name))?,
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
             selector: Some(proxy_selector_labels(name)),

@@ -197,6 +197,18 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
             vec!["spec.proxy.image", "should match"],
         ),
         (
+            "stop delay of an hour",
+            memcached(
+                "delay-hour",
+                json!({"size": 1, "gracefulShutdown": {"preStopDelaySeconds": 3600}}),
+            ),
+            422,
+            vec![
+                "spec.gracefulShutdown.preStopDelaySeconds",
+                "less than or equal to 600",
+            ],
+        ),
+        (
             "extstore page of 4 GiB",
             memcached(
                 "ext-page-huge",
@@ -344,6 +356,29 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
                    "resources": {"limits": {"memory": "128Mi"}}}),
             "spec.resources.limits[memory]",
         ),
+        // memcached would be killed in the middle of its own delay.
+        (
+            "grace-within-delay".into(),
+            json!({"size": 1, "gracefulShutdown": {"preStopDelaySeconds": 30,
+                   "terminationGracePeriodSeconds": 30}}),
+            "spec.gracefulShutdown.terminationGracePeriodSeconds",
+        ),
+        // Outside the restricted Pod Security Standard.
+        (
+            "pod-runs-as-root".into(),
+            json!({"size": 1, "podSecurityContext": {"runAsUser": 0}}),
+            "spec.podSecurityContext.runAsUser",
+        ),
+        (
+            "container-escalates".into(),
+            json!({"size": 1, "containerSecurityContext": {"allowPrivilegeEscalation": true}}),
+            "spec.containerSecurityContext.allowPrivilegeEscalation",
+        ),
+        (
+            "service-label-of-the-operator".into(),
+            json!({"size": 1, "service": {"labels": {"app.kubernetes.io/instance": "other"}}}),
+            "spec.service.labels[app.kubernetes.io/instance]",
+        ),
     ]
 }
 
@@ -436,6 +471,30 @@ pub fn children_refused() -> Vec<(&'static str, Value, &'static str, &'static st
             json!({"size": 1, "priorityClassName": "Not_A_Name"}),
             "spec.priorityClassName",
             "a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "service-label-key",
+            json!({"size": 1, "service": {"labels": {"bad key!": "x"}}}),
+            "spec.service.labels",
+            "name part must consist of",
+        ),
+        (
+            "service-annotation-key",
+            json!({"size": 1, "proxy": {"enabled": true}, "service": {"annotations": {"a/b/c": "x"}}}),
+            "spec.service.annotations",
+            "must consist of alphanumeric characters",
+        ),
+        (
+            "seccomp-localhost-without-profile",
+            json!({"size": 1, "podSecurityContext": {"seccompProfile": {"type": "Localhost"}}}),
+            "spec.podSecurityContext.seccompProfile.localhostProfile",
+            "Required value",
+        ),
+        (
+            "container-negative-uid",
+            json!({"size": 1, "containerSecurityContext": {"runAsUser": -5}}),
+            "spec.containerSecurityContext.runAsUser",
+            "must be between 0 and 2147483647",
         ),
     ]
 }
