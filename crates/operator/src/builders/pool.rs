@@ -65,26 +65,60 @@ pub fn memcached_args(config: &MemcachedConfig, port: i32, sasl: bool, tls: bool
     args
 }
 
-/// Memory for a cache of `memory_mib`: the cache plus 25% and 32 MiB for connection
-/// buffers, the hash table and the process itself. Used as both request and limit, so the
-/// pod is neither evicted for using what it asked for nor OOM-killed for filling its cache.
-pub fn container_memory_mib(memory_mib: i32) -> i64 {
+/// Memory for memcached with `config` (and TLS when `tls`), extstore aside: the cache; a
+/// quarter of it for the hash table (at most 17% of the cache, while it grows); 48 MiB for
+/// the process and the first page of every slab class (memcached gives a class with no page
+/// its first 1 MiB page even when the cache is full: 38 classes at the default growth
+/// factor); and each connection's buffers, 5 KiB (32 KiB with TLS) for each of `-c`.
+/// Measured with a real memcached filled to eviction (`tests/real_memcached_memory.rs`,
+/// BENCHMARKS.md "Memory headroom of the derived limit"). Used as both request and limit,
+/// so the pod is neither evicted for using what it asked for nor OOM-killed for filling its
+/// cache.
+pub fn container_memory_mib(config: &MemcachedConfig, tls: bool) -> i64 {
+    let m = i64::from(config.memory_mib.max(0));
+    let per_connection_kib = if tls { 32 } else { 5 };
+    let connections = (i64::from(config.max_connections.max(0)) * per_connection_kib + 1023) / 1024;
+    m + (m + 3) / 4 + 48 + connections
+}
+
+/// The memory releases up to 0.2 derived for a cache of `memory_mib`: the cache, 25% and
+/// 32 MiB, which a full cache of 64 MiB outgrows (116 MiB at its peak, 142 MiB with TLS).
+/// A running pool keeps it until its pod template changes for a reason of its own (see
+/// `controller::rollout`), so an upgrade of the operator restarts no pod for it.
+pub fn earlier_container_memory_mib(memory_mib: i32) -> i64 {
     let m = i64::from(memory_mib.max(0));
     m + (m + 3) / 4 + 32
 }
 
-/// Memory of the memcached container of `spec`: [`container_memory_mib`] of the cache, plus
-/// extstore's write buffers when it is on (memcached allocates them at start).
+/// Memory of the memcached container of `spec`: [`container_memory_mib`], plus extstore's
+/// write buffers when it is on (memcached allocates them at start).
 pub fn pool_memory_mib(spec: &MemcachedSpec) -> i64 {
-    let cache = container_memory_mib(spec.config().memory_mib);
+    with_write_buffers(
+        spec,
+        container_memory_mib(&spec.config(), spec.tls.is_some()),
+    )
+}
+
+fn with_write_buffers(spec: &MemcachedSpec, memory_mib: i64) -> i64 {
     match spec.extstore_enabled() {
-        Some(ext) => cache + EXTSTORE_WRITE_BUFFERS * i64::from(ext.write_buffer_mib.max(0)),
-        None => cache,
+        Some(ext) => memory_mib + EXTSTORE_WRITE_BUFFERS * i64::from(ext.write_buffer_mib.max(0)),
+        None => memory_mib,
     }
 }
 
 fn default_resources(spec: &MemcachedSpec) -> ResourceRequirements {
-    let memory = Quantity(format!("{}Mi", pool_memory_mib(spec)));
+    derived_resources(spec, pool_memory_mib(spec))
+}
+
+/// The memcached container's resources releases up to 0.2 derived for `spec` (see
+/// [`earlier_container_memory_mib`]).
+pub fn earlier_default_resources(spec: &MemcachedSpec) -> ResourceRequirements {
+    let cache = earlier_container_memory_mib(spec.config().memory_mib);
+    derived_resources(spec, with_write_buffers(spec, cache))
+}
+
+fn derived_resources(spec: &MemcachedSpec, memory_mib: i64) -> ResourceRequirements {
+    let memory = Quantity(format!("{memory_mib}Mi"));
     let mut requests = BTreeMap::from([
         ("cpu".to_string(), Quantity("100m".to_string())),
         ("memory".to_string(), memory.clone()),

@@ -312,7 +312,8 @@ fn verbosity_and_extra_args() {
 
 #[test]
 fn container_memory_follows_the_cache_size_unless_resources_are_given() {
-    for (cache, want) in [(64, "112Mi"), (1024, "1312Mi"), (8, "42Mi")] {
+    // The cache, a quarter, 48 MiB and 5 KiB for each of the 1024 connections (5 MiB).
+    for (cache, want) in [(64, "133Mi"), (1024, "1333Mi"), (8, "63Mi")] {
         let mc = with_spec(|s| s.config = config(|c| c.memory_mib = cache));
         let r = container(&deployment(&mc))
             .resources
@@ -331,6 +332,14 @@ fn container_memory_follows_the_cache_size_unless_resources_are_given() {
             "no CPU limit (throttling hurts latency)"
         );
     }
+    // With TLS each connection's buffers are 32 KiB: 32 MiB for 1024.
+    let tls = with_spec(|s| s.tls = Some(memcached_api::TlsSpec::secret("certs")));
+    let memory = container(&deployment(&tls))
+        .resources
+        .clone()
+        .and_then(|r| r.limits)
+        .and_then(|l| l.get("memory").cloned());
+    assert_eq!(memory, Some(Quantity("160Mi".into())));
     let custom = ResourceRequirements {
         limits: Some(BTreeMap::from([(
             "memory".to_string(),
@@ -890,17 +899,18 @@ fn extstore_adds_its_volume_flags_and_memory() {
         .expect("mounted");
     assert_eq!(mount.mount_path, "/var/lib/memcached/extstore");
     assert_ne!(mount.read_only, Some(true));
-    // 64 MiB of cache + 25 % + 32 MiB, and six 4 MiB write buffers: 136 MiB.
+    // 64 MiB of cache + 25 % + 48 MiB + 5 MiB of connections, and six 4 MiB write
+    // buffers: 157 MiB.
     let resources = container(&d).resources.clone().expect("resources");
     let requests = resources.requests.expect("requests");
-    assert_eq!(requests.get("memory"), Some(&Quantity("136Mi".into())));
+    assert_eq!(requests.get("memory"), Some(&Quantity("157Mi".into())));
     assert_eq!(
         requests.get("ephemeral-storage"),
         Some(&Quantity("1Gi".into()))
     );
     assert_eq!(
         resources.limits.expect("limits").get("memory"),
-        Some(&Quantity("136Mi".into()))
+        Some(&Quantity("157Mi".into()))
     );
 
     // With a StorageClass: a generic ephemeral volume of that class, off the node's disk.
@@ -954,7 +964,7 @@ fn extstore_adds_its_volume_flags_and_memory() {
         .and_then(|r| r.requests)
         .expect("requests");
     assert_eq!(requests.get("ephemeral-storage"), None);
-    assert_eq!(requests.get("memory"), Some(&Quantity("160Mi".into())));
+    assert_eq!(requests.get("memory"), Some(&Quantity("181Mi".into())));
 
     // Off: nothing of it.
     let mc = with_spec(|s| {

@@ -3,7 +3,8 @@
 //!
 //! Some parts of the pool's pod template are decided by the operator's own version, not by
 //! the Memcached: the TLS reload agent, the exporter sidecar, the volumes of the Secrets and
-//! of extstore (their images, commands and shapes). When only they would change, a running
+//! of extstore (their images, commands and shapes), and the memory derived for memcached
+//! when the spec names none. When only they would change, a running
 //! pool keeps their live form ([`keep_live`]) until its template changes for a reason of its
 //! own (a spec change, a rotated Secret), and then takes everything new in that one
 //! rollout. A new default memcached image (for pools that name none) changes memcached
@@ -21,7 +22,7 @@ use memcached_api::Memcached;
 use serde_json::Value;
 
 use crate::builders::{
-    CONTAINER_NAME, EXPORTER_NAME, EXTSTORE_VOLUME, SASL_CONF_ANNOTATION, SASL_CONF_PATH_ENV,
+    self, CONTAINER_NAME, EXPORTER_NAME, EXTSTORE_VOLUME, SASL_CONF_ANNOTATION, SASL_CONF_PATH_ENV,
     TLS_AGENT_NAME,
 };
 use crate::cached::{CacheForm, CachedDeployment};
@@ -60,6 +61,7 @@ pub fn keep_live(
     for name in KEPT_VOLUMES {
         take_named(mc, pod, live_pod, "volumes", name);
     }
+    keep_earlier_memory(mc, pod, live_pod);
     if hold_image && mc.spec.image.is_none() {
         let live_image = named(live_pod, "containers", CONTAINER_NAME)
             .and_then(|c| c.get("image"))
@@ -105,6 +107,28 @@ fn keep_sasl_without_conf(mc: &Memcached, template: &mut Value, live_pod: &Value
         .and_then(Value::as_object_mut)
     {
         annotations.remove(SASL_CONF_ANNOTATION);
+    }
+}
+
+/// A pool whose memory the operator derives (`spec.resources` unset) keeps its live
+/// memcached resources while they are exactly what releases up to 0.2 derived for this same
+/// spec ([`builders::earlier_default_resources`]): the newer, larger derivation reaches it
+/// with the next rollout of its own, instead of restarting every pool on the upgrade.
+fn keep_earlier_memory(mc: &Memcached, pod: &mut Value, live_pod: &Value) {
+    if mc.spec.resources.is_some() {
+        return;
+    }
+    let Some(live) = named(live_pod, "containers", CONTAINER_NAME).and_then(|c| c.get("resources"))
+    else {
+        return;
+    };
+    let Ok(earlier) = serde_json::to_value(builders::earlier_default_resources(&mc.spec)) else {
+        return;
+    };
+    if *live == earlier
+        && let Some(ours) = named_mut(pod, "containers", CONTAINER_NAME)
+    {
+        ours["resources"] = earlier;
     }
 }
 
@@ -179,12 +203,13 @@ pub fn edited_by_others(managed: Option<&[ManagedFieldsEntry]>, ours: &str) -> b
             .iter()
             .any(|(list, name)| holds(&format!("f:{list}"), name))
             || KEPT_VOLUMES.iter().any(|name| holds("f:volumes", name))
-            // The memcached image a pool may hold (see `keep_live`).
-            || pod
-                .get("f:containers")
-                .and_then(|c| c.get(item(CONTAINER_NAME)))
-                .and_then(|c| c.get("f:image"))
-                .is_some()
+            // The memcached image and derived memory a pool may hold (see `keep_live`).
+            || ["f:image", "f:resources"].iter().any(|field| {
+                pod.get("f:containers")
+                    .and_then(|c| c.get(item(CONTAINER_NAME)))
+                    .and_then(|c| c.get(field))
+                    .is_some()
+            })
     })
 }
 
@@ -445,6 +470,58 @@ mod tests {
         let new = deployment(&pinned, &after);
         assert_eq!(
             keep_live(&pinned, &new, &spec_json(&live), true, true),
+            None
+        );
+    }
+
+    /// The live Deployment an earlier release made for `mc`: today's, with the memory
+    /// releases up to 0.2 derived.
+    fn with_earlier_memory(mc: &Memcached, settings: &BuildSettings) -> Deployment {
+        let mut live = deployment(mc, settings);
+        if let Some(pod) = live.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+            pod.containers[0].resources = Some(builders::earlier_default_resources(&mc.spec));
+        }
+        live
+    }
+
+    #[test]
+    fn an_upgrade_keeps_the_memory_an_earlier_release_derived_until_the_pool_rolls() {
+        let settings = BuildSettings::default();
+        for mc in [pool(|_| {}), pool(every_helper)] {
+            let live = with_earlier_memory(&mc, &settings);
+            let new = deployment(&mc, &settings);
+            assert_ne!(live, new, "the derived memory grew");
+            let kept = keep_live(&mc, &new, &spec_json(&live), true, true).expect("keeps");
+            assert_eq!(kept, live, "the memory as it runs");
+        }
+        // A spec that moves the cache takes the new memory with its own rollout.
+        let live = with_earlier_memory(&pool(|_| {}), &settings);
+        let bigger = pool(|s| {
+            s.config = Some(memcached_api::MemcachedConfig {
+                memory_mib: 256,
+                ..memcached_api::MemcachedConfig::default()
+            })
+        });
+        let new = deployment(&bigger, &settings);
+        assert_eq!(
+            keep_live(&bigger, &new, &spec_json(&live), true, true),
+            None
+        );
+        // Memory the spec names is the spec's.
+        let named = pool(|s| s.resources = Some(builders::earlier_default_resources(s)));
+        let live = deployment(&named, &settings);
+        let new_named = pool(|s| {
+            s.resources = Some(builders::earlier_default_resources(s));
+            if let Some(limits) = s.resources.as_mut().and_then(|r| r.limits.as_mut()) {
+                limits.insert(
+                    "memory".into(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("200Mi".into()),
+                );
+            }
+        });
+        let new = deployment(&new_named, &settings);
+        assert_eq!(
+            keep_live(&new_named, &new, &spec_json(&live), true, true),
             None
         );
     }
