@@ -118,9 +118,10 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<MemcachedConfig>,
 
-    /// Resources of the memcached container. Unset: derived from `config.memoryMiB`
-    /// (memory request = limit = cache + 25% + 32 MiB, so the pod is never evicted or
-    /// OOM-killed for using the cache it was given; CPU request 100m, no CPU limit).
+    /// Resources of the memcached container. Unset: derived from `config` (memory request
+    /// = limit = cache + 25% + 48 MiB + 5 KiB per connection, 32 KiB with TLS, so the pod
+    /// is never evicted or OOM-killed for using the cache it was given; CPU request 100m,
+    /// no CPU limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,

@@ -36,7 +36,7 @@ impl ControlPlane {
                 // Each node its own pod range, from which kwok gives its pods their IPs.
                 "spec": {"podCIDR": format!("10.{}.0.0/16", 100 + i), "podCIDRs": [format!("10.{}.0.0/16", 100 + i)]},
                 "status": {
-                    // Room for benchmarks: 5,000 size-3 Memcacheds (100m CPU and ~112 MiB
+                    // Room for benchmarks: 5,000 size-3 Memcacheds (100m CPU and ~133 MiB
                     // each pod) on three nodes; node disk for extstore's emptyDirs.
                     "allocatable": {"cpu": "4000", "memory": "32Ti", "pods": "20000",
                                     "ephemeral-storage": "1Pi"},

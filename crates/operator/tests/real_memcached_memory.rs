@@ -1,7 +1,7 @@
 //! Whether the memory the builder gives memcached's container holds what a real memcached,
 //! started with the builder's own flags, uses at its worst. `pool_memory_mib` (request =
-//! limit: the cache `-m`, plus 25% and 32 MiB, plus extstore's write buffers) is compared
-//! with the process's peak resident set (`VmHWM`) after:
+//! limit: the cache `-m`, 25%, 48 MiB and the connections' buffers, plus extstore's write
+//! buffers) is compared with the process's peak resident set (`VmHWM`) after:
 //!
 //! - as many connections as memcached accepts under its `-c`, each in the middle of a
 //!   request: a line without its end keeps the connection's read buffer (16 KiB, its first
