@@ -19,11 +19,17 @@
 //!   and is refused the second by the API server for the pool's PodDisruptionBudget (drain
 //!   times out saying so); the pod left keeps serving what was set on it, the status says 1
 //!   ready; after `kubectl uncordon` the pool is back to 2 Ready pods, in its status too.
+//! - `gracefulShutdown`: a deleted pod of a pool with a `preStopDelaySeconds` of 20 leaves
+//!   its Service's EndpointSlices (no longer ready) while the Pod is still there, being
+//!   deleted, and memcached on its IP still answers what was set on it (the kubelet's
+//!   `preStop` sleep holds its SIGTERM back); the Pod object lasts at least the delay after
+//!   the deletion.
 //!
 //! Needs root and `make node`. Runs under the host lock (`flock /tmp/real-node.lock`) like
 //! the other real-node suites.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::BufReader;
 use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -32,12 +38,15 @@ use std::time::{Duration, Instant};
 use envtest::Kube;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
-use memcached_api::{ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, RolloutSpec};
+use memcached_api::{
+    ExtstoreSpec, GracefulShutdownSpec, Memcached, MemcachedConfig, MemcachedSpec, RolloutSpec,
+};
 use serde_json::json;
 
 mod common;
@@ -828,5 +837,192 @@ async fn drain_honours_the_pod_disruption_budget(kube: Kube) {
         "{kept_name} kept its value throughout"
     );
     println!("{kube:?}: drain and uncordon in {:?}", started.elapsed());
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. gracefulShutdown: a deleted pod serves on, out of the endpoints
+
+/// The pool's `spec.gracefulShutdown.preStopDelaySeconds`.
+const PRE_STOP_DELAY: i32 = 20;
+
+/// The conditions of the endpoint at `ip` in the EndpointSlices of the Service `service`:
+/// `Some(None)` when they do not list it, `None` when they cannot be listed.
+async fn endpoint_at(env: &Env, service: &str, ip: Ipv4Addr) -> Option<Option<EndpointConditions>> {
+    let slices = env
+        .api::<EndpointSlice>()
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .ok()?;
+    let ip = ip.to_string();
+    Some(
+        slices
+            .items
+            .into_iter()
+            .flat_map(|s| s.endpoints)
+            .find(|e| e.addresses.contains(&ip))
+            .map(|e| e.conditions.unwrap_or_default()),
+    )
+}
+
+/// `get key` on a new connection to memcached at `ip`.
+fn get_anew(ip: Ipv4Addr, key: &str) -> std::io::Result<Option<String>> {
+    Text(BufReader::new(try_connect(ip)?)).try_get(key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_serves_out_of_the_endpoints_newest() {
+    a_deleted_pod_serves_out_of_the_endpoints(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_serves_out_of_the_endpoints_oldest() {
+    a_deleted_pod_serves_out_of_the_endpoints(Kube::Oldest).await;
+}
+
+/// The kubelet runs the pool's `preStop` sleep on a deleted pod: the pod leaves its
+/// Service's endpoints (the EndpointSlice controller no longer counts it ready) while
+/// memcached, not yet sent SIGTERM, still answers on the pod's IP; the Pod object lasts at
+/// least the delay after its deletion.
+async fn a_deleted_pod_serves_out_of_the_endpoints(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let env = Env::start(kube, "graceful").await;
+    let memcacheds: Api<Memcached> = env.api();
+    let pods: Api<Pod> = env.api();
+    let mut spec = MemcachedSpec {
+        graceful_shutdown: Some(GracefulShutdownSpec {
+            pre_stop_delay_seconds: PRE_STOP_DELAY,
+            termination_grace_period_seconds: None,
+        }),
+        rollout: Some(RolloutSpec {
+            min_ready_seconds: 0,
+        }),
+        ..MemcachedSpec::with_size(1)
+    };
+    env.on_the_real_node(&mut spec);
+    memcacheds
+        .create(&PostParams::default(), &Memcached::new("graceful", spec))
+        .await
+        .expect("creating the pool");
+    let (pod, ip) = only_pod(&env, "graceful").await;
+    let name = pod.name_any();
+    let pod_spec = pod.spec.clone().unwrap_or_default();
+    let sleeps: Vec<(String, i64)> = pod_spec
+        .containers
+        .iter()
+        .filter_map(|c| {
+            let sleep = c.lifecycle.as_ref()?.pre_stop.as_ref()?.sleep.as_ref()?;
+            Some((c.name.clone(), sleep.seconds))
+        })
+        .collect();
+    assert_eq!(
+        (pod_spec.termination_grace_period_seconds, sleeps),
+        (
+            Some(i64::from(PRE_STOP_DELAY) + 30),
+            vec![("memcached".to_string(), i64::from(PRE_STOP_DELAY))]
+        ),
+        "{name}: the grace period and memcached's preStop sleep"
+    );
+    blocking(|| plain(ip).set("owner", &name));
+    poll(
+        &format!("the EndpointSlices of graceful listing {name} ({ip}) ready"),
+        CONVERGE,
+        || async {
+            let conditions = endpoint_at(&env, "graceful", ip).await??;
+            (conditions.ready == Some(true)).then_some(())
+        },
+    )
+    .await;
+
+    // Deleted with the pod's own grace period, as a rollout, a drain or a user would.
+    let deleting = Instant::now();
+    pods.delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleting the pod");
+    let (out_after, conditions) = poll(
+        &format!("{name} ({ip}) no longer ready in the EndpointSlices of graceful"),
+        CONVERGE,
+        || async {
+            let conditions = endpoint_at(&env, "graceful", ip).await?;
+            if conditions.as_ref().is_some_and(|c| c.ready == Some(true)) {
+                return None;
+            }
+            let out_after = deleting.elapsed();
+            let now = pods
+                .get_opt(&name)
+                .await
+                .ok()?
+                .unwrap_or_else(|| panic!("{name} was gone when it left the endpoints"));
+            assert!(
+                now.uid() == pod.uid() && now.metadata.deletion_timestamp.is_some(),
+                "{name} is the deleted pod, being deleted: {:?}",
+                now.metadata
+            );
+            Some((out_after, conditions))
+        },
+    )
+    .await;
+    // At that moment memcached, whose SIGTERM waits for the sleep, still answers.
+    let answer = blocking(|| get_anew(ip, "owner"));
+    println!(
+        "{kube:?}: {name} out of the endpoints {out_after:?} after its deletion ({conditions:?}); \
+         memcached at {ip} then answered {answer:?} ({:?} after the deletion)",
+        deleting.elapsed()
+    );
+    match answer {
+        Ok(Some(value)) => assert_eq!(value, name, "the value set on {name}"),
+        other => panic!(
+            "memcached at {ip} answers while {name} is out of the endpoints and being deleted: \
+             {other:?}"
+        ),
+    }
+
+    // Until the Pod object is gone: memcached answers through the sleep, then stops.
+    let deadline = Instant::now() + CONVERGE;
+    let mut answered_until = deleting.elapsed();
+    let mut stopped = None;
+    let gone_after = loop {
+        let now = pods.get_opt(&name).await.expect("reading the pod");
+        if now.is_none() {
+            break deleting.elapsed();
+        }
+        if stopped.is_none() {
+            let probe = deleting.elapsed();
+            match blocking(|| get_anew(ip, "owner")) {
+                Ok(Some(value)) if value == name => answered_until = deleting.elapsed(),
+                other => stopped = Some((probe, other)),
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} still there {CONVERGE:?} after its deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "{kube:?}: memcached at {ip} answered until {answered_until:?} after the deletion, then \
+         {stopped:?}; {name} gone {gone_after:?} after it"
+    );
+    // Lower bounds the sleep guarantees, counted from before the delete request: the
+    // kubelet sends SIGTERM only after it, so every probe started within the delay (less a
+    // margin for the probe itself) was answered, and the Pod was gone only after it.
+    let delay = Duration::from_secs(PRE_STOP_DELAY as u64);
+    if let Some((probe, failure)) = &stopped {
+        assert!(
+            *probe + Duration::from_secs(2) >= delay,
+            "memcached at {ip} stopped answering {probe:?} after {name}'s deletion, within \
+             its preStop sleep of {PRE_STOP_DELAY} s: {failure:?}"
+        );
+    }
+    assert!(
+        gone_after >= delay,
+        "{name} lasted {gone_after:?} after its deletion, less than its preStop sleep of \
+         {PRE_STOP_DELAY} s"
+    );
+    println!(
+        "{kube:?}: a deleted pod serving out of the endpoints in {:?}",
+        started.elapsed()
+    );
     env.stop().await;
 }

@@ -253,18 +253,31 @@ impl<S: Read + Write> Text<S> {
     }
 
     pub fn get(&mut self, key: &str) -> Option<String> {
+        self.try_get(key)
+            .unwrap_or_else(|e| panic!("get {key}: {e}"))
+    }
+
+    /// A value (one line), or `None` on a miss; an error of the connection, or an answer
+    /// that is not one, is an error.
+    pub fn try_get(&mut self, key: &str) -> std::io::Result<Option<String>> {
         self.0
             .get_mut()
-            .write_all(format!("get {key}\r\n").as_bytes())
-            .unwrap();
-        let header = self.line();
+            .write_all(format!("get {key}\r\n").as_bytes())?;
+        let header = self.try_line()?;
         if header == "END" {
-            return None;
+            return Ok(None);
         }
-        assert!(header.starts_with(&format!("VALUE {key} ")), "{header}");
-        let value = self.line();
-        assert_eq!(self.line(), "END", "get {key}");
-        Some(value)
+        if !header.starts_with(&format!("VALUE {key} ")) {
+            return Err(std::io::Error::other(format!("get {key}: {header:?}")));
+        }
+        let value = self.try_line()?;
+        let end = self.try_line()?;
+        if end != "END" {
+            return Err(std::io::Error::other(format!(
+                "get {key}: {end:?} after the value"
+            )));
+        }
+        Ok(Some(value))
     }
 
     /// Sets every item in one write (pipelined), then reads memcached's answers; any
