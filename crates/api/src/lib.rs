@@ -397,6 +397,10 @@ pub struct TlsSpec {
     /// How a renewed certificate reaches the running pods. Unset means `InPlace`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotation: Option<TlsRotation>,
+    /// Client certificates (mutual TLS): memcached verifies each client's certificate
+    /// against a CA (`ssl_ca_cert`, `ssl_verify_mode`). Unset: any client may connect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<ClientAuthSpec>,
 }
 
 impl TlsSpec {
@@ -405,6 +409,47 @@ impl TlsSpec {
         Self {
             secret_name: secret_name.into(),
             rotation: None,
+            client_auth: None,
+        }
+    }
+}
+
+/// Key of the CA certificate(s) in a Secret, as cert-manager writes it.
+pub const CA_KEY: &str = "ca.crt";
+
+/// Client certificate verification.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientAuthSpec {
+    /// Secret in the same namespace whose `ca.crt` holds the CA certificate(s) client
+    /// certificates must chain to. Unset: the `ca.crt` of `spec.tls.secretName` (cert-manager
+    /// writes the issuing CA there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub ca_secret_name: Option<String>,
+    /// `Required`: a client without a valid certificate is refused. `Optional`: a client
+    /// may connect without one, but a certificate it presents must be valid. Unset means
+    /// `Required`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<ClientVerify>,
+}
+
+/// When memcached asks for a client certificate.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ClientVerify {
+    /// memcached's `ssl_verify_mode=2`: no valid certificate, no connection.
+    #[default]
+    Required,
+    /// memcached's `ssl_verify_mode=1`: a certificate is asked for, and checked if given.
+    Optional,
+}
+
+impl ClientVerify {
+    /// memcached's `ssl_verify_mode` for it.
+    pub fn ssl_verify_mode(self) -> u8 {
+        match self {
+            Self::Required => 2,
+            Self::Optional => 1,
         }
     }
 }

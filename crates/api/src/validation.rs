@@ -208,6 +208,13 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
             "spec.tls.secretName",
             spec.tls.as_ref().map(|t| &t.secret_name),
         ),
+        (
+            "spec.tls.clientAuth.caSecretName",
+            spec.tls
+                .as_ref()
+                .and_then(|t| t.client_auth.as_ref())
+                .and_then(|c| c.ca_secret_name.as_ref()),
+        ),
     ] {
         if let Some(name) = secret
             && !is_dns1123_subdomain(name)
@@ -933,6 +940,7 @@ mod tests {
             s.tls = Some(crate::TlsSpec {
                 secret_name: "certs".into(),
                 rotation: Some(crate::TlsRotation::Restart),
+                client_auth: None,
             });
             s.container_port = crate::TLS_ADMIN_PORT;
         });
@@ -1170,6 +1178,7 @@ mod tests {
                     s.tls = Some(crate::TlsSpec {
                         secret_name: "-x".into(),
                         rotation: None,
+                        client_auth: None,
                     })
                 }),
                 "spec.tls.secretName",
@@ -1180,10 +1189,7 @@ mod tests {
                         enabled: true,
                         image: None,
                     });
-                    s.tls = Some(crate::TlsSpec {
-                        secret_name: "certs".into(),
-                        rotation: None,
-                    });
+                    s.tls = Some(crate::TlsSpec::secret("certs"));
                 }),
                 "spec.exporter.enabled",
             ),

@@ -142,6 +142,13 @@ async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: 
     }));
     let response = call(&app, &review("CREATE", &ns, &good, None)).await;
     assert_eq!(response["allowed"], true, "{response}");
+    // Client authentication with a CA of its own: a projected volume the server accepts.
+    let mutual = memcached("mutual", json!({
+        "size": 2,
+        "tls": {"secretName": "certs", "clientAuth": {"caSecretName": "client-ca", "verify": "Optional"}},
+    }));
+    let response = call(&app, &review("CREATE", &ns, &mutual, None)).await;
+    assert_eq!(response["allowed"], true, "{response}");
 
     // Dry runs store nothing.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);

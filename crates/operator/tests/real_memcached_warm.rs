@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PodSpec;
 use memcached_api::{
-    ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, RolloutSpec, TlsRotation, TlsSpec,
+    ClientAuthSpec, ClientVerify, ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec,
+    RolloutSpec, TlsRotation, TlsSpec,
 };
 use memcached_operator::builders::{self, BuildSettings};
 use proptest::prelude::*;
@@ -347,6 +348,9 @@ impl SecretVolume {
 /// the reload agent, both from the pod spec's commands.
 struct TlsPool {
     memcached: Running,
+    /// memcached's binary and arguments, to start it again as a rollout would.
+    binary: String,
+    args: Vec<String>,
     agent: Running,
     port: u16,
     admin: u16,
@@ -358,12 +362,21 @@ struct TlsPool {
 
 impl TlsPool {
     fn start(first: &Cert) -> Self {
+        Self::start_with(&memcached_binary(), first, None)
+    }
+
+    /// A pool of memcached `binary` that verifies clients against the CA `ca_pem`, written
+    /// as the Secret's `ca.crt`, when `client_auth` is given.
+    fn start_with(binary: &str, first: &Cert, client_auth: Option<(ClientAuthSpec, &str)>) -> Self {
         let dir = TempDir::new("tls");
         let port = free_port();
         let admin = free_port();
         let mc = pool(MemcachedSpec {
             container_port: i32::from(port),
-            tls: Some(TlsSpec::secret("certs")),
+            tls: Some(TlsSpec {
+                client_auth: client_auth.as_ref().map(|(spec, _)| spec.clone()),
+                ..TlsSpec::secret("certs")
+            }),
             ..MemcachedSpec::with_size(1)
         });
         let pod = pod_spec(&mc);
@@ -406,8 +419,15 @@ impl TlsPool {
         ]);
 
         let mut volume = SecretVolume::new(certs);
-        volume.install(first, first);
-        let mut memcached = start_memcached(&args, &dir);
+        match client_auth {
+            None => volume.install(first, first),
+            Some((_, ca_pem)) => volume.write(&[
+                ("tls.crt", &first.pem),
+                ("tls.key", &first.key_pem),
+                ("ca.crt", ca_pem),
+            ]),
+        }
+        let mut memcached = start_memcached_binary(binary, &args, &dir);
         let agent = spawn(
             "the reload agent",
             env!("CARGO_BIN_EXE_memcached-operator"),
@@ -418,6 +438,8 @@ impl TlsPool {
         wait_listening(admin, &mut memcached);
         Self {
             memcached,
+            binary: binary.to_string(),
+            args,
             agent,
             port,
             admin,
@@ -426,6 +448,15 @@ impl TlsPool {
             termination_log,
             dir,
         }
+    }
+
+    /// Stops memcached and starts it again with the same arguments and files, as a new pod
+    /// of the rollout would (an empty cache).
+    fn restart_memcached(&mut self) {
+        let _ = self.memcached.child.kill();
+        let _ = self.memcached.child.wait();
+        self.memcached = start_memcached_binary(&self.binary, &self.args, &self.dir);
+        wait_listening(self.port, &mut self.memcached);
     }
 
     /// Starts the agent again, as the kubelet restarts an exited sidecar.
@@ -547,6 +578,190 @@ fn a_renewed_certificate_is_loaded_in_place_and_the_cache_stays() {
     assert!(
         !pool.termination_log.exists(),
         "nothing in the termination log"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 1b. Client certificates: verified against the CA, which reloads in place too
+
+/// A CA that signs client certificates.
+struct ClientCa {
+    pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl ClientCa {
+    fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let pem = params.self_signed(&key).expect("CA").pem();
+        Self {
+            pem,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A client certificate `name` signed by this CA.
+    fn client(&self, name: &str) -> common::tls::ClientCert {
+        let key = rcgen::KeyPair::generate().expect("client key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("client certificate");
+        common::tls::ClientCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}
+
+/// Whether memcached on `port` serves a TLS client presenting `client` (or no certificate):
+/// the handshake completes and `get key` is answered. The value it answered, if any.
+fn served(
+    port: u16,
+    client: Option<&common::tls::ClientCert>,
+    key: &str,
+) -> Result<Option<String>, String> {
+    let (stream, _) =
+        common::tls::connect_as(std::net::SocketAddr::from(([127, 0, 0, 1], port)), client)?;
+    Client(BufReader::new(stream))
+        .try_get(key)
+        .map_err(|e| format!("get {key}: {e}"))
+}
+
+#[test]
+fn client_certificates_are_verified_and_a_new_ca_needs_a_restart_to_drop_the_old() {
+    for binary in [memcached_binary(), recent_memcached()] {
+        let server = self_signed("server.example");
+        let first_ca = ClientCa::new("first client CA");
+        let second_ca = ClientCa::new("second client CA");
+        let alice = first_ca.client("alice");
+        let mallory = second_ca.client("mallory");
+        let mut pool = TlsPool::start_with(
+            &binary,
+            &server,
+            Some((ClientAuthSpec::default(), first_ca.pem.as_str())),
+        );
+        pool.wait_presenting(&server);
+        // A client of the CA is served.
+        let (stream, _) = common::tls::connect_as(
+            std::net::SocketAddr::from(([127, 0, 0, 1], pool.port)),
+            Some(&alice),
+        )
+        .expect("alice's handshake");
+        let mut client = Client(BufReader::new(stream));
+        client.set_each(&[("who".to_string(), b"alice".to_vec())]);
+        drop(client);
+        assert_eq!(
+            served(pool.port, Some(&alice), "who"),
+            Ok(Some("alice".into())),
+            "{binary}"
+        );
+        // Without a certificate, or with one of another CA, nothing is served.
+        let anonymous = served(pool.port, None, "who");
+        assert!(
+            anonymous.is_err(),
+            "{binary}: a client without a certificate: {anonymous:?}"
+        );
+        let stranger = served(pool.port, Some(&mallory), "who");
+        assert!(
+            stranger.is_err(),
+            "{binary}: a client of another CA: {stranger:?}"
+        );
+        let pid = pool.memcached.child.id();
+
+        // A new CA in the Secret: the agent has memcached load it in place, as it does a
+        // renewed certificate, and its clients are served at once, from the same cache.
+        pool.volume.write(&[
+            ("tls.crt", &server.pem),
+            ("tls.key", &server.key_pem),
+            ("ca.crt", &second_ca.pem),
+        ]);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while served(pool.port, Some(&mallory), "who").is_err() {
+            pool.memcached.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{binary}: memcached did not take the new CA within 15 s; agent: {}",
+                pool.agent.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            served(pool.port, Some(&mallory), "who"),
+            Ok(Some("alice".into())),
+            "{binary}: the same cache"
+        );
+        assert_eq!(
+            pool.memcached.child.id(),
+            pid,
+            "{binary}: the same memcached"
+        );
+        // But the CA taken out of ca.crt is still trusted: memcached adds the CAs of a
+        // reloaded ca.crt to those it has. That is why a new CA rolls the pods.
+        assert_eq!(
+            served(pool.port, Some(&alice), "who"),
+            Ok(Some("alice".into())),
+            "{binary}: memcached dropped a CA in place; a new CA need not roll the pods"
+        );
+        // A memcached started on the new files (a new pod) trusts the new CA alone.
+        pool.restart_memcached();
+        assert_eq!(
+            served(pool.port, Some(&mallory), "who"),
+            Ok(None),
+            "{binary}"
+        );
+        let old_client = served(pool.port, Some(&alice), "who");
+        assert!(
+            old_client.is_err(),
+            "{binary}: a client of the CA taken out: {old_client:?}"
+        );
+        pool.agent.assert_running();
+    }
+}
+
+#[test]
+fn optional_client_verification_serves_clients_without_a_certificate_only() {
+    let server = self_signed("server.example");
+    let ca = ClientCa::new("client CA");
+    let other = ClientCa::new("another CA");
+    let pool = TlsPool::start_with(
+        &memcached_binary(),
+        &server,
+        Some((
+            ClientAuthSpec {
+                verify: Some(ClientVerify::Optional),
+                ..ClientAuthSpec::default()
+            },
+            ca.pem.as_str(),
+        )),
+    );
+    assert_eq!(
+        served(pool.port, None, "absent"),
+        Ok(None),
+        "no certificate: served"
+    );
+    assert_eq!(
+        served(pool.port, Some(&ca.client("alice")), "absent"),
+        Ok(None),
+        "a certificate of the CA: served"
+    );
+    let stranger = served(pool.port, Some(&other.client("mallory")), "absent");
+    assert!(
+        stranger.is_err(),
+        "a certificate of another CA: {stranger:?}"
     );
 }
 
@@ -1176,7 +1391,7 @@ proptest! {
             config: Some(config),
             extstore: Some(ext.clone()),
             rollout: min_ready.map(|s| RolloutSpec { min_ready_seconds: s }),
-            tls: tls_rotation.map(|r| TlsSpec { secret_name: "certs".into(), rotation: Some(r) }),
+            tls: tls_rotation.map(|r| TlsSpec { secret_name: "certs".into(), rotation: Some(r), client_auth: None }),
             ..MemcachedSpec::with_size(1)
         });
         prop_assume!(memcached_api::validation::validate(&mc).is_ok());

@@ -44,9 +44,14 @@ pub const EXPORTER_UID: i64 = 65534;
 pub use memcached_api::validation::HEADLESS_SUFFIX;
 /// Key of the SASL password database in its Secret.
 pub const SASL_PWDB_KEY: &str = "sasl-pwdb";
-/// The keys of the TLS Secret memcached reads (memcached verifies no client, so a `ca.crt`
-/// beside them is not mounted).
+/// The keys of the TLS Secret memcached reads (without client authentication memcached
+/// verifies no client, so a `ca.crt` beside them is not mounted).
 pub const TLS_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
+/// The keys of the TLS Secret memcached reads when it verifies clients against the
+/// Secret's own `ca.crt`.
+pub const TLS_KEYS_WITH_CA: [&str; 3] = ["tls.crt", "tls.key", memcached_api::CA_KEY];
+/// The key memcached reads from a CA Secret of its own (`spec.tls.clientAuth.caSecretName`).
+pub const CA_KEYS: [&str; 1] = [memcached_api::CA_KEY];
 /// Where the `sasl` volume is mounted: the password database and memcached's SASL
 /// configuration.
 pub const SASL_DIR: &str = "/etc/memcached/sasl";
@@ -126,6 +131,11 @@ pub struct SecretVersions {
     pub sasl: Option<String>,
     /// [`secret_digest`] of the TLS Secret's certificate and key.
     pub tls: Option<String>,
+    /// [`secret_digest`] of the client CA (`ca.crt`) with client authentication. Always
+    /// part of the config hash, even when certificates reload in place: memcached's
+    /// `refresh_certs` adds the CAs of a new `ca.crt` to those it trusts but never drops
+    /// one (measured, memcached 1.6.18 and 1.6.38), so only a restart takes a CA out.
+    pub client_ca: Option<String>,
 }
 
 /// Why a desired object cannot be built. Only objects that never came from the API server

@@ -22,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use memcached_api::validation::EXTSTORE_WRITE_BUFFERS;
 use memcached_api::{
-    EXPORTER_PORT, ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, TLS_ADMIN_PORT,
-    TopologySpread,
+    CA_KEY, EXPORTER_PORT, ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, TLS_ADMIN_PORT,
+    TlsSpec, TopologySpread,
 };
 
 use super::*;
@@ -148,6 +148,13 @@ pub fn pool_args(spec: &MemcachedSpec) -> Vec<String> {
         spec.sasl.is_some(),
         spec.tls.is_some(),
     );
+    if let Some(client_auth) = spec.tls.as_ref().and_then(|t| t.client_auth.as_ref()) {
+        args.push("-o".into());
+        args.push(format!(
+            "ssl_ca_cert={TLS_DIR}/{CA_KEY},ssl_verify_mode={}",
+            client_auth.verify.unwrap_or_default().ssl_verify_mode()
+        ));
+    }
     if spec.tls_reloads_in_place() {
         args.push("-l".into());
         args.push(format!("*:{port},notls:127.0.0.1:{TLS_ADMIN_PORT}"));
@@ -287,6 +294,10 @@ pub fn config_hash(args: &[String], secrets: &SecretVersions) -> String {
     for secret in [&secrets.sasl, &secrets.tls] {
         field(secret.as_deref().unwrap_or("-").as_bytes());
     }
+    // Only with client authentication, so every other pool keeps its hash.
+    if let Some(ca) = &secrets.client_ca {
+        field(ca.as_bytes());
+    }
     let digest = ctx.finish();
     digest.as_ref()[..8]
         .iter()
@@ -336,7 +347,7 @@ pub fn desired_deployment_with(
         });
     }
     if let Some(tls) = &spec.tls {
-        volumes.push(secret_volume("tls", &tls.secret_name, &TLS_KEYS));
+        volumes.push(tls_volume(tls));
         mounts.push(mount("tls", TLS_DIR));
     }
     if let Some(ext) = spec.extstore_enabled() {
@@ -353,6 +364,7 @@ pub fn desired_deployment_with(
     let hashed = SecretVersions {
         sasl: secrets.sasl.clone(),
         tls: secrets.tls.clone().filter(|_| !in_place),
+        client_ca: secrets.client_ca.clone(),
     };
     let init_containers = in_place.then(|| vec![tls_agent_container(settings)]);
     if in_place {
@@ -666,6 +678,43 @@ fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
             ..SecretVolumeSource::default()
         }),
         ..Volume::default()
+    }
+}
+
+/// The `tls` volume: the certificate and key of `spec.tls.secretName`, and with client
+/// authentication the CA's `ca.crt` beside them (from that Secret, or from
+/// `clientAuth.caSecretName` through a projected volume), so the reload agent watches one
+/// directory and memcached reloads all three with one `refresh_certs`.
+fn tls_volume(tls: &TlsSpec) -> Volume {
+    let Some(client_auth) = &tls.client_auth else {
+        return secret_volume("tls", &tls.secret_name, &TLS_KEYS);
+    };
+    match client_auth.ca_secret_name.as_deref() {
+        None => secret_volume("tls", &tls.secret_name, &TLS_KEYS_WITH_CA),
+        Some(ca) if ca == tls.secret_name => {
+            secret_volume("tls", &tls.secret_name, &TLS_KEYS_WITH_CA)
+        }
+        Some(ca) => {
+            let source = |name: &str, keys: &[&str]| VolumeProjection {
+                secret: Some(SecretProjection {
+                    name: name.to_string(),
+                    items: Some(key_paths(keys)),
+                    optional: None,
+                }),
+                ..VolumeProjection::default()
+            };
+            Volume {
+                name: "tls".to_string(),
+                projected: Some(ProjectedVolumeSource {
+                    default_mode: Some(0o440),
+                    sources: Some(vec![
+                        source(&tls.secret_name, &TLS_KEYS),
+                        source(ca, &[CA_KEY]),
+                    ]),
+                }),
+                ..Volume::default()
+            }
+        }
     }
 }
 

@@ -588,6 +588,7 @@ fn sasl_and_tls_mount_their_secrets_and_set_flags() {
         s.tls = Some(memcached_api::TlsSpec {
             secret_name: "certs".into(),
             rotation: None,
+            client_auth: None,
         });
     });
     let d = deployment(&mc);
@@ -681,11 +682,11 @@ fn the_config_hash_changes_with_the_config_and_rotated_secrets_only() {
     assert_ne!(hash(&base, &none), hash(&tuned, &none));
     let v1 = SecretVersions {
         sasl: Some("1".into()),
-        tls: None,
+        ..SecretVersions::default()
     };
     let v2 = SecretVersions {
         sasl: Some("2".into()),
-        tls: None,
+        ..SecretVersions::default()
     };
     assert_ne!(
         hash(&base, &v1),
@@ -697,6 +698,7 @@ fn template_hash(mc: &Memcached, tls_digest: &str) -> String {
     let secrets = SecretVersions {
         sasl: mc.spec.sasl.as_ref().map(|_| "sasl-1".to_string()),
         tls: Some(tls_digest.to_string()),
+        ..SecretVersions::default()
     };
     let d = desired_deployment_with(mc, &BuildSettings::default(), &secrets).expect("builds");
     d.spec
@@ -710,6 +712,7 @@ fn tls(rotation: Option<memcached_api::TlsRotation>) -> Option<memcached_api::Tl
     Some(memcached_api::TlsSpec {
         secret_name: "certs".into(),
         rotation,
+        client_auth: None,
     })
 }
 
@@ -1301,4 +1304,94 @@ fn service_metadata_reaches_every_client_service_and_the_operators_labels_win() 
             .is_none()
     );
     assert!(d.metadata.annotations.is_none());
+}
+
+#[test]
+fn client_authentication_mounts_the_ca_and_rolls_only_for_a_new_ca() {
+    let with_auth = |ca_secret: Option<&str>, verify| {
+        with_spec(|s| {
+            s.tls = Some(memcached_api::TlsSpec {
+                client_auth: Some(memcached_api::ClientAuthSpec {
+                    ca_secret_name: ca_secret.map(String::from),
+                    verify,
+                }),
+                ..memcached_api::TlsSpec::secret("certs")
+            })
+        })
+    };
+    let mc = with_auth(None, None);
+    let d = deployment(&mc);
+    let command = container(&d).command.clone().expect("command");
+    assert!(
+        command.windows(2).any(|w| w
+            == [
+                "-o",
+                "ssl_ca_cert=/etc/memcached/tls/ca.crt,ssl_verify_mode=2"
+            ]),
+        "{command:?}"
+    );
+    let optional = deployment(&with_auth(
+        None,
+        Some(memcached_api::ClientVerify::Optional),
+    ));
+    assert!(
+        container(&optional)
+            .command
+            .iter()
+            .flatten()
+            .any(|a| a.ends_with("ssl_verify_mode=1"))
+    );
+    let volume = |d: &Deployment| {
+        pod_spec(d)
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "tls")
+            .cloned()
+            .expect("the tls volume")
+    };
+    // The CA of the TLS Secret is mounted beside the certificate.
+    let items: Vec<_> = volume(&d)
+        .secret
+        .and_then(|s| s.items)
+        .expect("items")
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
+    assert_eq!(items, ["tls.crt", "tls.key", "ca.crt"]);
+    // A CA of its own comes through a projected volume, into the same directory.
+    let own = volume(&deployment(&with_auth(Some("client-ca"), None)));
+    let sources = own.projected.and_then(|p| p.sources).expect("sources");
+    let names: Vec<_> = sources
+        .iter()
+        .filter_map(|s| s.secret.as_ref())
+        .map(|s| s.name.clone())
+        .collect();
+    assert_eq!(names, ["certs", "client-ca"]);
+    // Without client authentication nothing changes: the Secret's two keys only.
+    let plain = deployment(&with_spec(|s| {
+        s.tls = Some(memcached_api::TlsSpec::secret("certs"))
+    }));
+    assert_eq!(
+        volume(&plain).secret.and_then(|s| s.items).map(|i| i.len()),
+        Some(2)
+    );
+
+    // A renewed server certificate reloads in place; a new CA rolls the pods (memcached
+    // keeps trusting a CA taken out of ca.crt until it restarts).
+    let hash = |tls: &str, ca: &str| {
+        let secrets = SecretVersions {
+            tls: Some(tls.into()),
+            client_ca: Some(ca.into()),
+            ..SecretVersions::default()
+        };
+        let d = desired_deployment_with(&mc, &BuildSettings::default(), &secrets).expect("builds");
+        d.spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+            .expect("config hash")
+    };
+    assert_eq!(hash("cert-1", "ca-1"), hash("cert-2", "ca-1"));
+    assert_ne!(hash("cert-1", "ca-1"), hash("cert-1", "ca-2"));
 }

@@ -166,7 +166,9 @@ fn spec_agrees(mc: &Memcached, name: &str, live: &Value, ours: &Value) -> bool {
         EXPORTER_NAME => {
             mc.spec.exporter.as_ref().is_none_or(|e| e.image.is_none()) || same("/image")
         }
-        "tls" => same("/secret/secretName"),
+        // The Secret, and the CA's beside it with client authentication (its items and
+        // projected sources are what the spec chose).
+        "tls" => same("/secret/secretName") && same("/secret/items") && same("/projected"),
         // The live form with SASL's configuration (the old form: `keep_sasl_without_conf`).
         "sasl" => same("/projected/sources/0/secret/name"),
         EXTSTORE_VOLUME => {

@@ -52,10 +52,19 @@ impl SecretReads {
     }
 }
 
-/// The Secrets `mc` references, by its field: `(field, Secret name, keys read)`.
+/// The Secrets `mc` references, by its field: `(field, Secret name, keys read)`. With
+/// client authentication the CA's `ca.crt` is a third entry, read on its own (from its own
+/// Secret or the TLS one): its version rolls the pods (see [`SecretVersions::client_ca`]).
 pub(super) fn referenced(
     mc: &Memcached,
-) -> [(&'static str, Option<&str>, &'static [&'static str]); 2] {
+) -> [(&'static str, Option<&str>, &'static [&'static str]); 3] {
+    let tls = mc.spec.tls.as_ref();
+    let client_auth = tls.and_then(|t| t.client_auth.as_ref());
+    let ca = match client_auth.map(|c| c.ca_secret_name.as_deref()) {
+        None => ("spec.tls.clientAuth.caSecretName", None),
+        Some(Some(own)) => ("spec.tls.clientAuth.caSecretName", Some(own)),
+        Some(None) => ("spec.tls.clientAuth", tls.map(|t| t.secret_name.as_str())),
+    };
     [
         (
             "spec.sasl.secretName",
@@ -64,9 +73,10 @@ pub(super) fn referenced(
         ),
         (
             "spec.tls.secretName",
-            mc.spec.tls.as_ref().map(|t| t.secret_name.as_str()),
+            tls.map(|t| t.secret_name.as_str()),
             &builders::TLS_KEYS,
         ),
+        (ca.0, ca.1, &builders::CA_KEYS),
     ]
 }
 
@@ -124,10 +134,10 @@ pub(super) async fn referenced_secrets(
                 }));
             }
         };
-        if i == 0 {
-            versions.sasl = Some(digest);
-        } else {
-            versions.tls = Some(digest);
+        match i {
+            0 => versions.sasl = Some(digest),
+            1 => versions.tls = Some(digest),
+            _ => versions.client_ca = Some(digest),
         }
     }
     Ok(Ok(versions))

@@ -197,6 +197,15 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
             vec!["spec.proxy.image", "should match"],
         ),
         (
+            "client verification of a kind memcached has not",
+            memcached(
+                "verify-once",
+                json!({"size": 1, "tls": {"secretName": "certs", "clientAuth": {"verify": "Once"}}}),
+            ),
+            422,
+            vec!["spec.tls.clientAuth.verify", "Unsupported value"],
+        ),
+        (
             "stop delay of an hour",
             memcached(
                 "delay-hour",
@@ -355,6 +364,11 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             json!({"size": 1, "config": {"memoryMiB": 256},
                    "resources": {"limits": {"memory": "128Mi"}}}),
             "spec.resources.limits[memory]",
+        ),
+        (
+            "client-ca-name".into(),
+            json!({"size": 1, "tls": {"secretName": "certs", "clientAuth": {"caSecretName": "Client_CA"}}}),
+            "spec.tls.clientAuth.caSecretName",
         ),
         // memcached would be killed in the middle of its own delay.
         (

@@ -64,13 +64,41 @@ impl ServerCertVerifier for AcceptAny {
 /// A TLS connection to `addr` (handshake done, 10 s read timeout), and the DER of the
 /// end-entity certificate it presented.
 pub fn connect(addr: SocketAddr) -> Result<(TlsStream, Vec<u8>), String> {
+    connect_as(addr, None)
+}
+
+/// A client certificate (PEM) and its key (PEM).
+pub struct ClientCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// [`connect`], presenting `client`'s certificate when asked for one.
+pub fn connect_as(
+    addr: SocketAddr,
+    client: Option<&ClientCert>,
+) -> Result<(TlsStream, Vec<u8>), String> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider.clone())
+    let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)));
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some(client) => {
+            let chain = CertificateDer::pem_slice_iter(client.cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            let key = PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes())
+                .map_err(|e| e.to_string())?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| e.to_string())?
+        }
+    };
     let name = ServerName::try_from("memcached.test").map_err(|e| e.to_string())?;
     let mut conn = ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
     let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
