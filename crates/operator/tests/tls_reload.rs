@@ -3,7 +3,8 @@
 //! restarted; its Deployment replaces it. Files the agent refused itself (memcached never
 //! saw them and keeps its certificate) are reported and the pod left running. The kubelet's part (the agent's container ending
 //! with exit code 3 and a termination message) is played by a patch of the pod's status,
-//! in the shape the kubelet writes for a native sidecar.
+//! in the shape the kubelet writes for a native sidecar. With client authentication, a new
+//! CA rolls the pods while a renewed certificate does not.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -319,6 +320,109 @@ on_every_server! {
         );
 
         recorder.abort();
+        let _ = stop_tx.send(());
+        let _ = task.await;
+    }
+}
+
+/// The config hash of the pod template of Deployment `name`.
+async fn template_hash(cluster: &Cluster, name: &str) -> Option<String> {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = cluster.api();
+    deployments
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|d| d.spec)
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .and_then(|a| a.get("memcached.cache.example.com/config-hash").cloned())
+}
+
+on_every_server! {
+    /// With client authentication and the CA in the TLS Secret: a pool without `ca.crt` is
+    /// reported on `spec.tls.clientAuth`; once it is there the pool runs; a renewed
+    /// certificate leaves the pod template as it is (the agent reloads it in place) and a
+    /// new CA changes it (memcached would go on trusting the old CA until it restarts).
+    async fn a_new_client_ca_rolls_the_pods_and_a_renewed_certificate_does_not(server: Server) {
+        let (cluster, stop_tx, task) = start(server, "tls-client-ca").await;
+        let memcacheds: Api<Memcached> = cluster.api();
+        let mut mc = Memcached::new(
+            "mutual",
+            MemcachedSpec {
+                tls: Some(TlsSpec {
+                    client_auth: Some(memcached_api::ClientAuthSpec::default()),
+                    ..TlsSpec::secret("certs")
+                }),
+                ..MemcachedSpec::with_size(1)
+            },
+        );
+        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0 });
+        memcacheds
+            .create(&PostParams::default(), &mc)
+            .await
+            .expect("Memcached created");
+        let message = wait_for("the missing ca.crt reported", || async {
+            let mc = memcacheds.get("mutual").await.ok()?;
+            let ready = mc.condition(condition::READY)?;
+            (ready.reason == "SecretInvalid").then(|| ready.message.clone())
+        })
+        .await;
+        assert!(
+            message.contains("spec.tls.clientAuth") && message.contains("ca.crt"),
+            "{message}"
+        );
+
+        let secrets: Api<Secret> = cluster.api();
+        let write = |cert: &str, ca: &str| {
+            let data: std::collections::BTreeMap<&str, ByteString> =
+                [("tls.crt", cert), ("tls.key", "key"), ("ca.crt", ca)]
+                    .into_iter()
+                    .map(|(k, v)| (k, ByteString(v.as_bytes().to_vec())))
+                    .collect();
+            json!({ "data": data })
+        };
+        secrets
+            .patch("certs", &PatchParams::default(), &Patch::Merge(write("cert", "ca-1")))
+            .await
+            .expect("ca.crt added");
+        let first = wait_for("the Deployment", || template_hash(&cluster, "mutual")).await;
+
+        secrets
+            .patch("certs", &PatchParams::default(), &Patch::Merge(write("renewed", "ca-1")))
+            .await
+            .expect("certificate renewed");
+        // A change the operator must react to, after the renewal: proof it read the Secret.
+        memcacheds
+            .patch(
+                "mutual",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": 2}})),
+            )
+            .await
+            .expect("scaled");
+        wait_for("the scale applied", || async {
+            let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = cluster.api();
+            let d = deployments.get("mutual").await.ok()?;
+            (d.spec?.replicas == Some(2)).then_some(())
+        })
+        .await;
+        assert_eq!(
+            template_hash(&cluster, "mutual").await.as_ref(),
+            Some(&first),
+            "a renewed certificate reloads in place"
+        );
+
+        secrets
+            .patch("certs", &PatchParams::default(), &Patch::Merge(write("renewed", "ca-2")))
+            .await
+            .expect("new CA");
+        wait_for("a new CA rolls the pods", || async {
+            template_hash(&cluster, "mutual")
+                .await
+                .filter(|hash| *hash != first)
+        })
+        .await;
         let _ = stop_tx.send(());
         let _ = task.await;
     }
