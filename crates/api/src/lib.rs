@@ -488,12 +488,19 @@ pub struct RolloutSpec {
     #[serde(default = "default_min_ready_seconds")]
     #[schemars(range(min = 0, max = 300))]
     pub min_ready_seconds: i32,
+    /// A restart on demand: each new value (a timestamp, say) replaces every memcached pod
+    /// once, one at a time at the pace above, as `kubectl rollout restart` does for a
+    /// Deployment; `status.restartedAt` shows it once done. Unset or unchanged: nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub restarted_at: Option<String>,
 }
 
 impl Default for RolloutSpec {
     fn default() -> Self {
         Self {
             min_ready_seconds: DEFAULT_MIN_READY_SECONDS,
+            restarted_at: None,
         }
     }
 }

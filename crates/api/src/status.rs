@@ -37,6 +37,9 @@ pub struct MemcachedStatus {
     /// merge patch of the status removes what an earlier one wrote.
     #[serde(default)]
     pub proxy: Option<ProxyStatus>,
+    /// The last `spec.rollout.restartedAt` whose restart is done: every pod replaced since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_at: Option<String>,
 }
 
 /// Observed state of the proxy.

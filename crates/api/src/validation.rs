@@ -241,6 +241,18 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
             ),
         ));
     }
+    if let Some(at) = spec
+        .rollout
+        .as_ref()
+        .and_then(|r| r.restarted_at.as_deref())
+        && !(1..=64).contains(&at.chars().count())
+    {
+        errors.push(FieldError::invalid(
+            "spec.rollout.restartedAt",
+            at,
+            "must be 1 to 64 characters (a timestamp, say: each new value restarts the pods once)",
+        ));
+    }
     if spec.tls_reloads_in_place() && spec.container_port == crate::TLS_ADMIN_PORT {
         errors.push(FieldError::invalid(
             "spec.containerPort",
@@ -897,6 +909,7 @@ mod tests {
                 with(|s| {
                     s.rollout = Some(crate::RolloutSpec {
                         min_ready_seconds: -1,
+                        ..Default::default()
                     })
                 }),
                 "spec.rollout.minReadySeconds",

@@ -271,6 +271,8 @@ pub fn desired_status(
         .map(|ip| endpoint(ip, port))
         .collect();
 
+    // Whether the Deployment's rollout of its current template is done.
+    let mut rollout_done = false;
     let (replicas, ready, available_cond, progressing_cond, stuck) = match observed.deployment {
         None => (
             0,
@@ -330,6 +332,7 @@ pub fn desired_status(
             // keeps a pod beyond `size` until then); once none remains, that wait guards
             // nothing, so a new or scaled pool is done as soon as its pods are Ready.
             let done = r.observed && r.updated >= size && r.replicas == size && r.ready >= size;
+            rollout_done = done;
             let (reason, message) = if done {
                 ("RolloutComplete", format!("{size} pods updated and ready"))
             } else if !r.observed {
@@ -486,6 +489,25 @@ pub fn desired_status(
         selector: Some(selector_string(&name)),
         conditions,
         proxy,
+        restarted_at: restarted_at(mc, observed, rollout_done),
+    }
+}
+
+/// `status.restartedAt`: the requested restart (`spec.rollout.restartedAt`) once the
+/// Deployment has rolled out the template that carries it (the Deployment is the one this
+/// reconcile applied or found current, so a rollout seen done is that template's), else
+/// what the status said before.
+fn restarted_at(mc: &Memcached, observed: &Observed<'_>, rollout_done: bool) -> Option<String> {
+    let requested = mc
+        .spec
+        .rollout
+        .as_ref()
+        .and_then(|r| r.restarted_at.clone());
+    let before = mc.status.as_ref().and_then(|s| s.restarted_at.clone());
+    if rollout_done && observed.problem.is_none() && requested.is_some() {
+        requested
+    } else {
+        before
     }
 }
 

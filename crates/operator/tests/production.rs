@@ -386,6 +386,78 @@ async fn an_image_change_rolls_the_pods_and_shows_progress_until_done(server: Se
 }
 }
 
+/// The names of the live (not deleting) pods of pool `name`.
+async fn live_pods(env: &Env, name: &str) -> std::collections::BTreeSet<String> {
+    env.api::<Pod>()
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+on_every_server! {
+/// `spec.rollout.restartedAt`: a new value replaces every pod once, one at a time, and
+/// `status.restartedAt` says so when done; the same value again restarts nothing.
+async fn a_restart_on_demand_replaces_every_pod_once_and_says_when_done(server: Server) {
+    let env = start(server, "a_restart_on_demand", Duration::from_millis(50), false).await;
+    let fast = json!({"minReadySeconds": 0});
+    env.apply("restarted", json!({"size": 2, "rollout": fast})).await;
+    let before_restart = env.converged("restarted", 2).await;
+    assert_eq!(before_restart.status.as_ref().and_then(|s| s.restarted_at.clone()), None);
+    let before = live_pods(&env, "restarted").await;
+
+    let at = "2026-11-27T16:00:00Z";
+    env.apply(
+        "restarted",
+        json!({"size": 2, "rollout": {"minReadySeconds": 0, "restartedAt": at}}),
+    )
+    .await;
+    let api = env.api::<Memcached>();
+    let done = wait_for("the restart reported done", || async {
+        let mc = api.get("restarted").await.ok()?;
+        (mc.status.as_ref()?.restarted_at.as_deref() == Some(at)).then_some(mc)
+    })
+    .await;
+    // Reported only when every pod is a new one.
+    let after = live_pods(&env, "restarted").await;
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(after.is_disjoint(&before), "every pod replaced: {before:?} -> {after:?}");
+    assert_eq!(
+        done.condition(condition::AVAILABLE).map(|c| c.status.as_str()),
+        Some("True")
+    );
+    let converged = env.converged("restarted", 2).await;
+    assert_eq!(converged.status.as_ref().and_then(|s| s.restarted_at.as_deref()), Some(at));
+
+    // The same request again, with a change that is not the pods' (the Services' labels):
+    // nothing restarts.
+    env.apply(
+        "restarted",
+        json!({"size": 2, "service": {"labels": {"team": "cache"}},
+               "rollout": {"minReadySeconds": 0, "restartedAt": at}}),
+    )
+    .await;
+    let relabelled = env.converged("restarted", 2).await;
+    assert!(relabelled.metadata.generation > converged.metadata.generation);
+    wait_for("the Service relabelled", || async {
+        let service = env.api::<Service>().get("restarted").await.ok()?;
+        (service.metadata.labels?.get("team").map(String::as_str) == Some("cache")).then_some(())
+    })
+    .await;
+    assert_eq!(live_pods(&env, "restarted").await, after, "no pod restarted");
+    let deployment = env.api::<Deployment>().get("restarted").await.expect("Deployment");
+    let template = deployment.spec.and_then(|s| s.template.metadata).unwrap_or_default();
+    assert_eq!(
+        template.annotations.unwrap_or_default().get("memcached.cache.example.com/restartedAt").map(String::as_str),
+        Some(at)
+    );
+}
+}
+
 on_every_server! {
 async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers(server: Server) {
     let env = start(server, "a_missing_secret_is_a_degraded", Duration::from_millis(20), false).await;

@@ -1390,7 +1390,7 @@ proptest! {
             container_port: i32::from(port),
             config: Some(config),
             extstore: Some(ext.clone()),
-            rollout: min_ready.map(|s| RolloutSpec { min_ready_seconds: s }),
+            rollout: min_ready.map(|s| RolloutSpec { min_ready_seconds: s, ..Default::default() }),
             tls: tls_rotation.map(|r| TlsSpec { secret_name: "certs".into(), rotation: Some(r), client_auth: None }),
             ..MemcachedSpec::with_size(1)
         });

@@ -300,6 +300,7 @@ async fn a_rotated_certificate_is_reloaded_in_place(kube: Kube) {
         tls: Some(TlsSpec::secret("certs")),
         rollout: Some(RolloutSpec {
             min_ready_seconds: 0,
+            ..Default::default()
         }),
         ..MemcachedSpec::with_size(3)
     };

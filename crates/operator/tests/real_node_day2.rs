@@ -88,6 +88,7 @@ fn extstore_pool(env: &Env, storage_class: Option<&str>) -> MemcachedSpec {
         }),
         rollout: Some(RolloutSpec {
             min_ready_seconds: 0,
+            ..Default::default()
         }),
         ..MemcachedSpec::with_size(1)
     };
@@ -661,6 +662,7 @@ async fn drain_honours_the_pod_disruption_budget(kube: Kube) {
     let mut spec = MemcachedSpec {
         rollout: Some(RolloutSpec {
             min_ready_seconds: 0,
+            ..Default::default()
         }),
         ..MemcachedSpec::with_size(2)
     };
@@ -897,6 +899,7 @@ async fn a_deleted_pod_serves_out_of_the_endpoints(kube: Kube) {
         }),
         rollout: Some(RolloutSpec {
             min_ready_seconds: 0,
+            ..Default::default()
         }),
         ..MemcachedSpec::with_size(1)
     };

@@ -221,6 +221,7 @@ async fn create_pool(cluster: &Cluster, name: &str) -> Api<Memcached> {
     );
     mc.spec.rollout = Some(memcached_api::RolloutSpec {
         min_ready_seconds: 0,
+        ..Default::default()
     });
     memcacheds
         .create(&PostParams::default(), &mc)
@@ -357,7 +358,7 @@ on_every_server! {
                 ..MemcachedSpec::with_size(1)
             },
         );
-        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0 });
+        mc.spec.rollout = Some(memcached_api::RolloutSpec { min_ready_seconds: 0, ..Default::default() });
         memcacheds
             .create(&PostParams::default(), &mc)
             .await

@@ -36,6 +36,10 @@ pub const APPLIED_HASH_ANNOTATION: &str = "memcached.cache.example.com/applied-h
 /// Pod template annotation: a hash of the memcached configuration, including the versions
 /// of the Secrets it mounts, so a rotated SASL or TLS Secret rolls the pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "memcached.cache.example.com/config-hash";
+/// Pod template annotation holding `spec.rollout.restartedAt`: a new value is a new
+/// template, so the Deployment replaces every pod once (as `kubectl rollout restart`'s
+/// `kubectl.kubernetes.io/restartedAt` does).
+pub const RESTARTED_AT_ANNOTATION: &str = "memcached.cache.example.com/restartedAt";
 /// UID the memcached images run as (the `memcache` user of the official image).
 pub const MEMCACHED_UID: i64 = 11211;
 /// UID of the exporter image (`nobody`).

@@ -415,6 +415,9 @@ pub fn desired_deployment_with(
     if spec.sasl.is_some() {
         annotations.insert(SASL_CONF_ANNOTATION.to_string(), SASL_CONF.to_string());
     }
+    if let Some(at) = spec.rollout.as_ref().and_then(|r| r.restarted_at.as_ref()) {
+        annotations.insert(RESTARTED_AT_ANNOTATION.to_string(), at.clone());
+    }
 
     Ok(Deployment {
         metadata: child_metadata(mc, name)?,

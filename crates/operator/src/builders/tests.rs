@@ -785,6 +785,7 @@ fn rollouts_wait_30_seconds_per_pod_unless_told_otherwise() {
     let mc = with_spec(|s| {
         s.rollout = Some(memcached_api::RolloutSpec {
             min_ready_seconds: 120,
+            ..Default::default()
         })
     });
     assert_eq!(min_ready(&mc), Some(120));
