@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, PodSecurityContext, ResourceRequirements, SecurityContext,
     Toleration,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -201,6 +202,12 @@ pub struct MemcachedSpec {
     /// the `restricted` Pod Security Standard are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<PodSecurityContext>,
+
+    /// A NetworkPolicy for the pool's pods (and the proxy's): ingress to memcached's port
+    /// only from the peers listed and the pool's own proxy, to the exporter's only from
+    /// the scrapers listed; nothing else. Off unless `enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySpec>,
 
     /// Container-level security settings of every container of the memcached and proxy
     /// pods: each field set here replaces the operator's (no privilege escalation, every
@@ -582,6 +589,24 @@ impl Default for ExtstoreSpec {
     }
 }
 
+/// The pool's NetworkPolicy.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Create the NetworkPolicies (`NAME`, and `NAME-proxy` with the proxy).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The clients: peers (pod and namespace selectors, IP blocks, as in a NetworkPolicy's
+    /// `from`) allowed to memcached's port, and to the proxy's. At least one when enabled;
+    /// `{namespaceSelector: {}}` admits every pod of the cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<NetworkPolicyPeer>,
+    /// The scrapers allowed to the exporter's port (9150), e.g. Prometheus' pods. Empty:
+    /// nothing may scrape it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics_from: Vec<NetworkPolicyPeer>,
+}
+
 /// Metadata of the pool's client Services.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -676,6 +701,7 @@ impl MemcachedSpec {
             graceful_shutdown: None,
             pod_security_context: None,
             container_security_context: None,
+            network_policy: None,
         }
     }
 
@@ -692,6 +718,11 @@ impl MemcachedSpec {
     /// The proxy's settings, when it runs.
     pub fn proxy_enabled(&self) -> Option<&ProxySpec> {
         self.proxy.as_ref().filter(|p| p.enabled)
+    }
+
+    /// The NetworkPolicy's settings, when it is on.
+    pub fn network_policy_enabled(&self) -> Option<&NetworkPolicySpec> {
+        self.network_policy.as_ref().filter(|n| n.enabled)
     }
 
     /// extstore's settings, when it is on.

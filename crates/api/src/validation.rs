@@ -267,6 +267,14 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     if let Some(service) = &spec.service {
         errors.extend(validate_service_metadata(service));
     }
+    if let Some(policy) = spec.network_policy_enabled()
+        && policy.from.is_empty()
+    {
+        errors.push(FieldError::required(
+            "spec.networkPolicy.from",
+            "the clients allowed to memcached's port: at least one peer (`{namespaceSelector: {}}` admits every pod of the cluster); without one only the pool's proxy could reach it",
+        ));
+    }
     if let Some(shutdown) = &spec.graceful_shutdown {
         errors.extend(validate_graceful_shutdown(shutdown));
     }

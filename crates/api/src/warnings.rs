@@ -42,6 +42,14 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
             "spec.tls.rotation: InPlace acts as Restart with spec.sasl: SASL makes memcached speak only the binary protocol, which cannot reload a certificate, so a renewed certificate rolls the pods".into(),
         );
     }
+    if let Some(policy) = mc.spec.network_policy_enabled()
+        && mc.spec.exporter_enabled()
+        && policy.metrics_from.is_empty()
+    {
+        out.push(
+            "spec.networkPolicy.metricsFrom: empty while the exporter runs, so nothing may scrape it; list Prometheus' pods".into(),
+        );
+    }
     if let Some(shutdown) = &mc.spec.graceful_shutdown
         && shutdown.pre_stop_delay_seconds > mc.spec.min_ready_seconds()
         && mc.spec.size > 1

@@ -216,6 +216,7 @@ fn unsupported_field_label(group: &str, plural: &str, k: &str) -> String {
         "events.k8s.io",
         "coordination.k8s.io",
         "policy",
+        "networking.k8s.io",
         "apiextensions.k8s.io",
         "rbac.authorization.k8s.io",
         "admissionregistration.k8s.io",

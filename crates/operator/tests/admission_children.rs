@@ -139,6 +139,10 @@ async fn the_webhook_refuses_what_kubernetes_would_refuse_in_the_children(kube: 
         "gracefulShutdown": {"preStopDelaySeconds": 10, "terminationGracePeriodSeconds": 20},
         "podSecurityContext": {"runAsUser": 1_000_680_000, "fsGroup": 1_000_680_000},
         "containerSecurityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]}},
+        "networkPolicy": {"enabled": true,
+            "from": [{"namespaceSelector": {"matchLabels": {"team": "cache"}}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}],
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
     }));
     let response = call(&app, &review("CREATE", &ns, &good, None)).await;
     assert_eq!(response["allowed"], true, "{response}");

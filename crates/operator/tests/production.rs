@@ -459,6 +459,67 @@ async fn a_restart_on_demand_replaces_every_pod_once_and_says_when_done(server: 
 }
 
 on_every_server! {
+/// `spec.networkPolicy`: the pool's and the proxy's NetworkPolicies, owned by the
+/// Memcached, follow the spec (clients and the proxy to memcached's port) and go when it
+/// is switched off.
+async fn network_policies_follow_the_spec_and_go_when_switched_off(server: Server) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let env = start(server, "network_policies_follow_the_spec", Duration::from_millis(50), false).await;
+    let from = json!([{"podSelector": {"matchLabels": {"app": "web"}}}]);
+    env.apply(
+        "fenced",
+        json!({"size": 1, "proxy": {"enabled": true, "replicas": 1},
+               "networkPolicy": {"enabled": true, "from": from}}),
+    )
+    .await;
+    let policies = env.api::<NetworkPolicy>();
+    let (pool, proxy) = wait_for("both NetworkPolicies", || async {
+        Some((
+            policies.get_opt("fenced").await.ok().flatten()?,
+            policies.get_opt("fenced-proxy").await.ok().flatten()?,
+        ))
+    })
+    .await;
+    for policy in [&pool, &proxy] {
+        let owner = policy.metadata.owner_references.clone().unwrap_or_default();
+        assert_eq!(owner.first().map(|o| o.name.as_str()), Some("fenced"));
+        assert_eq!(owner.first().and_then(|o| o.controller), Some(true));
+    }
+    let peers = |policy: &NetworkPolicy| -> Vec<Value> {
+        policy
+            .spec
+            .iter()
+            .flat_map(|s| s.ingress.iter().flatten())
+            .flat_map(|r| r.from.iter().flatten())
+            .map(|p| serde_json::to_value(p).expect("JSON"))
+            .collect()
+    };
+    assert_eq!(
+        peers(&pool),
+        [
+            json!({"podSelector": {"matchLabels": {"app": "web"}}}),
+            json!({"podSelector": {"matchLabels": {
+                "app.kubernetes.io/instance": "fenced", "app.kubernetes.io/name": "memcached-proxy"}}}),
+        ]
+    );
+    assert_eq!(peers(&proxy), [json!({"podSelector": {"matchLabels": {"app": "web"}}})]);
+
+    env.apply(
+        "fenced",
+        json!({"size": 1, "proxy": {"enabled": true, "replicas": 1},
+               "networkPolicy": {"enabled": false, "from": from}}),
+    )
+    .await;
+    wait_for("both NetworkPolicies gone", || async {
+        let pool = policies.get_opt("fenced").await.ok()?;
+        let proxy = policies.get_opt("fenced-proxy").await.ok()?;
+        (pool.is_none() && proxy.is_none()).then_some(())
+    })
+    .await;
+}
+}
+
+on_every_server! {
 async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers(server: Server) {
     let env = start(server, "a_missing_secret_is_a_degraded", Duration::from_millis(20), false).await;
     env.apply(

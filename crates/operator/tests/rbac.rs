@@ -584,6 +584,12 @@ fn matrix() -> Vec<(&'static str, usize, Value)> {
             1,
             json!({"size": 1, "extstore": {"enabled": true, "size": "256Mi"}, "rollout": fast}),
         ),
+        (
+            "fenced",
+            1,
+            json!({"size": 1, "rollout": fast,
+                   "networkPolicy": {"enabled": true, "from": [{"namespaceSelector": {}}]}}),
+        ),
     ]
 }
 
@@ -943,6 +949,14 @@ async fn the_generated_rbac_is_all_the_operator_needs_across_the_feature_matrix(
     env.gone("the proxy's Service", &env.api::<Service>(), "proxied-proxy").await;
     env.gone("the proxy's budget", &env.api::<PodDisruptionBudget>(), "proxied-proxy").await;
     env.gone("the proxy's ConfigMap", &env.api::<ConfigMap>(), "proxied-proxy").await;
+    // The NetworkPolicy switched off: it goes.
+    env.apply("fenced", json!({"size": 1, "rollout": {"minReadySeconds": 0}})).await;
+    env.gone(
+        "the NetworkPolicy",
+        &env.api::<k8s_openapi::api::networking::v1::NetworkPolicy>(),
+        "fenced",
+    )
+    .await;
     // memcached refused a renewed certificate (the TLS reload agent's exit code 3, written
     // by the kubelet into the pod's status; here by the test, as in tls_reload.rs): the
     // operator restarts that pod, that is deletes it, and its Deployment replaces it.

@@ -171,6 +171,16 @@ impl Registry {
             &[],
         ));
         add(builtin(
+            "networking.k8s.io",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            false,
+            false,
+            &["netpol"],
+            &[],
+        ));
+        add(builtin(
             "apiextensions.k8s.io",
             "customresourcedefinitions",
             "CustomResourceDefinition",

@@ -77,6 +77,11 @@ pub(super) fn minimal(kind: Kind, name: &str, size: i32) -> Result<Value> {
             "metadata": {"name": name},
             "spec": {"maxUnavailable": 1, "selector": selector},
         }),
+        Kind::NetworkPolicy => json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name},
+            "spec": {"podSelector": selector},
+        }),
         Kind::ConfigMap => json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name},

@@ -8,6 +8,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -333,6 +337,70 @@ pub fn desired_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, BuildE
         }),
         status: None,
     }))
+}
+
+/// An ingress rule admitting `from` to `port` (TCP); `None` when `from` is empty (a rule
+/// without peers would admit everyone).
+pub(crate) fn ingress(port: i32, from: Vec<NetworkPolicyPeer>) -> Option<NetworkPolicyIngressRule> {
+    (!from.is_empty()).then(|| NetworkPolicyIngressRule {
+        ports: Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::Int(port)),
+            protocol: Some("TCP".to_string()),
+            end_port: None,
+        }]),
+        from: Some(from),
+    })
+}
+
+/// A NetworkPolicy `metadata` selecting `pods` that admits only `rules` (no rule: nothing).
+pub(crate) fn network_policy(
+    metadata: ObjectMeta,
+    pods: BTreeMap<String, String>,
+    rules: Vec<NetworkPolicyIngressRule>,
+) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata,
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(pods),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: Some(rules),
+            egress: None,
+        }),
+    }
+}
+
+/// The NetworkPolicy `NAME` of the pool's pods, with `spec.networkPolicy`: memcached's port
+/// from the peers listed and the pool's proxy pods, the exporter's from the scrapers listed;
+/// no other ingress (egress is left open: memcached makes no connection of its own).
+pub fn desired_network_policy(mc: &Memcached) -> Result<Option<NetworkPolicy>, BuildError> {
+    let Some(policy) = mc.spec.network_policy_enabled() else {
+        return Ok(None);
+    };
+    let name = name_of(mc)?;
+    let mut clients = policy.from.clone();
+    if mc.spec.proxy_enabled().is_some() {
+        clients.push(NetworkPolicyPeer {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(crate::proxy::proxy_selector_labels(name)),
+                match_expressions: None,
+            }),
+            ..NetworkPolicyPeer::default()
+        });
+    }
+    let mut rules: Vec<_> = ingress(mc.spec.container_port, clients)
+        .into_iter()
+        .collect();
+    if mc.spec.exporter_enabled() {
+        rules.extend(ingress(EXPORTER_PORT, policy.metrics_from.clone()));
+    }
+    Ok(Some(network_policy(
+        child_metadata(mc, name)?,
+        selector_labels(name),
+        rules,
+    )))
 }
 
 /// A Prometheus Operator ServiceMonitor (`monitoring.coreos.com/v1`), typed as far as the

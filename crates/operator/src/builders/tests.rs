@@ -1396,3 +1396,221 @@ fn client_authentication_mounts_the_ca_and_rolls_only_for_a_new_ca() {
     assert_eq!(hash("cert-1", "ca-1"), hash("cert-2", "ca-1"));
     assert_ne!(hash("cert-1", "ca-1"), hash("cert-1", "ca-2"));
 }
+
+/// Whether `policy` (in namespace `ns`) admits a peer of `pod_labels` in a namespace of
+/// `ns_labels` named `peer_ns` to `port`, by NetworkPolicy's rules as the API documents them
+/// (a peer's podSelector alone means the policy's namespace; with a namespaceSelector, the
+/// namespaces it selects; matchLabels only, as these builders write). No CNI enforces
+/// policies on the test machines, so this reading of the rules is the test's own.
+fn admits(
+    policy: &k8s_openapi::api::networking::v1::NetworkPolicy,
+    peer_ns: &str,
+    ns_labels: &BTreeMap<String, String>,
+    pod_labels: &BTreeMap<String, String>,
+    port: i32,
+) -> bool {
+    let selects = |selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+                   labels: &BTreeMap<String, String>| {
+        selector
+            .match_labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    };
+    let policy_ns = policy.metadata.namespace.as_deref().unwrap_or_default();
+    let spec = policy.spec.as_ref().expect("spec");
+    spec.ingress.iter().flatten().any(|rule| {
+        let port_ok = rule.ports.iter().flatten().any(|p| {
+            p.port == Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port))
+        });
+        let peer_ok = rule.from.iter().flatten().any(|peer| {
+            let ns_ok = match &peer.namespace_selector {
+                Some(selector) => selects(selector, ns_labels),
+                None => peer_ns == policy_ns,
+            };
+            let pod_ok = peer
+                .pod_selector
+                .as_ref()
+                .is_none_or(|s| selects(s, pod_labels));
+            peer.ip_block.is_none() && ns_ok && pod_ok
+        });
+        port_ok && peer_ok
+    })
+}
+
+#[test]
+fn the_network_policies_admit_the_clients_the_proxy_and_the_scrapers_only() {
+    use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let selector = |pairs: &[(&str, &str)]| LabelSelector {
+        match_labels: Some(labels(pairs)),
+        match_expressions: None,
+    };
+    let mc = proxied(|s| {
+        s.exporter = Some(memcached_api::ExporterSpec {
+            enabled: true,
+            image: None,
+        });
+        s.network_policy = Some(memcached_api::NetworkPolicySpec {
+            enabled: true,
+            // The web pods of this namespace, and any pod of the `batch` namespaces.
+            from: vec![
+                NetworkPolicyPeer {
+                    pod_selector: Some(selector(&[("app", "web")])),
+                    ..NetworkPolicyPeer::default()
+                },
+                NetworkPolicyPeer {
+                    namespace_selector: Some(selector(&[("tier", "batch")])),
+                    ..NetworkPolicyPeer::default()
+                },
+            ],
+            metrics_from: vec![NetworkPolicyPeer {
+                namespace_selector: Some(selector(&[(
+                    "kubernetes.io/metadata.name",
+                    "monitoring",
+                )])),
+                pod_selector: Some(selector(&[("app.kubernetes.io/name", "prometheus")])),
+                ..NetworkPolicyPeer::default()
+            }],
+        });
+    });
+    let pool = desired_network_policy(&mc)
+        .expect("builds")
+        .expect("enabled");
+    let proxy = crate::proxy::desired_proxy_network_policy(&mc)
+        .expect("builds")
+        .expect("enabled with the proxy");
+    assert_eq!(
+        pool.spec.as_ref().and_then(|s| s.pod_selector.clone()),
+        Some(selector(&[
+            ("app.kubernetes.io/name", "memcached"),
+            ("app.kubernetes.io/instance", "memcached-sample")
+        ]))
+    );
+    let default_ns = labels(&[("kubernetes.io/metadata.name", "default")]);
+    let batch_ns = labels(&[("tier", "batch")]);
+    let monitoring = labels(&[("kubernetes.io/metadata.name", "monitoring")]);
+    let web = labels(&[("app", "web")]);
+    let prometheus = labels(&[("app.kubernetes.io/name", "prometheus")]);
+    let own_proxy = crate::proxy::proxy_selector_labels("memcached-sample");
+    let other_proxy = crate::proxy::proxy_selector_labels("another-pool");
+    let nobody = labels(&[("app", "api")]);
+    let shop_ns = labels(&[]);
+    // (who, namespace, its labels, pod labels, port, pool admits, proxy admits)
+    type Labels = BTreeMap<String, String>;
+    type Row<'a> = (&'a str, &'a str, &'a Labels, &'a Labels, i32, bool, bool);
+    let table: Vec<Row> = vec![
+        ("a web pod", "default", &default_ns, &web, 11211, true, true),
+        (
+            "a web pod, at the metrics port",
+            "default",
+            &default_ns,
+            &web,
+            9150,
+            false,
+            false,
+        ),
+        (
+            "a web pod of another namespace",
+            "shop",
+            &shop_ns,
+            &web,
+            11211,
+            false,
+            false,
+        ),
+        (
+            "any pod of a batch namespace",
+            "jobs",
+            &batch_ns,
+            &nobody,
+            11211,
+            true,
+            true,
+        ),
+        (
+            "another pod of this namespace",
+            "default",
+            &default_ns,
+            &nobody,
+            11211,
+            false,
+            false,
+        ),
+        (
+            "the pool's own proxy",
+            "default",
+            &default_ns,
+            &own_proxy,
+            11211,
+            true,
+            false,
+        ),
+        (
+            "another pool's proxy",
+            "default",
+            &default_ns,
+            &other_proxy,
+            11211,
+            false,
+            false,
+        ),
+        (
+            "Prometheus, at the metrics port",
+            "monitoring",
+            &monitoring,
+            &prometheus,
+            9150,
+            true,
+            false,
+        ),
+        (
+            "Prometheus, at memcached's port",
+            "monitoring",
+            &monitoring,
+            &prometheus,
+            11211,
+            false,
+            false,
+        ),
+        (
+            "another pod of monitoring",
+            "monitoring",
+            &monitoring,
+            &nobody,
+            9150,
+            false,
+            false,
+        ),
+    ];
+    for (who, ns, ns_labels, pod_labels, port, pool_admits, proxy_admits) in table {
+        assert_eq!(
+            admits(&pool, ns, ns_labels, pod_labels, port),
+            pool_admits,
+            "pool: {who}"
+        );
+        assert_eq!(
+            admits(&proxy, ns, ns_labels, pod_labels, port),
+            proxy_admits,
+            "proxy: {who}"
+        );
+    }
+    // Off: no policy; without the proxy, no proxy policy and no proxy peer.
+    assert_eq!(desired_network_policy(&sample(3)).expect("builds"), None);
+    let mut direct = mc.clone();
+    direct.spec.proxy = None;
+    assert_eq!(
+        crate::proxy::desired_proxy_network_policy(&direct).expect("builds"),
+        None
+    );
+    let pool = desired_network_policy(&direct)
+        .expect("builds")
+        .expect("enabled");
+    assert!(!admits(&pool, "default", &default_ns, &own_proxy, 11211));
+}

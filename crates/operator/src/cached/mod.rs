@@ -412,6 +412,8 @@ fn body_field<K: Resource<DynamicType = ()>>() -> &'static str {
 pub type CachedService = SpecOnly<Service>;
 /// A PodDisruptionBudget as cached.
 pub type CachedPdb = SpecOnly<PodDisruptionBudget>;
+/// A NetworkPolicy as cached.
+pub type CachedNetworkPolicy = SpecOnly<k8s_openapi::api::networking::v1::NetworkPolicy>;
 /// A ConfigMap as cached (its `data` kept as [`SpecOnly::spec_json`]).
 pub type CachedConfigMap = SpecOnly<ConfigMap>;
 /// A ServiceMonitor as cached.

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::ApiResource;
 use memcached_api::{Memcached, ProxyBackend};
@@ -32,6 +33,7 @@ pub enum Kind {
     PodDisruptionBudget,
     ConfigMap,
     ServiceMonitor,
+    NetworkPolicy,
 }
 
 /// The CustomResourceDefinition of the Prometheus Operator's ServiceMonitor: while it
@@ -47,6 +49,7 @@ impl Kind {
             Kind::PodDisruptionBudget => "PodDisruptionBudget",
             Kind::ConfigMap => "ConfigMap",
             Kind::ServiceMonitor => "ServiceMonitor",
+            Kind::NetworkPolicy => "NetworkPolicy",
         }
     }
 
@@ -58,6 +61,7 @@ impl Kind {
             Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
             Kind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
             Kind::ServiceMonitor => ApiResource::erase::<ServiceMonitor>(&()),
+            Kind::NetworkPolicy => ApiResource::erase::<NetworkPolicy>(&()),
         }
     }
 
@@ -79,6 +83,7 @@ impl Kind {
             Kind::PodDisruptionBudget => (&["policy"], &["poddisruptionbudgets"]),
             Kind::ConfigMap => (&[""], &["configmaps"]),
             Kind::ServiceMonitor => (&["monitoring.coreos.com"], &["servicemonitors"]),
+            Kind::NetworkPolicy => (&["networking.k8s.io"], &["networkpolicies"]),
         };
         Rule {
             api_groups,
@@ -99,6 +104,7 @@ pub enum Desired {
     PodDisruptionBudget(PodDisruptionBudget),
     ConfigMap(ConfigMap),
     ServiceMonitor(ServiceMonitor),
+    NetworkPolicy(NetworkPolicy),
 }
 
 impl Desired {
@@ -109,6 +115,7 @@ impl Desired {
             Desired::PodDisruptionBudget(_) => Kind::PodDisruptionBudget,
             Desired::ConfigMap(_) => Kind::ConfigMap,
             Desired::ServiceMonitor(_) => Kind::ServiceMonitor,
+            Desired::NetworkPolicy(_) => Kind::NetworkPolicy,
         }
     }
 
@@ -120,6 +127,7 @@ impl Desired {
             Desired::PodDisruptionBudget(o) => serde_json::to_value(o),
             Desired::ConfigMap(o) => serde_json::to_value(o),
             Desired::ServiceMonitor(o) => serde_json::to_value(o),
+            Desired::NetworkPolicy(o) => serde_json::to_value(o),
         }
     }
 }
@@ -311,6 +319,25 @@ pub static CHILDREN: &[Child] = &[
         build: |mc, inputs| {
             proxy::desired_proxy_config_map(mc, inputs.backends)
                 .map(|c| c.map(|(config_map, _)| Desired::ConfigMap(config_map)))
+        },
+        report: Report::Plain,
+        keep: Keep::Nothing,
+    },
+    // Who may reach the pool's pods and the proxy's (`spec.networkPolicy`).
+    Child {
+        role: "NetworkPolicy",
+        kind: Kind::NetworkPolicy,
+        name: |name| name.to_string(),
+        build: |mc, _| builders::desired_network_policy(mc).map(|p| p.map(Desired::NetworkPolicy)),
+        report: Report::Plain,
+        keep: Keep::Nothing,
+    },
+    Child {
+        role: "NetworkPolicy",
+        kind: Kind::NetworkPolicy,
+        name: proxy::proxy_name,
+        build: |mc, _| {
+            proxy::desired_proxy_network_policy(mc).map(|p| p.map(Desired::NetworkPolicy))
         },
         report: Report::Plain,
         keep: Keep::Nothing,
@@ -526,6 +553,11 @@ mod tests {
                 s.proxy = Some(memcached_api::ProxySpec {
                     enabled: true,
                     ..memcached_api::ProxySpec::default()
+                });
+                s.network_policy = Some(memcached_api::NetworkPolicySpec {
+                    enabled: true,
+                    from: vec![Default::default()],
+                    metrics_from: Vec::new(),
                 });
             }),
             earlier,

@@ -191,7 +191,36 @@ const PASSED_THROUGH: &[PassedThrough] = &[
                 .se_linux_options = Some(marked_se_linux(787))
         },
     },
+    PassedThrough {
+        field: "spec.networkPolicy.from",
+        mark: |s| {
+            if let Some(policy) = s.network_policy.as_mut() {
+                policy.from = vec![marked_peer("from")];
+            }
+        },
+    },
+    PassedThrough {
+        field: "spec.networkPolicy.metricsFrom",
+        mark: |s| {
+            if let Some(policy) = s.network_policy.as_mut() {
+                policy.metrics_from = vec![marked_peer("metrics-from")];
+            }
+        },
+    },
 ];
+
+/// A NetworkPolicy peer no builder makes up.
+fn marked_peer(value: &str) -> k8s_openapi::api::networking::v1::NetworkPolicyPeer {
+    k8s_openapi::api::networking::v1::NetworkPolicyPeer {
+        pod_selector: Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some([(MARK.to_string(), value.to_string())].into()),
+                match_expressions: None,
+            },
+        ),
+        ..Default::default()
+    }
+}
 
 /// SELinux options no builder makes up (a level of one category of the marker's own).
 fn marked_se_linux(category: u32) -> k8s_openapi::api::core::v1::SELinuxOptions {

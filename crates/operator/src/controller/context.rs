@@ -16,7 +16,8 @@ use super::secrets::SecretReads;
 use super::watches::SecretMeta;
 use crate::builders::BuildError;
 use crate::cached::{
-    CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService, CachedServiceMonitor,
+    CachedConfigMap, CachedDeployment, CachedNetworkPolicy, CachedPdb, CachedPod, CachedService,
+    CachedServiceMonitor,
 };
 use crate::children::Kind;
 use crate::drift::NormalForms;
@@ -103,6 +104,7 @@ pub struct Context {
     pub deployments: Store<CachedDeployment>,
     pub services: Store<CachedService>,
     pub pdbs: Store<CachedPdb>,
+    pub network_policies: Store<CachedNetworkPolicy>,
     pub config_maps: Store<CachedConfigMap>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
@@ -139,6 +141,7 @@ impl Context {
             deployments: caches.deployments.store(),
             services: caches.services.store(),
             pdbs: caches.pdbs.store(),
+            network_policies: caches.network_policies.store(),
             config_maps: caches.config_maps.store(),
             pod_index: caches.pod_index.clone(),
             service_monitors: caches.service_monitors.clone(),

@@ -17,8 +17,8 @@ use memcached_api::Memcached;
 
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::cached::{
-    CacheForm, CachedConfigMap, CachedDeployment, CachedPdb, CachedPod, CachedService,
-    CachedServiceMonitor, SpecOnly,
+    CacheForm, CachedConfigMap, CachedDeployment, CachedNetworkPolicy, CachedPdb, CachedPod,
+    CachedService, CachedServiceMonitor, SpecOnly,
 };
 use crate::children::SERVICE_MONITOR_CRD;
 use crate::informer::{Index, Informer, WhileServed};
@@ -212,6 +212,7 @@ pub struct Caches {
     pub deployments: Informer<CachedDeployment>,
     pub services: Informer<CachedService>,
     pub pdbs: Informer<CachedPdb>,
+    pub network_policies: Informer<CachedNetworkPolicy>,
     pub config_maps: Informer<CachedConfigMap>,
     pub pods: Informer<CachedPod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
@@ -243,6 +244,7 @@ impl Caches {
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            network_policies: Informer::start(scoped(client, namespace), owned.clone(), slim),
             config_maps: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pods,
             pod_index,
@@ -271,6 +273,7 @@ impl Caches {
             self.deployments.wait_synced(),
             self.services.wait_synced(),
             self.pdbs.wait_synced(),
+            self.network_policies.wait_synced(),
             self.config_maps.wait_synced(),
             self.pods.wait_synced(),
             self.secrets.wait_synced(),
@@ -365,6 +368,11 @@ pub(super) fn child_triggers(
         ),
         owner_triggers(
             caches.pdbs.subscribe(),
+            Classifier::new(spec_by_generation, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.network_policies.subscribe(),
             Classifier::new(spec_by_generation, unread_status),
             controller_owner,
         ),

@@ -275,6 +275,25 @@ pub fn desired_proxy_service(mc: &Memcached) -> Result<Option<Service>, BuildErr
     }))
 }
 
+/// The NetworkPolicy `NAME-proxy` of the proxy pods, with `spec.networkPolicy` and the
+/// proxy: its port from the clients listed, nothing else.
+pub fn desired_proxy_network_policy(
+    mc: &Memcached,
+) -> Result<Option<k8s_openapi::api::networking::v1::NetworkPolicy>, BuildError> {
+    let (Some(policy), Some(_)) = (mc.spec.network_policy_enabled(), mc.spec.proxy_enabled())
+    else {
+        return Ok(None);
+    };
+    let name = builders::name_of(mc)?;
+    Ok(Some(builders::network_policy(
+        proxy_metadata(mc)?,
+        proxy_selector_labels(name),
+        builders::ingress(mc.spec.container_port, policy.from.clone())
+            .into_iter()
+            .collect(),
+    )))
+}
+
 /// A budget of one voluntary disruption at a time for two proxy pods or more.
 pub fn desired_proxy_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, BuildError> {
     let Some(proxy) = mc.spec.proxy_enabled() else {

@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn schema_defaults_are_exactly_the_crds() {
         // Nested defaults apply only inside objects the user wrote (`spec.config`,
-        // `spec.exporter`, `spec.proxy`, `spec.extstore`, `spec.rollout`, `spec.gracefulShutdown`), as the API server's structural defaulting does.
+        // `spec.exporter`, `spec.proxy`, `spec.extstore`, `spec.rollout`, `spec.gracefulShutdown`, `spec.networkPolicy`), as the API server's structural defaulting does.
         let want: Vec<(String, Value)> = [
             ("/spec/config/maxConnections", Value::from(1024)),
             ("/spec/config/maxItemSize", Value::from("1m")),
@@ -111,6 +111,7 @@ mod tests {
             ("/spec/extstore/writeBufferMiB", Value::from(4)),
             // No delay unless one is given.
             ("/spec/gracefulShutdown/preStopDelaySeconds", Value::from(0)),
+            ("/spec/networkPolicy/enabled", Value::from(false)),
             ("/spec/proxy/copies", Value::from(1)),
             ("/spec/proxy/enabled", Value::from(false)),
             ("/spec/proxy/replicas", Value::from(2)),

@@ -366,6 +366,11 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             "spec.resources.limits[memory]",
         ),
         (
+            "network-policy-without-clients".into(),
+            json!({"size": 1, "networkPolicy": {"enabled": true}}),
+            "spec.networkPolicy.from",
+        ),
+        (
             "client-ca-name".into(),
             json!({"size": 1, "tls": {"secretName": "certs", "clientAuth": {"caSecretName": "Client_CA"}}}),
             "spec.tls.clientAuth.caSecretName",
@@ -503,6 +508,13 @@ pub fn children_refused() -> Vec<(&'static str, Value, &'static str, &'static st
             json!({"size": 1, "podSecurityContext": {"seccompProfile": {"type": "Localhost"}}}),
             "spec.podSecurityContext.seccompProfile.localhostProfile",
             "Required value",
+        ),
+        (
+            "network-policy-cidr",
+            json!({"size": 1, "networkPolicy": {"enabled": true,
+                   "from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}}),
+            "spec.networkPolicy.from[0].ipBlock.cidr",
+            "must be a valid CIDR",
         ),
         (
             "container-negative-uid",

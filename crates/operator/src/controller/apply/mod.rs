@@ -221,6 +221,10 @@ async fn apply_child(
             let applied = apply.run(&ctx.pdbs, p).await?;
             Ok((apply.report(&applied, None), None))
         }
+        Desired::NetworkPolicy(p) => {
+            let applied = apply.run(&ctx.network_policies, p).await?;
+            Ok((apply.report(&applied, None), None))
+        }
         Desired::ConfigMap(c) => {
             let applied = apply.run(&ctx.config_maps, c).await?;
             Ok((apply.report(&applied, None), None))
