@@ -324,17 +324,10 @@ fn describe(obj: &Value) -> String {
 }
 
 /// Kinds in the manifests that apisim does not serve, as minimal CRDs: cert-manager's
-/// Issuer and Certificate, the Prometheus Operator's ServiceMonitor, and NetworkPolicy
-/// (a built-in kind of real clusters that apisim does not implement).
+/// Issuer and Certificate and the Prometheus Operator's ServiceMonitor (NetworkPolicy is
+/// one of apisim's built-in kinds, as of a real cluster's).
 fn extra_crds() -> Vec<Value> {
-    let mut crds = foreign_crds::cert_manager_and_prometheus();
-    crds.push(foreign_crds::minimal_crd(
-        "networking.k8s.io",
-        "networkpolicies",
-        "NetworkPolicy",
-        &["podSelector"],
-    ));
-    crds
+    foreign_crds::cert_manager_and_prometheus()
 }
 
 async fn resource(client: &Client, obj: &Value) -> (ApiResource, bool) {
