@@ -33,7 +33,7 @@ use memcached_api::{ExtstoreSpec, Memcached, MemcachedConfig, MemcachedSpec, Tls
 use memcached_operator::builders;
 
 mod common;
-use common::process::{TempDir, free_port};
+use common::process::{TempDir, free_port, recent_memcached};
 use common::real_node::{Text, stat};
 use common::tls::TlsStream;
 
@@ -46,17 +46,6 @@ const FILLERS: usize = 4;
 
 // ---------------------------------------------------------------------------------------
 // The memcached process
-
-/// memcached 1.6.38, as `make memcached-proxy` builds it into bin/ (the image runs 1.6.39).
-fn recent_memcached() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bin/memcached-1.6.38/memcached");
-    assert!(
-        path.is_file(),
-        "{} is missing: make memcached-proxy (hack/memcached/build.sh) builds it",
-        path.display()
-    );
-    path.display().to_string()
-}
 
 /// `memcached -V`'s version.
 fn version(binary: &str) -> String {

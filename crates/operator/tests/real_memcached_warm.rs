@@ -30,7 +30,7 @@ use memcached_operator::builders::{self, BuildSettings};
 use proptest::prelude::*;
 
 mod common;
-use common::process::{free_port, memcached_binary};
+use common::process::{free_port, memcached_binary, recent_memcached};
 use common::{big_value, volume_bytes};
 
 const TLS_DIR: &str = "/etc/memcached/tls";
@@ -1120,19 +1120,6 @@ fn first_hole(file: &Path) -> u64 {
     u64::try_from(at).expect("SEEK_HOLE answers")
 }
 
-/// memcached 1.6.38 (`make memcached-proxy` builds it into bin/), for the tests that fill
-/// extstore: Debian's 1.6.18 never uses the first page of its file (it leaves page 0 off
-/// its free list), 1.6.38 uses them all, as the default image's 1.6.39 does.
-fn recent_memcached() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bin/memcached-1.6.38/memcached");
-    assert!(
-        path.is_file(),
-        "{} is missing: make memcached-proxy (hack/memcached/build.sh) builds it",
-        path.display()
-    );
-    path.display().to_string()
-}
-
 /// extstore as the tests below fill it: 2 MiB pages and buffers (memcached's smallest) and
 /// the smallest cache, so a few passes over the file are quick.
 fn small_extstore(size: &str, storage_class: Option<&str>, port: u16) -> Memcached {
@@ -1206,6 +1193,9 @@ fn fill_extstore(
     chmod(volume, 0o777);
     let file = volume.join("data");
     rewrite(&mut args, EXTSTORE_FILE, &file.display().to_string());
+    // 1.6.38, not Debian's 1.6.18: that one never uses the first page of its file (it
+    // leaves page 0 off its free list); 1.6.38 uses them all, as the default image's
+    // 1.6.39 does.
     let mut memcached = start_memcached_binary(&recent_memcached(), &args, dir);
     wait_listening(port, &mut memcached);
     let mut client = plain(port);

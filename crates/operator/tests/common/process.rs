@@ -97,6 +97,19 @@ pub fn memcached_binary() -> String {
     panic!("memcached is not installed: apt-get install memcached (.ci/run does)");
 }
 
+/// memcached 1.6.38 with its proxy, as `make memcached-proxy` builds it into bin/ (the
+/// official image runs 1.6.39); the tests that run it fail naming that command when it is
+/// missing.
+pub fn recent_memcached() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bin/memcached-1.6.38/memcached");
+    assert!(
+        path.is_file(),
+        "{} is missing: make memcached-proxy (hack/memcached/build.sh) builds it",
+        path.display()
+    );
+    path.display().to_string()
+}
+
 /// A free TCP port on loopback (free when asked; the caller binds it soon after).
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
