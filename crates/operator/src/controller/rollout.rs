@@ -166,9 +166,11 @@ fn spec_agrees(mc: &Memcached, name: &str, live: &Value, ours: &Value) -> bool {
         EXPORTER_NAME => {
             mc.spec.exporter.as_ref().is_none_or(|e| e.image.is_none()) || same("/image")
         }
-        // The Secret, and the CA's beside it with client authentication (its items and
-        // projected sources are what the spec chose).
-        "tls" => same("/secret/secretName") && same("/secret/items") && same("/projected"),
+        // The Secret, and with client authentication from a Secret of its own, the
+        // projected sources (the spec's choice). Turning client authentication on or off
+        // changes memcached's flags, so the template changes anyway; an earlier release's
+        // volume without `items` is kept.
+        "tls" => same("/secret/secretName") && same("/projected"),
         // The live form with SASL's configuration (the old form: `keep_sasl_without_conf`).
         "sasl" => same("/projected/sources/0/secret/name"),
         EXTSTORE_VOLUME => {
@@ -577,6 +579,53 @@ mod tests {
         });
         let new = deployment(&class, &settings);
         assert_eq!(keep_live(&class, &new, &spec_json(&live), true, true), None);
+        // The client CA moved to a Secret of its own: memcached's flags are the same, the
+        // volume is not.
+        let client_auth = |ca: Option<&str>| {
+            pool(|s| {
+                every_helper(s);
+                s.tls = Some(TlsSpec {
+                    client_auth: Some(memcached_api::ClientAuthSpec {
+                        ca_secret_name: ca.map(String::from),
+                        verify: None,
+                    }),
+                    ..TlsSpec::secret("certs")
+                });
+            })
+        };
+        let live = deployment(&client_auth(None), &settings);
+        let own_ca = client_auth(Some("client-ca"));
+        let new = deployment(&own_ca, &settings);
+        assert_eq!(
+            keep_live(&own_ca, &new, &spec_json(&live), true, true),
+            None
+        );
+    }
+
+    #[test]
+    fn an_earlier_releases_whole_secret_volume_is_kept() {
+        // Releases up to 0.1 mounted the whole TLS Secret, without `items`.
+        let settings = BuildSettings::default();
+        let mc = pool(every_helper);
+        let new = deployment(&mc, &settings);
+        let mut live = spec_json(&new);
+        let tls = live
+            .pointer_mut("/template/spec/volumes")
+            .and_then(Value::as_array_mut)
+            .and_then(|v| v.iter_mut().find(|v| v["name"] == "tls"))
+            .expect("the tls volume");
+        tls["secret"]
+            .as_object_mut()
+            .expect("a Secret volume")
+            .remove("items");
+        let kept = keep_live(&mc, &new, &live, true, true).expect("keeps");
+        let volume = kept
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.volumes)
+            .and_then(|v| v.into_iter().find(|v| v.name == "tls"))
+            .expect("the tls volume");
+        assert_eq!(volume.secret.and_then(|s| s.items), None, "the live form");
     }
 
     #[test]
