@@ -42,17 +42,17 @@ const WHY: &str = "the pods must meet the restricted Pod Security Standard";
 /// The pod-level override's breaches of `restricted`, named under `field`
 /// (`spec.podSecurityContext`).
 pub fn check_pod(field: &str, context: &PodSecurityContext) -> Vec<FieldError> {
-    let mut errors = Vec::new();
-    non_root(
+    let mut errors = shared(
         field,
-        context.run_as_non_root,
-        context.run_as_user,
-        &mut errors,
+        Shared {
+            run_as_non_root: context.run_as_non_root,
+            run_as_user: context.run_as_user,
+            seccomp: context.seccomp_profile.as_ref(),
+            app_armor: context.app_armor_profile.as_ref(),
+            se_linux: context.se_linux_options.as_ref(),
+            windows: context.windows_options.as_ref(),
+        },
     );
-    seccomp(field, context.seccomp_profile.as_ref(), &mut errors);
-    app_armor(field, context.app_armor_profile.as_ref(), &mut errors);
-    se_linux(field, context.se_linux_options.as_ref(), &mut errors);
-    host_process(field, context.windows_options.as_ref(), &mut errors);
     for (i, sysctl) in context.sysctls.iter().flatten().enumerate() {
         if !SAFE_SYSCTLS.contains(&sysctl.name.as_str()) {
             errors.push(FieldError::not_supported(
@@ -114,16 +114,43 @@ pub fn check_container(field: &str, context: &SecurityContext) -> Vec<FieldError
             &["Default"],
         ));
     }
+    errors.extend(shared(
+        field,
+        Shared {
+            run_as_non_root: context.run_as_non_root,
+            run_as_user: context.run_as_user,
+            seccomp: context.seccomp_profile.as_ref(),
+            app_armor: context.app_armor_profile.as_ref(),
+            se_linux: context.se_linux_options.as_ref(),
+            windows: context.windows_options.as_ref(),
+        },
+    ));
+    errors
+}
+
+/// The fields pod-level and container-level contexts share, under the same rules.
+struct Shared<'a> {
+    run_as_non_root: Option<bool>,
+    run_as_user: Option<i64>,
+    seccomp: Option<&'a SeccompProfile>,
+    app_armor: Option<&'a AppArmorProfile>,
+    se_linux: Option<&'a SELinuxOptions>,
+    windows: Option<&'a WindowsSecurityContextOptions>,
+}
+
+/// The breaches of `restricted` in the fields both contexts have.
+fn shared(field: &str, context: Shared<'_>) -> Vec<FieldError> {
+    let mut errors = Vec::new();
     non_root(
         field,
         context.run_as_non_root,
         context.run_as_user,
         &mut errors,
     );
-    seccomp(field, context.seccomp_profile.as_ref(), &mut errors);
-    app_armor(field, context.app_armor_profile.as_ref(), &mut errors);
-    se_linux(field, context.se_linux_options.as_ref(), &mut errors);
-    host_process(field, context.windows_options.as_ref(), &mut errors);
+    seccomp(field, context.seccomp, &mut errors);
+    app_armor(field, context.app_armor, &mut errors);
+    se_linux(field, context.se_linux, &mut errors);
+    host_process(field, context.windows, &mut errors);
     errors
 }
 
