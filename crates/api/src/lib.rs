@@ -32,7 +32,7 @@ pub mod warnings;
 
 pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};
 pub use quantity::QUANTITY_PATTERN;
-pub use status::{MemcachedStatus, ProxyBackend, ProxyStatus, condition};
+pub use status::{FlushStatus, MemcachedStatus, ProxyBackend, ProxyStatus, condition};
 
 /// API group of the Memcached kind (Kubebuilder: `--group memcached --domain cache.example.com`).
 pub const GROUP: &str = "memcached.cache.example.com";
@@ -208,6 +208,19 @@ pub struct MemcachedSpec {
     /// the scrapers listed; nothing else. Off unless `enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySpec>,
+
+    /// A HorizontalPodAutoscaler for the pool: it sets `spec.size` through the Memcached's
+    /// scale subresource, between `minReplicas` and `maxReplicas`, from the memcached
+    /// container's CPU and/or memory use. While it is set, `spec.size` is the autoscaler's
+    /// (an update that changes it by hand is refused; `spec.size: 0` pauses it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
+
+    /// A flush on demand: each new `requestedAt` empties every pod's cache once (memcached's
+    /// `flush_all`), one pod at a time with a pause between pods, without a restart;
+    /// `status.flush` shows the progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush: Option<FlushSpec>,
 
     /// Container-level security settings of every container of the memcached and proxy
     /// pods: each field set here replaces the operator's (no privilege escalation, every
@@ -607,6 +620,82 @@ pub struct NetworkPolicySpec {
     pub metrics_from: Vec<NetworkPolicyPeer>,
 }
 
+/// Default `spec.flush.pauseSeconds`.
+pub const DEFAULT_FLUSH_PAUSE_SECONDS: i32 = 30;
+/// Longest `spec.flush.pauseSeconds`.
+pub const MAX_FLUSH_PAUSE_SECONDS: i32 = 3600;
+
+/// A paced flush of the pool's caches.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlushSpec {
+    /// Each new value (a timestamp, say) flushes every pod once: the operator sends
+    /// `flush_all` to each Ready pod's memcached in turn, by pod name. Unchanged: nothing.
+    #[schemars(length(min = 1, max = 64))]
+    pub requested_at: String,
+    /// Seconds between two pods, so the backend refills one pod's share of the keys before
+    /// the next pod's misses start.
+    #[serde(default = "default_flush_pause_seconds")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub pause_seconds: i32,
+}
+
+fn default_flush_pause_seconds() -> i32 {
+    DEFAULT_FLUSH_PAUSE_SECONDS
+}
+
+/// Default `spec.autoscaling.minReplicas`.
+pub const DEFAULT_AUTOSCALING_MIN_REPLICAS: i32 = 1;
+/// Default `spec.autoscaling.scaleDownStabilizationSeconds`: ten minutes, so a short lull
+/// does not cost a pod's share of the cache (each removed pod's keys miss once).
+pub const DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS: i32 = 600;
+/// Longest `spec.autoscaling.scaleDownStabilizationSeconds` (the HPA's own limit).
+pub const MAX_SCALE_DOWN_STABILIZATION_SECONDS: i32 = 3600;
+/// Largest utilization target accepted, in percent of the request.
+pub const MAX_UTILIZATION_PERCENTAGE: i32 = 1000;
+/// Seconds between two pods removed by the autoscaler: one pod at a time, so each step
+/// costs the clients one pod's share of the keys and the backend refills it before the next.
+pub const SCALE_DOWN_PERIOD_SECONDS: i32 = 60;
+
+/// The pool's HorizontalPodAutoscaler.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingSpec {
+    /// Fewest pods the autoscaler keeps.
+    #[serde(default = "default_autoscaling_min_replicas")]
+    #[schemars(range(min = 1, max = 100))]
+    pub min_replicas: i32,
+    /// Most pods the autoscaler runs (at least `minReplicas`).
+    #[schemars(range(min = 1, max = 100))]
+    pub max_replicas: i32,
+    /// Target of the memcached container's CPU use, in percent of its CPU request.
+    #[serde(
+        default,
+        rename = "targetCPUUtilizationPercentage",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 1000))]
+    pub target_cpu_utilization_percentage: Option<i32>,
+    /// Target of the memcached container's memory use, in percent of its memory request.
+    /// memcached keeps the memory it has taken (up to `-m`), so this scales a pool up as it
+    /// fills and seldom down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub target_memory_utilization_percentage: Option<i32>,
+    /// How long the metrics must ask for fewer pods before a pod is removed (the HPA's
+    /// scale-down stabilisation window); then one pod a minute at most.
+    #[serde(default = "default_scale_down_stabilization_seconds")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub scale_down_stabilization_seconds: i32,
+}
+
+fn default_autoscaling_min_replicas() -> i32 {
+    DEFAULT_AUTOSCALING_MIN_REPLICAS
+}
+fn default_scale_down_stabilization_seconds() -> i32 {
+    DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS
+}
+
 /// Metadata of the pool's client Services.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -702,6 +791,8 @@ impl MemcachedSpec {
             pod_security_context: None,
             container_security_context: None,
             network_policy: None,
+            autoscaling: None,
+            flush: None,
         }
     }
 

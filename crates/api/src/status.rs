@@ -1,7 +1,7 @@
 //! The observed state of a Memcached: [`MemcachedStatus`], the proxy's [`ProxyStatus`], and
 //! the condition types the operator reports in `status.conditions`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -37,9 +37,34 @@ pub struct MemcachedStatus {
     /// merge patch of the status removes what an earlier one wrote.
     #[serde(default)]
     pub proxy: Option<ProxyStatus>,
+    /// Who decides `spec.size`: `HorizontalPodAutoscaler/NAME` while `spec.autoscaling` is
+    /// set, else nothing (the spec, by hand). Written as `null` when it is not, so the
+    /// operator's merge patch of the status removes what an earlier one wrote.
+    #[serde(default)]
+    pub size_managed_by: Option<String>,
     /// The last `spec.rollout.restartedAt` whose restart is done: every pod replaced since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarted_at: Option<String>,
+    /// The progress of the last flush on demand (`spec.flush`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush: Option<FlushStatus>,
+}
+
+/// The progress of a flush on demand.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlushStatus {
+    /// The `spec.flush.requestedAt` this is the progress of.
+    pub requested_at: String,
+    /// The pods flushed for it, in order.
+    #[serde(default)]
+    pub flushed: Vec<String>,
+    /// When the last of them was flushed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_flush_time: Option<Time>,
+    /// When every Ready pod had been flushed: the flush is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
 }
 
 /// Observed state of the proxy.

@@ -278,6 +278,12 @@ pub fn validate_spec(spec: &MemcachedSpec) -> Vec<FieldError> {
     if let Some(shutdown) = &spec.graceful_shutdown {
         errors.extend(validate_graceful_shutdown(shutdown));
     }
+    if let Some(autoscaling) = &spec.autoscaling {
+        errors.extend(validate_autoscaling(autoscaling, spec));
+    }
+    if let Some(flush) = &spec.flush {
+        errors.extend(validate_flush(flush, spec));
+    }
     if let Some(context) = &spec.pod_security_context {
         errors.extend(crate::pod_security::check_pod(
             "spec.podSecurityContext",
@@ -371,6 +377,142 @@ fn validate_graceful_shutdown(shutdown: &crate::GracefulShutdownSpec) -> Vec<Fie
                 ),
             ));
         }
+    }
+    errors
+}
+
+/// Checks `spec.flush`: its ranges, and a pool the operator can send `flush_all` to (memcached's
+/// text protocol on the pods' port, without credentials).
+fn validate_flush(flush: &crate::FlushSpec, spec: &MemcachedSpec) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let length = flush.requested_at.chars().count();
+    if !(1..=64).contains(&length) {
+        errors.push(FieldError::invalid(
+            "spec.flush.requestedAt",
+            &flush.requested_at,
+            "must be 1 to 64 characters",
+        ));
+    }
+    if !(0..=crate::MAX_FLUSH_PAUSE_SECONDS).contains(&flush.pause_seconds) {
+        errors.push(FieldError::invalid(
+            "spec.flush.pauseSeconds",
+            flush.pause_seconds,
+            format!(
+                "must be between 0 and {}, inclusive",
+                crate::MAX_FLUSH_PAUSE_SECONDS
+            ),
+        ));
+    }
+    let why = if spec.sasl.is_some() {
+        Some(
+            "spec.sasl: memcached then speaks only the binary protocol, with credentials the operator does not hold",
+        )
+    } else if spec.tls.is_some() {
+        Some("spec.tls: the operator does not yet speak TLS to the pods")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        errors.push(FieldError::forbidden(
+            "spec.flush",
+            format!("the operator sends flush_all to each pod over memcached's text protocol; not with {why}"),
+        ));
+    }
+    errors
+}
+
+/// Checks `spec.autoscaling`: its ranges, a target to scale on, a request of the resource
+/// each target is a percentage of, and a `spec.size` the autoscaler would keep (0 pauses it,
+/// as it does any HPA's target).
+fn validate_autoscaling(
+    autoscaling: &crate::AutoscalingSpec,
+    spec: &MemcachedSpec,
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let (min, max) = (autoscaling.min_replicas, autoscaling.max_replicas);
+    for (field, value) in [("minReplicas", min), ("maxReplicas", max)] {
+        if !(1..=MAX_SIZE).contains(&value) {
+            errors.push(FieldError::invalid(
+                format!("spec.autoscaling.{field}"),
+                value,
+                format!("must be between 1 and {MAX_SIZE}, inclusive"),
+            ));
+        }
+    }
+    if max < min {
+        errors.push(FieldError::invalid(
+            "spec.autoscaling.maxReplicas",
+            max,
+            format!("must be at least spec.autoscaling.minReplicas ({min})"),
+        ));
+    }
+    let targets = [
+        (
+            "targetCPUUtilizationPercentage",
+            autoscaling.target_cpu_utilization_percentage,
+            "cpu",
+        ),
+        (
+            "targetMemoryUtilizationPercentage",
+            autoscaling.target_memory_utilization_percentage,
+            "memory",
+        ),
+    ];
+    if targets.iter().all(|(_, target, _)| target.is_none()) {
+        errors.push(FieldError::required(
+            "spec.autoscaling.targetCPUUtilizationPercentage",
+            "a target to scale on: targetCPUUtilizationPercentage and/or targetMemoryUtilizationPercentage",
+        ));
+    }
+    for (field, target, resource) in targets {
+        let Some(target) = target else { continue };
+        if !(1..=crate::MAX_UTILIZATION_PERCENTAGE).contains(&target) {
+            errors.push(FieldError::invalid(
+                format!("spec.autoscaling.{field}"),
+                target,
+                format!(
+                    "must be between 1 and {}, inclusive",
+                    crate::MAX_UTILIZATION_PERCENTAGE
+                ),
+            ));
+        }
+        // Unset resources are derived, with a CPU and a memory request; a request left out
+        // of resources the user wrote is their limit's, when there is one.
+        let requested = spec.resources.as_ref().is_none_or(|r| {
+            [&r.requests, &r.limits]
+                .into_iter()
+                .flatten()
+                .any(|m| m.contains_key(resource))
+        });
+        if !requested {
+            errors.push(FieldError::invalid(
+                format!("spec.autoscaling.{field}"),
+                target,
+                format!(
+                    "is a percentage of memcached's {resource} request, and spec.resources requests no {resource}"
+                ),
+            ));
+        }
+    }
+    let window = autoscaling.scale_down_stabilization_seconds;
+    if !(0..=crate::MAX_SCALE_DOWN_STABILIZATION_SECONDS).contains(&window) {
+        errors.push(FieldError::invalid(
+            "spec.autoscaling.scaleDownStabilizationSeconds",
+            window,
+            format!(
+                "must be between 0 and {}, inclusive",
+                crate::MAX_SCALE_DOWN_STABILIZATION_SECONDS
+            ),
+        ));
+    }
+    if spec.size != 0 && min <= max && !(min..=max).contains(&spec.size) {
+        errors.push(FieldError::invalid(
+            "spec.size",
+            spec.size,
+            format!(
+                "must be between spec.autoscaling.minReplicas ({min}) and maxReplicas ({max}) while the autoscaler sizes the pool (0 pauses it)"
+            ),
+        ));
     }
     errors
 }
@@ -687,11 +829,29 @@ pub fn validate(mc: &Memcached) -> Result<(), ValidationErrors> {
     ValidationErrors(errors).into_result()
 }
 
-/// Validates an update. No field is immutable (see the module documentation), so this is
-/// [`validate`] of the new object; it exists so that callers (the webhook) need not change
-/// if a rule about transitions is ever added.
-pub fn validate_update(_old: &Memcached, new: &Memcached) -> Result<(), ValidationErrors> {
-    validate(new)
+/// Validates an update: [`validate`] of the new object, and one rule about transitions:
+/// while `spec.autoscaling` is set before and after, `spec.size` is the autoscaler's (it
+/// writes it through the scale subresource, which this webhook does not see), so an update
+/// of the object that changes it would fight the autoscaler and is refused. No field is
+/// immutable (see the module documentation).
+pub fn validate_update(old: &Memcached, new: &Memcached) -> Result<(), ValidationErrors> {
+    let mut errors = match validate(new) {
+        Ok(()) => Vec::new(),
+        Err(e) => e.0,
+    };
+    if old.spec.autoscaling.is_some()
+        && new.spec.autoscaling.is_some()
+        && old.spec.size != new.spec.size
+    {
+        errors.push(FieldError::forbidden(
+            "spec.size",
+            format!(
+                "the HorizontalPodAutoscaler sizes the pool while spec.autoscaling is set (it is {}); change spec.autoscaling's bounds, or remove spec.autoscaling to size the pool by hand (`kubectl scale` goes to the autoscaler's target and is overridden by it)",
+                old.spec.size
+            ),
+        ));
+    }
+    ValidationErrors(errors).into_result()
 }
 
 /// Checks an image reference (see [`ImageReference::parse`]); the error is the reason,
@@ -710,6 +870,39 @@ mod tests {
     }
 
     const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn autoscaled(size: i32) -> Memcached {
+        let mut m = mc("cache", size);
+        m.spec.autoscaling = Some(crate::AutoscalingSpec {
+            min_replicas: 2,
+            max_replicas: 6,
+            target_cpu_utilization_percentage: Some(70),
+            target_memory_utilization_percentage: None,
+            scale_down_stabilization_seconds: 600,
+        });
+        m
+    }
+
+    /// While the autoscaler sizes the pool, an update of the object that changes the size
+    /// is refused on `spec.size`; one that changes anything else, or that turns the
+    /// autoscaler on or off with a size of its own, is not.
+    #[test]
+    fn an_update_that_sizes_an_autoscaled_pool_by_hand_is_refused() {
+        let old = autoscaled(4);
+        let err = validate_update(&old, &autoscaled(5)).expect_err("size changed by hand");
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!(err.0[0].field, "spec.size");
+        assert!(err.to_string().contains("HorizontalPodAutoscaler"), "{err}");
+        let mut other = autoscaled(4);
+        other.spec.container_port = 11311;
+        assert_eq!(validate_update(&old, &other), Ok(()));
+        assert_eq!(validate_update(&old, &mc("cache", 9)), Ok(()));
+        assert_eq!(validate_update(&mc("cache", 1), &autoscaled(3)), Ok(()));
+        // 0 pauses it, within the bounds or not; a size outside them is refused at once.
+        assert_eq!(validate(&autoscaled(0)), Ok(()));
+        let err = validate(&autoscaled(7)).expect_err("above maxReplicas");
+        assert_eq!(err.0[0].field, "spec.size");
+    }
 
     #[test]
     fn names_that_make_valid_children_pass() {

@@ -50,6 +50,26 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
             "spec.networkPolicy.metricsFrom: empty while the exporter runs, so nothing may scrape it; list Prometheus' pods".into(),
         );
     }
+    if let Some(autoscaling) = &mc.spec.autoscaling
+        && autoscaling.target_memory_utilization_percentage.is_some()
+    {
+        out.push(
+            "spec.autoscaling.targetMemoryUtilizationPercentage: memcached keeps the memory it has taken up to its cache size, so a memory target scales the pool up as it fills and seldom down; a CPU target follows the load".into(),
+        );
+    }
+    if mc.spec.flush.is_some() && mc.spec.network_policy_enabled().is_some() {
+        out.push(
+            "spec.flush: the operator connects to each pod's memcached port; admit the operator's pods in spec.networkPolicy.from, or the flush cannot reach them".into(),
+        );
+    }
+    if let Some(autoscaling) = &mc.spec.autoscaling
+        && mc.spec.size == 0
+    {
+        out.push(format!(
+            "spec.size: 0 pauses the autoscaler (an HPA leaves a target of 0 alone); set it between {} and {} to resume",
+            autoscaling.min_replicas, autoscaling.max_replicas
+        ));
+    }
     if let Some(shutdown) = &mc.spec.graceful_shutdown
         && shutdown.pre_stop_delay_seconds > mc.spec.min_ready_seconds()
         && mc.spec.size > 1

@@ -108,8 +108,9 @@ fn root_schema<T: JsonSchema>() -> Value {
 fn builtin_schema(group: &str, kind: &str) -> Option<&'static Value> {
     use k8s_openapi::api::{
         admissionregistration::v1 as admission, apps::v1 as apps, authentication::v1 as authn,
-        authorization::v1 as authz, coordination::v1 as coordination, core::v1 as core,
-        events::v1 as events, networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
+        authorization::v1 as authz, autoscaling::v2 as autoscaling,
+        coordination::v1 as coordination, core::v1 as core, events::v1 as events,
+        networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     macro_rules! cached {
@@ -133,6 +134,7 @@ fn builtin_schema(group: &str, kind: &str) -> Option<&'static Value> {
         ("coordination.k8s.io", "Lease") => cached!(coordination::Lease),
         ("policy", "PodDisruptionBudget") => cached!(policy::PodDisruptionBudget),
         ("networking.k8s.io", "NetworkPolicy") => cached!(networking::NetworkPolicy),
+        ("autoscaling", "HorizontalPodAutoscaler") => cached!(autoscaling::HorizontalPodAutoscaler),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             cached!(apiext::CustomResourceDefinition)
         }

@@ -217,6 +217,7 @@ fn unsupported_field_label(group: &str, plural: &str, k: &str) -> String {
         "coordination.k8s.io",
         "policy",
         "networking.k8s.io",
+        "autoscaling",
         "apiextensions.k8s.io",
         "rbac.authorization.k8s.io",
         "admissionregistration.k8s.io",

@@ -67,6 +67,8 @@ pub struct Observed<'a> {
     /// many pools may roll at once (not how many do: the message stays the same while it
     /// waits, and so does the status).
     pub rollout_waiting: Option<usize>,
+    /// The flush on demand's progress as of this reconcile (`None` keeps the status's).
+    pub flush: Option<memcached_api::FlushStatus>,
 }
 
 /// A pod whose TLS reload agent reported renewed certificate files it could not load.
@@ -489,7 +491,16 @@ pub fn desired_status(
         selector: Some(selector_string(&name)),
         conditions,
         proxy,
+        size_managed_by: mc
+            .spec
+            .autoscaling
+            .as_ref()
+            .map(|_| format!("HorizontalPodAutoscaler/{name}")),
         restarted_at: restarted_at(mc, observed, rollout_done),
+        flush: observed
+            .flush
+            .clone()
+            .or_else(|| mc.status.as_ref().and_then(|s| s.flush.clone())),
     }
 }
 
@@ -568,6 +579,8 @@ pub fn progress_only(live: &MemcachedStatus, want: &MemcachedStatus) -> bool {
     live.observed_generation == want.observed_generation
         && live.selector == want.selector
         && live.proxy == want.proxy
+        && live.flush == want.flush
+        && live.size_managed_by == want.size_managed_by
         && live.endpoints.iter().all(|e| want.endpoints.contains(e))
         && live.conditions.len() == want.conditions.len()
         && live.conditions.iter().zip(&want.conditions).all(|(l, w)| {
@@ -794,6 +807,7 @@ mod tests {
             &Observed {
                 deployment: Some(&d),
                 rollout_waiting: Some(1),
+                flush: None,
                 ..Observed::default()
             },
             t(100),
@@ -827,6 +841,7 @@ mod tests {
             proxy: None,
             reload_failures: Vec::new(),
             rollout_waiting: None,
+            flush: None,
         };
         let s = desired_status(&mc(3, 4), &observed, t(100));
         assert_eq!(s.nodes, ["m-abc-1", "m-abc-2", "m-abc-3"]);
@@ -926,6 +941,7 @@ mod tests {
                 }),
                 reload_failures: Vec::new(),
                 rollout_waiting: None,
+                flush: None,
             };
             desired_status(m, &observed, now)
         };

@@ -590,6 +590,12 @@ fn matrix() -> Vec<(&'static str, usize, Value)> {
             json!({"size": 1, "rollout": fast,
                    "networkPolicy": {"enabled": true, "from": [{"namespaceSelector": {}}]}}),
         ),
+        (
+            "autoscaled",
+            1,
+            json!({"size": 1, "rollout": fast,
+                   "autoscaling": {"maxReplicas": 3, "targetCPUUtilizationPercentage": 80}}),
+        ),
     ]
 }
 
@@ -957,6 +963,36 @@ async fn the_generated_rbac_is_all_the_operator_needs_across_the_feature_matrix(
         "fenced",
     )
     .await;
+    // The autoscaled pool: its HPA targets the Memcached; an update that sizes it by hand
+    // is refused by the webhook (which sees the old object through the API server); with
+    // the autoscaler switched off the HPA goes and the size is the spec's again.
+    type Hpa = k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    let hpa = env
+        .until("the HorizontalPodAutoscaler", || async {
+            env.api::<Hpa>().get_opt("autoscaled").await.ok()?
+        })
+        .await;
+    assert_eq!(
+        hpa.spec.map(|s| s.scale_target_ref.kind),
+        Some("Memcached".to_string())
+    );
+    let by_hand = env
+        .api::<Memcached>()
+        .patch(
+            "autoscaled",
+            &PatchParams::apply("rbac-test").force(),
+            &Patch::Apply(&memcached(
+                "autoscaled",
+                json!({"size": 2, "rollout": {"minReadySeconds": 0},
+                       "autoscaling": {"maxReplicas": 3, "targetCPUUtilizationPercentage": 80}}),
+            )),
+        )
+        .await
+        .expect_err("a size by hand under the autoscaler");
+    assert!(by_hand.to_string().contains("spec.size"), "{by_hand}");
+    env.apply("autoscaled", json!({"size": 2, "rollout": {"minReadySeconds": 0}})).await;
+    env.gone("the HorizontalPodAutoscaler", &env.api::<Hpa>(), "autoscaled").await;
+    env.converged("autoscaled", 2).await;
     // memcached refused a renewed certificate (the TLS reload agent's exit code 3, written
     // by the kubelet into the pod's status; here by the test, as in tls_reload.rs): the
     // operator restarts that pod, that is deletes it, and its Deployment replaces it.

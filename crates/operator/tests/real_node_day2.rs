@@ -24,6 +24,9 @@
 //!   deleted, and memcached on its IP still answers what was set on it (the kubelet's
 //!   `preStop` sleep holds its SIGTERM back); the Pod object lasts at least the delay after
 //!   the deletion.
+//! - `flush`: a flush on demand empties the pods of a pool one after the other by name, at
+//!   least the pause apart, each receiving one `flush_all` (memcached's `cmd_flush`), with
+//!   no restart; `status.flush` is complete; a later change of the spec flushes nothing.
 //!
 //! Needs root and `make node`. Runs under the host lock (`flock /tmp/real-node.lock`) like
 //! the other real-node suites.
@@ -1027,5 +1030,144 @@ async fn a_deleted_pod_serves_out_of_the_endpoints(kube: Kube) {
         "{kube:?}: a deleted pod serving out of the endpoints in {:?}",
         started.elapsed()
     );
+    env.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The flush on demand.
+
+/// Seconds between two pods flushed.
+const FLUSH_PAUSE: i32 = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_flush_empties_each_pod_in_turn_newest() {
+    a_paced_flush_empties_each_pod_in_turn(Kube::Newest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_flush_empties_each_pod_in_turn_oldest() {
+    a_paced_flush_empties_each_pod_in_turn(Kube::Oldest).await;
+}
+
+/// `spec.flush`: each pod's memcached loses what it held, one pod after the other by name
+/// with at least the pause between two, each receiving exactly one `flush_all` (memcached's
+/// own `cmd_flush`), what is written after its turn kept; no pod restarted or replaced;
+/// `status.flush` lists them and says when it was done. The same request again flushes
+/// nothing.
+async fn a_paced_flush_empties_each_pod_in_turn(kube: Kube) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let env = Env::start(kube, "flush").await;
+    let memcacheds: Api<Memcached> = env.api();
+    let pods: Api<Pod> = env.api();
+    let mut spec = MemcachedSpec {
+        rollout: Some(RolloutSpec {
+            min_ready_seconds: 0,
+            ..Default::default()
+        }),
+        ..MemcachedSpec::with_size(3)
+    };
+    env.on_the_real_node(&mut spec);
+    memcacheds
+        .create(
+            &PostParams::default(),
+            &Memcached::new("flushed", spec.clone()),
+        )
+        .await
+        .expect("creating the pool");
+    let pool = env.ready_pool("flushed", 3).await;
+    let mut uids = BTreeMap::new();
+    for (name, ip) in &pool {
+        blocking(|| plain(*ip).set("poisoned", name));
+        uids.insert(name.clone(), pods.get(name).await.expect("pod").uid());
+    }
+
+    spec.flush = Some(memcached_api::FlushSpec {
+        requested_at: "2026-11-27T19:00:00Z".into(),
+        pause_seconds: FLUSH_PAUSE,
+    });
+    let requested = Instant::now();
+    memcacheds
+        .replace("flushed", &PostParams::default(), &{
+            let mut mc = memcacheds.get("flushed").await.expect("the pool");
+            mc.spec = spec.clone();
+            mc
+        })
+        .await
+        .expect("requesting the flush");
+    // When each pod's value went; a value written on a pod once its turn is over stays.
+    let seen = std::sync::Mutex::new(BTreeMap::<String, Duration>::new());
+    let status = poll("the flush done in status.flush", CONVERGE, || async {
+        for (name, ip) in &pool {
+            if seen.lock().ok()?.contains_key(name) {
+                continue;
+            }
+            if blocking(|| get_anew(*ip, "poisoned")).ok()?.is_none() {
+                seen.lock().ok()?.insert(name.clone(), requested.elapsed());
+                blocking(|| plain(*ip).set("after", name));
+            }
+        }
+        let flush = memcacheds.get("flushed").await.ok()?.status?.flush?;
+        let all = seen.lock().ok()?.len() == pool.len();
+        (flush.completion_time.is_some() && all).then_some(flush)
+    })
+    .await;
+    let emptied = seen.into_inner().expect("the times");
+    println!("{kube:?}: emptied {emptied:?}; status.flush {status:?}");
+    let names: Vec<String> = pool.keys().cloned().collect();
+    assert_eq!(status.flushed, names, "every pod, by name");
+    let mut order: Vec<(&Duration, &String)> = emptied.iter().map(|(n, t)| (t, n)).collect();
+    order.sort();
+    assert_eq!(
+        order.iter().map(|(_, n)| (*n).clone()).collect::<Vec<_>>(),
+        names,
+        "emptied in the order of their names: {emptied:?}"
+    );
+    // Polled every few hundred milliseconds: a gap is seen at most that much short.
+    for pair in order.windows(2) {
+        let gap = pair[1].0.saturating_sub(*pair[0].0);
+        assert!(
+            gap + Duration::from_secs(1) >= Duration::from_secs(FLUSH_PAUSE as u64),
+            "at least the pause between {} and {}: {emptied:?}",
+            pair[0].1,
+            pair[1].1
+        );
+    }
+    for (name, ip) in &pool {
+        let stats = blocking(|| plain(*ip).stats(""));
+        assert_eq!(stat(&stats, "cmd_flush"), 1, "{name}: one flush_all");
+        assert_eq!(
+            blocking(|| get_anew(*ip, "after")).expect("get"),
+            Some(name.clone()),
+            "{name}: what was written after its turn stays"
+        );
+        assert_eq!(
+            pods.get(name).await.expect("pod").uid(),
+            uids[name],
+            "{name} is the same pod"
+        );
+    }
+    assert_no_restarts(&env.restarts("flushed").await, 3);
+
+    // Any other change leaves the flush done: nothing flushed again.
+    let mut mc = memcacheds.get("flushed").await.expect("the pool");
+    mc.spec.rollout = Some(RolloutSpec {
+        min_ready_seconds: 1,
+        ..Default::default()
+    });
+    let generation = memcacheds
+        .replace("flushed", &PostParams::default(), &mc)
+        .await
+        .expect("another change")
+        .metadata
+        .generation;
+    poll("the change reconciled", CONVERGE, || async {
+        let status = memcacheds.get("flushed").await.ok()?.status?;
+        (status.observed_generation == generation).then_some(())
+    })
+    .await;
+    for (name, ip) in &pool {
+        let stats = blocking(|| plain(*ip).stats(""));
+        assert_eq!(stat(&stats, "cmd_flush"), 1, "{name}: still one flush_all");
+    }
     env.stop().await;
 }

@@ -180,6 +180,20 @@ impl Registry {
             &["netpol"],
             &[],
         ));
+        // autoscaling/v2 only: the version the operator writes.
+        add(ResourceType {
+            versions: vec!["v2".into()],
+            ..builtin(
+                "autoscaling",
+                "horizontalpodautoscalers",
+                "HorizontalPodAutoscaler",
+                true,
+                true,
+                false,
+                &["hpa"],
+                &[],
+            )
+        });
         add(builtin(
             "apiextensions.k8s.io",
             "customresourcedefinitions",

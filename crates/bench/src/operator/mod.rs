@@ -184,6 +184,7 @@ async fn raw_write_bound(env: &Env, n: usize, concurrency: usize) -> Result<(Dur
                     proxy: None,
                     reload_failures: Vec::new(),
                     rollout_waiting: None,
+                    flush: None,
                 };
                 let status = status::desired_status(&mc, &observed, jiff::Timestamp::now());
                 api.patch_status(

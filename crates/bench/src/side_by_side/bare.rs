@@ -82,6 +82,14 @@ pub(super) fn minimal(kind: Kind, name: &str, size: i32) -> Result<Value> {
             "metadata": {"name": name},
             "spec": {"podSelector": selector},
         }),
+        Kind::HorizontalPodAutoscaler => json!({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": name},
+            "spec": {
+                "maxReplicas": size.max(1),
+                "scaleTargetRef": {"apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached", "name": name},
+            },
+        }),
         Kind::ConfigMap => json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name},
@@ -121,6 +129,7 @@ pub(super) async fn bound(
                             proxy: None,
                             reload_failures: Vec::new(),
                             rollout_waiting: None,
+                            flush: None,
                         };
                         serde_json::to_value(status::desired_status(
                             mc,

@@ -7,6 +7,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::autoscaling::v2::{
+    ContainerResourceMetricSource, CrossVersionObjectReference, HPAScalingPolicy, HPAScalingRules,
+    HorizontalPodAutoscaler, HorizontalPodAutoscalerBehavior, HorizontalPodAutoscalerSpec,
+    MetricSpec, MetricTarget,
+};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -401,6 +406,66 @@ pub fn desired_network_policy(mc: &Memcached) -> Result<Option<NetworkPolicy>, B
         selector_labels(name),
         rules,
     )))
+}
+
+/// The HorizontalPodAutoscaler `NAME`, with `spec.autoscaling`: it targets the Memcached's
+/// scale subresource (not the Deployment, which the operator sizes from `spec.size`, so the
+/// two never write the same field), on the memcached container's own CPU and memory
+/// (`ContainerResource`: the exporter's and the agent's use do not count), and removes one
+/// pod a minute at most after the stabilisation window: each removed pod's keys miss once.
+pub fn desired_hpa(mc: &Memcached) -> Result<Option<HorizontalPodAutoscaler>, BuildError> {
+    let Some(autoscaling) = &mc.spec.autoscaling else {
+        return Ok(None);
+    };
+    let name = name_of(mc)?;
+    let target = |resource: &str, percent: i32| MetricSpec {
+        type_: "ContainerResource".to_string(),
+        container_resource: Some(ContainerResourceMetricSource {
+            container: CONTAINER_NAME.to_string(),
+            name: resource.to_string(),
+            target: MetricTarget {
+                type_: "Utilization".to_string(),
+                average_utilization: Some(percent),
+                ..MetricTarget::default()
+            },
+        }),
+        ..MetricSpec::default()
+    };
+    let metrics = [
+        ("cpu", autoscaling.target_cpu_utilization_percentage),
+        ("memory", autoscaling.target_memory_utilization_percentage),
+    ]
+    .into_iter()
+    .filter_map(|(resource, percent)| percent.map(|p| target(resource, p)))
+    .collect();
+    Ok(Some(HorizontalPodAutoscaler {
+        metadata: child_metadata(mc, name)?,
+        spec: Some(HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some(Memcached::api_version(&()).into_owned()),
+                kind: Memcached::kind(&()).into_owned(),
+                name: name.to_string(),
+            },
+            min_replicas: Some(autoscaling.min_replicas),
+            max_replicas: autoscaling.max_replicas,
+            metrics: Some(metrics),
+            behavior: Some(HorizontalPodAutoscalerBehavior {
+                scale_down: Some(HPAScalingRules {
+                    stabilization_window_seconds: Some(
+                        autoscaling.scale_down_stabilization_seconds,
+                    ),
+                    policies: Some(vec![HPAScalingPolicy {
+                        type_: "Pods".to_string(),
+                        value: 1,
+                        period_seconds: memcached_api::SCALE_DOWN_PERIOD_SECONDS,
+                    }]),
+                    ..HPAScalingRules::default()
+                }),
+                scale_up: None,
+            }),
+        }),
+        status: None,
+    }))
 }
 
 /// A Prometheus Operator ServiceMonitor (`monitoring.coreos.com/v1`), typed as far as the

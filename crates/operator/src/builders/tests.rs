@@ -1614,3 +1614,78 @@ fn the_network_policies_admit_the_clients_the_proxy_and_the_scrapers_only() {
         .expect("enabled");
     assert!(!admits(&pool, "default", &default_ns, &own_proxy, 11211));
 }
+
+/// The HPA sizes the Memcached (its scale subresource, whose `spec.size` the operator turns
+/// into the Deployment's replicas), from the memcached container's own use, and removes one
+/// pod a minute after the window; without `spec.autoscaling` there is none.
+#[test]
+fn the_autoscaler_targets_the_memcached_on_the_memcached_containers_use() {
+    assert_eq!(desired_hpa(&sample(3)).expect("builds"), None);
+    let mut mc = sample(3);
+    mc.spec.autoscaling = Some(memcached_api::AutoscalingSpec {
+        min_replicas: 2,
+        max_replicas: 8,
+        target_cpu_utilization_percentage: Some(70),
+        target_memory_utilization_percentage: Some(90),
+        scale_down_stabilization_seconds: 900,
+    });
+    let hpa = desired_hpa(&mc).expect("builds").expect("autoscaled");
+    assert_eq!(hpa.metadata.name.as_deref(), Some("memcached-sample"));
+    let owner = &hpa.metadata.owner_references.as_ref().expect("owned")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Memcached", Some(true))
+    );
+    let spec = hpa.spec.expect("spec");
+    assert_eq!(
+        (
+            spec.scale_target_ref.api_version.as_deref(),
+            spec.scale_target_ref.kind.as_str(),
+            spec.scale_target_ref.name.as_str()
+        ),
+        (
+            Some("memcached.cache.example.com/v1"),
+            "Memcached",
+            "memcached-sample"
+        )
+    );
+    assert_eq!((spec.min_replicas, spec.max_replicas), (Some(2), 8));
+    let targets: Vec<_> = spec
+        .metrics
+        .expect("metrics")
+        .into_iter()
+        .map(|m| {
+            let c = m.container_resource.expect("a container's resource");
+            (
+                m.type_,
+                c.container,
+                c.name,
+                c.target.type_,
+                c.target.average_utilization,
+            )
+        })
+        .collect();
+    let t = |resource: &str, percent| {
+        (
+            "ContainerResource".to_string(),
+            "memcached".to_string(),
+            resource.to_string(),
+            "Utilization".to_string(),
+            Some(percent),
+        )
+    };
+    assert_eq!(targets, vec![t("cpu", 70), t("memory", 90)]);
+    let down = spec
+        .behavior
+        .and_then(|b| b.scale_down)
+        .expect("scale-down rules");
+    assert_eq!(down.stabilization_window_seconds, Some(900));
+    let policies = down.policies.expect("policies");
+    assert_eq!(
+        policies
+            .iter()
+            .map(|p| (p.type_.as_str(), p.value, p.period_seconds))
+            .collect::<Vec<_>>(),
+        [("Pods", 1, 60)]
+    );
+}

@@ -414,6 +414,9 @@ pub type CachedService = SpecOnly<Service>;
 pub type CachedPdb = SpecOnly<PodDisruptionBudget>;
 /// A NetworkPolicy as cached.
 pub type CachedNetworkPolicy = SpecOnly<k8s_openapi::api::networking::v1::NetworkPolicy>;
+/// A HorizontalPodAutoscaler as cached (its status, which the HPA controller rewrites as
+/// the metrics move, left out).
+pub type CachedHpa = SpecOnly<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>;
 /// A ConfigMap as cached (its `data` kept as [`SpecOnly::spec_json`]).
 pub type CachedConfigMap = SpecOnly<ConfigMap>;
 /// A ServiceMonitor as cached.

@@ -238,6 +238,7 @@ fn a_stuck_rollout_survives_the_cache_and_is_degraded() {
             proxy: None,
             reload_failures: Vec::new(),
             rollout_waiting: None,
+            flush: None,
         },
         jiff::Timestamp::UNIX_EPOCH,
     );
@@ -277,6 +278,7 @@ fn a_stuck_rollout_survives_the_cache_and_is_degraded() {
             proxy: None,
             reload_failures: Vec::new(),
             rollout_waiting: None,
+            flush: None,
         },
         jiff::Timestamp::UNIX_EPOCH,
     );

@@ -14,6 +14,7 @@ pub mod origins;
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -34,6 +35,7 @@ pub enum Kind {
     ConfigMap,
     ServiceMonitor,
     NetworkPolicy,
+    HorizontalPodAutoscaler,
 }
 
 /// The CustomResourceDefinition of the Prometheus Operator's ServiceMonitor: while it
@@ -50,6 +52,7 @@ impl Kind {
             Kind::ConfigMap => "ConfigMap",
             Kind::ServiceMonitor => "ServiceMonitor",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::HorizontalPodAutoscaler => "HorizontalPodAutoscaler",
         }
     }
 
@@ -62,6 +65,7 @@ impl Kind {
             Kind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
             Kind::ServiceMonitor => ApiResource::erase::<ServiceMonitor>(&()),
             Kind::NetworkPolicy => ApiResource::erase::<NetworkPolicy>(&()),
+            Kind::HorizontalPodAutoscaler => ApiResource::erase::<HorizontalPodAutoscaler>(&()),
         }
     }
 
@@ -84,6 +88,7 @@ impl Kind {
             Kind::ConfigMap => (&[""], &["configmaps"]),
             Kind::ServiceMonitor => (&["monitoring.coreos.com"], &["servicemonitors"]),
             Kind::NetworkPolicy => (&["networking.k8s.io"], &["networkpolicies"]),
+            Kind::HorizontalPodAutoscaler => (&["autoscaling"], &["horizontalpodautoscalers"]),
         };
         Rule {
             api_groups,
@@ -105,6 +110,7 @@ pub enum Desired {
     ConfigMap(ConfigMap),
     ServiceMonitor(ServiceMonitor),
     NetworkPolicy(NetworkPolicy),
+    HorizontalPodAutoscaler(HorizontalPodAutoscaler),
 }
 
 impl Desired {
@@ -116,6 +122,7 @@ impl Desired {
             Desired::ConfigMap(_) => Kind::ConfigMap,
             Desired::ServiceMonitor(_) => Kind::ServiceMonitor,
             Desired::NetworkPolicy(_) => Kind::NetworkPolicy,
+            Desired::HorizontalPodAutoscaler(_) => Kind::HorizontalPodAutoscaler,
         }
     }
 
@@ -128,6 +135,7 @@ impl Desired {
             Desired::ConfigMap(o) => serde_json::to_value(o),
             Desired::ServiceMonitor(o) => serde_json::to_value(o),
             Desired::NetworkPolicy(o) => serde_json::to_value(o),
+            Desired::HorizontalPodAutoscaler(o) => serde_json::to_value(o),
         }
     }
 }
@@ -339,6 +347,15 @@ pub static CHILDREN: &[Child] = &[
         build: |mc, _| {
             proxy::desired_proxy_network_policy(mc).map(|p| p.map(Desired::NetworkPolicy))
         },
+        report: Report::Plain,
+        keep: Keep::Nothing,
+    },
+    // What sizes the pool while `spec.autoscaling` is set.
+    Child {
+        role: "HorizontalPodAutoscaler",
+        kind: Kind::HorizontalPodAutoscaler,
+        name: |name| name.to_string(),
+        build: |mc, _| builders::desired_hpa(mc).map(|h| h.map(Desired::HorizontalPodAutoscaler)),
         report: Report::Plain,
         keep: Keep::Nothing,
     },
@@ -558,6 +575,13 @@ mod tests {
                     enabled: true,
                     from: vec![Default::default()],
                     metrics_from: Vec::new(),
+                });
+                s.autoscaling = Some(memcached_api::AutoscalingSpec {
+                    min_replicas: 1,
+                    max_replicas: 5,
+                    target_cpu_utilization_percentage: Some(70),
+                    target_memory_utilization_percentage: None,
+                    scale_down_stabilization_seconds: 600,
                 });
             }),
             earlier,

@@ -16,8 +16,8 @@ use super::secrets::SecretReads;
 use super::watches::SecretMeta;
 use crate::builders::BuildError;
 use crate::cached::{
-    CachedConfigMap, CachedDeployment, CachedNetworkPolicy, CachedPdb, CachedPod, CachedService,
-    CachedServiceMonitor,
+    CachedConfigMap, CachedDeployment, CachedHpa, CachedNetworkPolicy, CachedPdb, CachedPod,
+    CachedService, CachedServiceMonitor,
 };
 use crate::children::Kind;
 use crate::drift::NormalForms;
@@ -105,6 +105,7 @@ pub struct Context {
     pub services: Store<CachedService>,
     pub pdbs: Store<CachedPdb>,
     pub network_policies: Store<CachedNetworkPolicy>,
+    pub hpas: Store<CachedHpa>,
     pub config_maps: Store<CachedConfigMap>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
@@ -119,6 +120,8 @@ pub struct Context {
     pub(super) normal_forms: Arc<NormalForms>,
     /// When each pool's status was last written (progress waits for an interval).
     pub(super) status_pacing: StatusPacing,
+    /// Each pool's flush on demand as this process last left it.
+    pub(super) flushes: super::flush::Flushes,
     /// Our ServiceMonitors, while they are served.
     pub(super) service_monitors: Arc<WhileServed<CachedServiceMonitor>>,
     failures: Mutex<HashMap<ObjectRef<Memcached>, u32>>,
@@ -142,6 +145,7 @@ impl Context {
             services: caches.services.store(),
             pdbs: caches.pdbs.store(),
             network_policies: caches.network_policies.store(),
+            hpas: caches.hpas.store(),
             config_maps: caches.config_maps.store(),
             pod_index: caches.pod_index.clone(),
             service_monitors: caches.service_monitors.clone(),
@@ -151,6 +155,7 @@ impl Context {
             busy,
             normal_forms,
             status_pacing,
+            flushes: Default::default(),
             failures: Mutex::new(HashMap::new()),
         }
     }

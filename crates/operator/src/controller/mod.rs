@@ -14,6 +14,7 @@ pub mod apply;
 pub mod context;
 pub mod deletion_costs;
 pub mod events;
+pub mod flush;
 pub mod pacing;
 pub mod reconcile;
 pub mod restart_gate;

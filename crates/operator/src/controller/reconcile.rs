@@ -21,7 +21,7 @@ use tracing::{Instrument, debug, warn};
 use super::apply::{self, Owner};
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
-use super::{deletion_costs, restart_gate, secrets};
+use super::{deletion_costs, flush, restart_gate, secrets};
 use crate::builders;
 use crate::cached::CachedPod;
 use crate::children::{self, Inputs, LiveServices};
@@ -173,7 +173,10 @@ async fn reconcile_inner(
         }
     };
 
-    // 4. The status, from what the children and pods show.
+    // 4. The flush on demand: one pod at most, at the end of the pause after the last.
+    let (flush, flush_recheck) = flush::step(ctx, mc, owner.key, &pods).await;
+
+    // 5. The status, from what the children and pods show.
     let failures = restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name);
     let deployment = applied.deployment(&name).map(|d| d.without_spec());
     let proxy_deployment = applied
@@ -192,6 +195,7 @@ async fn reconcile_inner(
         proxy,
         reload_failures: failures.clone(),
         rollout_waiting: applied.rollout_waiting,
+        flush,
     };
     let now = jiff::Timestamp::now();
     let status = status::desired_status(mc, &observed, now);
@@ -199,6 +203,10 @@ async fn reconcile_inner(
         t.set_problems(&ObjectRef::from_obj(mc), &status.conditions);
     }
     let recheck = proxy_recheck(&status, now, ctx.config.proxy_propagation);
+    let recheck = match (recheck, flush_recheck) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     // Progress only (pods listed, counts) waits for the pool's interval; a look again then
     // writes it, unless a change of meaning comes first.
     let held = ctx
@@ -229,10 +237,10 @@ async fn reconcile_inner(
         }
     }
 
-    // 5. The proxy's slots on the pods, so that a scale-down removes the last ones.
+    // 6. The proxy's slots on the pods, so that a scale-down removes the last ones.
     deletion_costs::annotate(ctx, &namespace, &name, &deletion_costs).await?;
 
-    // 6. Reported in the status first (above), then restarted.
+    // 7. Reported in the status first (above), then restarted.
     restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
     // A pool waiting for a rollout slot looks again soon (a slot frees when another pool's
     // rollout is done, which does not wake this one).
@@ -367,6 +375,7 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
         proxy: None,
         reload_failures: restart_gate::reload_failures(mc, &ctx.pod_index, &namespace, &name),
         rollout_waiting: None,
+        flush: None,
     };
     let status = status::desired_status(mc, &observed, jiff::Timestamp::now());
     if let Some(t) = &ctx.config.telemetry {

@@ -17,8 +17,8 @@ use memcached_api::Memcached;
 
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::cached::{
-    CacheForm, CachedConfigMap, CachedDeployment, CachedNetworkPolicy, CachedPdb, CachedPod,
-    CachedService, CachedServiceMonitor, SpecOnly,
+    CacheForm, CachedConfigMap, CachedDeployment, CachedHpa, CachedNetworkPolicy, CachedPdb,
+    CachedPod, CachedService, CachedServiceMonitor, SpecOnly,
 };
 use crate::children::SERVICE_MONITOR_CRD;
 use crate::informer::{Index, Informer, WhileServed};
@@ -213,6 +213,7 @@ pub struct Caches {
     pub services: Informer<CachedService>,
     pub pdbs: Informer<CachedPdb>,
     pub network_policies: Informer<CachedNetworkPolicy>,
+    pub hpas: Informer<CachedHpa>,
     pub config_maps: Informer<CachedConfigMap>,
     pub pods: Informer<CachedPod>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
@@ -245,6 +246,7 @@ impl Caches {
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),
             network_policies: Informer::start(scoped(client, namespace), owned.clone(), slim),
+            hpas: Informer::start(scoped(client, namespace), owned.clone(), slim),
             config_maps: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pods,
             pod_index,
@@ -274,6 +276,7 @@ impl Caches {
             self.services.wait_synced(),
             self.pdbs.wait_synced(),
             self.network_policies.wait_synced(),
+            self.hpas.wait_synced(),
             self.config_maps.wait_synced(),
             self.pods.wait_synced(),
             self.secrets.wait_synced(),
@@ -373,6 +376,11 @@ pub(super) fn child_triggers(
         ),
         owner_triggers(
             caches.network_policies.subscribe(),
+            Classifier::new(spec_by_generation, unread_status),
+            controller_owner,
+        ),
+        owner_triggers(
+            caches.hpas.subscribe(),
             Classifier::new(spec_by_generation, unread_status),
             controller_owner,
         ),

@@ -93,8 +93,14 @@ mod tests {
     #[test]
     fn schema_defaults_are_exactly_the_crds() {
         // Nested defaults apply only inside objects the user wrote (`spec.config`,
-        // `spec.exporter`, `spec.proxy`, `spec.extstore`, `spec.rollout`, `spec.gracefulShutdown`, `spec.networkPolicy`), as the API server's structural defaulting does.
+        // `spec.exporter`, `spec.proxy`, `spec.extstore`, `spec.rollout`, `spec.gracefulShutdown`, `spec.networkPolicy`, `spec.autoscaling`, `spec.flush`), as the API server's structural defaulting does.
         let want: Vec<(String, Value)> = [
+            // One pod at least, and ten minutes before a pod is removed.
+            ("/spec/autoscaling/minReplicas", Value::from(1)),
+            (
+                "/spec/autoscaling/scaleDownStabilizationSeconds",
+                Value::from(600),
+            ),
             ("/spec/config/maxConnections", Value::from(1024)),
             ("/spec/config/maxItemSize", Value::from("1m")),
             ("/spec/config/memoryMiB", Value::from(64)),
@@ -109,6 +115,8 @@ mod tests {
             ("/spec/extstore/size", Value::from("1Gi")),
             ("/spec/extstore/threads", Value::from(1)),
             ("/spec/extstore/writeBufferMiB", Value::from(4)),
+            // Half a minute between two pods flushed.
+            ("/spec/flush/pauseSeconds", Value::from(30)),
             // No delay unless one is given.
             ("/spec/gracefulShutdown/preStopDelaySeconds", Value::from(0)),
             ("/spec/networkPolicy/enabled", Value::from(false)),

@@ -393,6 +393,36 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             json!({"size": 1, "containerSecurityContext": {"allowPrivilegeEscalation": true}}),
             "spec.containerSecurityContext.allowPrivilegeEscalation",
         ),
+        // The autoscaler's bounds, its targets, and a size it would not keep.
+        (
+            "autoscaling-max-below-min".into(),
+            json!({"size": 3, "autoscaling": {"minReplicas": 3, "maxReplicas": 2,
+                   "targetCPUUtilizationPercentage": 70}}),
+            "spec.autoscaling.maxReplicas",
+        ),
+        (
+            "autoscaling-without-target".into(),
+            json!({"size": 2, "autoscaling": {"maxReplicas": 4}}),
+            "spec.autoscaling.targetCPUUtilizationPercentage",
+        ),
+        (
+            "autoscaling-cpu-without-request".into(),
+            json!({"size": 2, "autoscaling": {"maxReplicas": 4, "targetCPUUtilizationPercentage": 70},
+                   "resources": {"limits": {"memory": "256Mi"}}}),
+            "spec.autoscaling.targetCPUUtilizationPercentage",
+        ),
+        (
+            "autoscaling-size-outside".into(),
+            json!({"size": 9, "autoscaling": {"minReplicas": 2, "maxReplicas": 4,
+                   "targetCPUUtilizationPercentage": 70}}),
+            "spec.size",
+        ),
+        // The operator cannot send flush_all to a pool that wants credentials or TLS.
+        (
+            "flush-with-sasl".into(),
+            json!({"size": 1, "sasl": {"secretName": "auth"}, "flush": {"requestedAt": "now"}}),
+            "spec.flush",
+        ),
         (
             "service-label-of-the-operator".into(),
             json!({"size": 1, "service": {"labels": {"app.kubernetes.io/instance": "other"}}}),

@@ -34,6 +34,7 @@ pub(super) async fn delete_child(
         Kind::Service => delete.run(&ctx.services).await,
         Kind::PodDisruptionBudget => delete.run(&ctx.pdbs).await,
         Kind::NetworkPolicy => delete.run(&ctx.network_policies).await,
+        Kind::HorizontalPodAutoscaler => delete.run(&ctx.hpas).await,
         Kind::ConfigMap => delete.run(&ctx.config_maps).await,
         Kind::ServiceMonitor => match ctx.service_monitors.store() {
             Some(store) => delete.run(&store).await,

@@ -225,6 +225,10 @@ async fn apply_child(
             let applied = apply.run(&ctx.network_policies, p).await?;
             Ok((apply.report(&applied, None), None))
         }
+        Desired::HorizontalPodAutoscaler(h) => {
+            let applied = apply.run(&ctx.hpas, h).await?;
+            Ok((apply.report(&applied, None), None))
+        }
         Desired::ConfigMap(c) => {
             let applied = apply.run(&ctx.config_maps, c).await?;
             Ok((apply.report(&applied, None), None))
