@@ -484,6 +484,33 @@ pub fn server_side_apply(
             remove_at(&mut obj, p);
         }
     }
+    // A map this manager applied and now applies nothing in goes as a whole (the real
+    // server tracks the map itself as a member, `.`), with whatever the server defaulted
+    // in it, unless another manager owns a field inside it: dropping `spec.x` from an
+    // apply removes `spec.x`, not only the fields the manager wrote there.
+    let mut emptied: Vec<FieldPath> = prev
+        .iter()
+        .filter(|p| !new_set.contains(*p))
+        .flat_map(|p| (2..p.len()).map(move |n| p[..n].to_vec()))
+        .filter(|m| m.last().is_some_and(|s| s.starts_with("f:")))
+        .filter(|m| !new_set.iter().any(|q| q.starts_with(m)))
+        .filter(|m| {
+            !ms.iter().any(|other| {
+                !(other.manager == manager
+                    && other.operation == "Apply"
+                    && other.subresource == subresource)
+                    && other.fields.iter().any(|q| q.starts_with(m))
+            })
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    emptied.sort_by_key(|p| p.len());
+    for m in emptied {
+        if get_at(&obj, &m).is_some_and(Value::is_object) {
+            remove_at(&mut obj, &m);
+        }
+    }
     apply_merge(&mut obj, &applied, "");
     let now = crate::util::now_rfc3339();
     ms.retain(|m| {

@@ -767,6 +767,64 @@ async fn unknown_fields(c: &kube::Client, ns: &str) {
     );
 
     unknown_fields_of_custom_resources(c, ns).await;
+    dropped_object_goes_with_its_defaults(c, ns).await;
+}
+
+/// Server-side apply: an object a manager stops applying goes as a whole, with the fields
+/// the server defaulted in it (the real server tracks the object itself as a member, `.`);
+/// left behind, those defaults would fail the schema's `required` of the fields removed.
+async fn dropped_object_goes_with_its_defaults(c: &kube::Client, ns: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    let crd: CustomResourceDefinition = from_json(json!({
+        "metadata": {"name": "gadgets.conformance.apisim.example.com"},
+        "spec": {"group": "conformance.apisim.example.com", "scope": "Namespaced",
+            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget", "listKind": "GadgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": {
+                    "size": {"type": "integer"},
+                    "opt": {"type": "object", "required": ["max"], "properties": {
+                        "max": {"type": "integer"},
+                        "min": {"type": "integer", "default": 1}}}}}}}}}]}}));
+    crds.patch(
+        "gadgets.conformance.apisim.example.com",
+        &PatchParams::apply("conf").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    let base = format!("/apis/conformance.apisim.example.com/v1/namespaces/{ns}/gadgets");
+    {
+        let c = c.clone();
+        let base = base.clone();
+        eventually(30, "gadgets served", move || {
+            let c = c.clone();
+            let base = base.clone();
+            async move { (send(&c, "GET", &base, "", json!(null)).await.0 == 200).then_some(()) }
+        })
+        .await;
+    }
+    let apply = |spec: serde_json::Value| {
+        let (c, url) = (c.clone(), format!("{base}/g?fieldManager=conf&force=true"));
+        async move {
+            send(
+                &c,
+                "PATCH",
+                &url,
+                "application/apply-patch+yaml",
+                json!({"apiVersion": "conformance.apisim.example.com/v1", "kind": "Gadget",
+                       "metadata": {"name": "g"}, "spec": spec}),
+            )
+            .await
+        }
+    };
+    let (code, _, out) = apply(json!({"size": 1, "opt": {"max": 3}})).await;
+    assert_eq!(code, 201, "{out}");
+    assert_eq!(out["spec"]["opt"], json!({"max": 3, "min": 1}), "{out}");
+    let (code, _, out) = apply(json!({"size": 1})).await;
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["spec"], json!({"size": 1}), "{out}");
 }
 
 /// The same for a custom resource: its CRD's structural schema decides what is unknown;
