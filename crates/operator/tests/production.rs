@@ -520,6 +520,93 @@ async fn network_policies_follow_the_spec_and_go_when_switched_off(server: Serve
 }
 
 on_every_server! {
+/// `spec.autoscaling`: an HPA owned by the Memcached, aimed at its scale subresource, the
+/// status naming it as what sizes the pool; gone, with the status cleared, when it is off.
+async fn the_autoscaler_follows_the_spec_and_goes_when_switched_off(server: Server) {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    let env = start(server, "the_autoscaler_follows_the_spec", Duration::from_millis(50), false).await;
+    let autoscaling = json!({"minReplicas": 2, "maxReplicas": 5, "targetCPUUtilizationPercentage": 70});
+    env.apply("scaled", json!({"size": 2, "autoscaling": autoscaling})).await;
+    let hpas = env.api::<HorizontalPodAutoscaler>();
+    let hpa = wait_for("the HorizontalPodAutoscaler", || async {
+        hpas.get_opt("scaled").await.ok().flatten()
+    })
+    .await;
+    let owner = hpa.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        owner.first().map(|o| (o.name.as_str(), o.controller)),
+        Some(("scaled", Some(true)))
+    );
+    let spec = hpa.spec.expect("spec");
+    assert_eq!(
+        (spec.scale_target_ref.kind.as_str(), spec.min_replicas, spec.max_replicas),
+        ("Memcached", Some(2), 5)
+    );
+    let mc = env.converged("scaled", 2).await;
+    assert_eq!(
+        mc.status.and_then(|s| s.size_managed_by).as_deref(),
+        Some("HorizontalPodAutoscaler/scaled")
+    );
+
+    env.apply("scaled", json!({"size": 2})).await;
+    wait_for("the HorizontalPodAutoscaler gone", || async {
+        hpas.get_opt("scaled").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let api = env.api::<Memcached>();
+    wait_for("status.sizeManagedBy cleared", || async {
+        let status = api.get("scaled").await.ok()?.status?;
+        status.size_managed_by.is_none().then_some(())
+    })
+    .await;
+}
+}
+
+on_every_server! {
+/// `spec.flush` where no memcached answers (the pods of the in-memory server and of kwok's
+/// nodes have addresses and no process): each attempt is reported as a `FlushFailed` event
+/// naming the pod, nothing is counted as flushed, the flush is not done. (Real flushes:
+/// `real_node_day2.rs`.)
+async fn a_flush_that_cannot_reach_a_pod_says_so_and_completes_nothing(server: Server) {
+    let env = start(server, "a_flush_that_cannot_reach", Duration::from_millis(50), false).await;
+    env.apply("unflushed", json!({"size": 1})).await;
+    let mc = env.converged("unflushed", 1).await;
+    let pod = mc.status.as_ref().map(|s| s.nodes.clone()).unwrap_or_default();
+    env.apply(
+        "unflushed",
+        json!({"size": 1, "flush": {"requestedAt": "first", "pauseSeconds": 0}}),
+    )
+    .await;
+    let events = env.api::<k8s_openapi::api::events::v1::Event>();
+    let note = wait_for("a FlushFailed event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("FlushFailed"))?
+            .note
+    })
+    .await;
+    assert!(note.contains(&pod[0]), "{note} names {pod:?}");
+    let status = env
+        .api::<Memcached>()
+        .get("unflushed")
+        .await
+        .expect("the pool")
+        .status
+        .and_then(|s| s.flush);
+    if let Some(flush) = status {
+        assert_eq!(
+            (flush.requested_at.as_str(), flush.flushed.len(), flush.completion_time),
+            ("first", 0, None)
+        );
+    }
+}
+}
+
+on_every_server! {
 async fn a_missing_secret_is_a_degraded_condition_naming_it_then_recovers(server: Server) {
     let env = start(server, "a_missing_secret_is_a_degraded", Duration::from_millis(20), false).await;
     env.apply(
@@ -1316,4 +1403,120 @@ async fn service_monitors_follow_their_crd_kube_newest() {
         .await
         .expect("namespace");
     service_monitors_follow_their_crd(client, "late-monitors").await;
+}
+
+/// `spec.flush` on the in-memory server, its pods given loopback addresses where real
+/// memcached processes listen (one per pod, on the pool's port): each is flushed once, in
+/// the order of the pods' names, `status.flush` lists them and says when it was done, and
+/// the pods are the same ones. (The real kubelet's pods: `real_node_day2.rs`.)
+#[tokio::test]
+async fn a_flush_on_the_in_memory_server_empties_each_pods_memcached_once() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpStream;
+    let env = start(Server::Sim, "flush", Duration::from_millis(50), false).await;
+    let port = common::process::free_port();
+    env.apply(
+        "flushed",
+        json!({"size": 2, "containerPort": port, "rollout": {"minReadySeconds": 0}}),
+    )
+    .await;
+    let mc = env.converged("flushed", 2).await;
+    let names = mc.status.map(|s| s.nodes).unwrap_or_default();
+    let pods = env.api::<Pod>();
+    // One memcached per pod, at 127.0.0.2, 127.0.0.3, … (all loopback on Linux).
+    let mut servers = Vec::new();
+    let mut addresses = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let ip = format!("127.0.0.{}", i + 2);
+        let mut args = vec![
+            "-l".to_string(),
+            ip.clone(),
+            "-p".into(),
+            port.to_string(),
+            "-U".into(),
+            "0".into(),
+        ];
+        if unsafe { libc::geteuid() } == 0 {
+            args.extend(["-u".to_string(), "nobody".to_string()]);
+        }
+        let child = std::process::Command::new(common::process::memcached_binary())
+            .args(&args)
+            .spawn()
+            .expect("memcached");
+        servers.push(KillOnDrop(child));
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}})),
+        )
+        .await
+        .expect("the pod's address");
+        addresses.push(format!("{ip}:{port}"));
+    }
+    let talk = |address: &str, command: &str| -> Option<String> {
+        let mut stream = TcpStream::connect(address).ok()?;
+        stream.write_all(command.as_bytes()).ok()?;
+        let mut reader = BufReader::new(stream);
+        let mut out = String::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).ok()?;
+            out.push_str(&line);
+            if matches!(line.as_str(), "END\r\n" | "STORED\r\n" | "") {
+                return Some(out);
+            }
+        }
+    };
+    for address in &addresses {
+        wait_for("memcached listening", || async {
+            talk(address, "set k 0 0 1\r\nv\r\n").filter(|a| a == "STORED\r\n")
+        })
+        .await;
+    }
+    let api = env.api::<Memcached>();
+    wait_for("the pods' new addresses in status.endpoints", || async {
+        let endpoints = api.get("flushed").await.ok()?.status?.endpoints;
+        (endpoints == addresses).then_some(())
+    })
+    .await;
+
+    env.apply(
+        "flushed",
+        json!({"size": 2, "containerPort": port, "rollout": {"minReadySeconds": 0},
+               "flush": {"requestedAt": "2026-11-27", "pauseSeconds": 1}}),
+    )
+    .await;
+    let flush = wait_for("the flush done", || async {
+        let flush = api.get("flushed").await.ok()?.status?.flush?;
+        flush.completion_time.is_some().then_some(flush)
+    })
+    .await;
+    assert_eq!(flush.flushed, names);
+    for address in &addresses {
+        let stats = talk(address, "stats\r\n").expect("stats");
+        assert!(stats.contains("STAT cmd_flush 1\r\n"), "{address}: {stats}");
+        assert_eq!(
+            talk(address, "get k\r\n").as_deref(),
+            Some("END\r\n"),
+            "{address}"
+        );
+    }
+    let now: Vec<String> = api
+        .get("flushed")
+        .await
+        .expect("pool")
+        .status
+        .map(|s| s.nodes)
+        .unwrap_or_default();
+    assert_eq!(now, names, "the same pods");
+}
+
+/// A child process killed when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
