@@ -272,10 +272,8 @@ async fn metrics_response(client: &Client, path: &str, usage_percent: &AtomicU32
     let ns = path
         .strip_prefix("/apis/metrics.k8s.io/v1beta1/namespaces/")?
         .strip_suffix("/pods")?;
-    let selector = query
-        .split('&')
-        .find_map(|p| p.strip_prefix("labelSelector="))
-        .map(percent_decode)
+    let selector = form_urlencoded::parse(query.as_bytes())
+        .find_map(|(k, v)| (k == "labelSelector").then(|| v.into_owned()))
         .unwrap_or_default();
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&selector))
@@ -314,32 +312,4 @@ async fn metrics_response(client: &Client, path: &str, usage_percent: &AtomicU32
         "kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1",
         "metadata": {}, "items": items,
     }))
-}
-
-/// `%XX` escapes and `+` of a query parameter.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => out.push(b),
-                    Err(_) => out.extend_from_slice(&bytes[i..i + 3]),
-                }
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -49,6 +49,11 @@ impl Flushes {
         };
     }
 
+    /// Forgets a deleted pool's flush.
+    pub fn forget(&self, owner: u64) {
+        self.set(owner, None);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, FlushStatus>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -101,6 +101,7 @@ async fn reconcile_inner(
     if mc.metadata.deletion_timestamp.is_some() {
         // Owned objects go with the CR through ownerReference garbage collection.
         ctx.normal_forms.forget_owner(owner.key);
+        ctx.flushes.forget(owner.key);
         return Ok(Action::await_change());
     }
     let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
@@ -203,19 +204,13 @@ async fn reconcile_inner(
         t.set_problems(&ObjectRef::from_obj(mc), &status.conditions);
     }
     let recheck = proxy_recheck(&status, now, ctx.config.proxy_propagation);
-    let recheck = match (recheck, flush_recheck) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let recheck = sooner(recheck, flush_recheck);
     // Progress only (pods listed, counts) waits for the pool's interval; a look again then
     // writes it, unless a change of meaning comes first.
     let held = ctx
         .status_pacing
         .hold(owner.key, mc.status.as_ref(), &status, Instant::now());
-    let recheck = match held {
-        Some(left) => Some(recheck.map_or(left, |r| r.min(left))),
-        None => recheck,
-    };
+    let recheck = sooner(recheck, held);
     if held.is_none() && write_status_if_changed(&ctx.client, mc, status).await? {
         ctx.status_pacing.written(owner.key, Instant::now());
         debug!(object, "status updated");
@@ -244,13 +239,21 @@ async fn reconcile_inner(
     restart_gate::restart_failed_reload(ctx, mc, &namespace, &failures).await?;
     // A pool waiting for a rollout slot looks again soon (a slot frees when another pool's
     // rollout is done, which does not wake this one).
-    let recheck = match applied.rollout_waiting {
-        Some(_) => Some(recheck.map_or(ROLLOUT_SLOT_RECHECK, |r| r.min(ROLLOUT_SLOT_RECHECK))),
-        None => recheck,
-    };
+    let recheck = sooner(
+        recheck,
+        applied.rollout_waiting.map(|_| ROLLOUT_SLOT_RECHECK),
+    );
     Ok(Action::requeue(
         recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
     ))
+}
+
+/// The sooner of two looks again, either of which may not be needed.
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// How soon a pool waiting for a rollout slot looks again (costs no request: the slots are
