@@ -142,7 +142,10 @@ async fn the_autoscaler_sizes_the_pool_from_the_metrics_api(kube: Kube) {
     let seen = sizes.lock().expect("sizes").clone();
     assert_eq!(seen.first(), Some(&1), "{seen:?}");
     assert_eq!(seen.last(), Some(&3), "one pod at a time: {seen:?}");
-    assert!(seen.windows(2).take_while(|w| w[1] > w[0]).count() >= 1, "{seen:?}");
+    // Up without a step back, to the maximum, then one pod down.
+    let (up, down) = seen.split_at(seen.len() - 1);
+    assert!(up.windows(2).all(|w| w[1] > w[0]), "{seen:?}");
+    assert_eq!((up.last(), down), (Some(&4), &[3][..]), "{seen:?}");
 
     let _ = stop_tx.send(());
     let _ = task.await;

@@ -590,19 +590,15 @@ async fn a_flush_that_cannot_reach_a_pod_says_so_and_completes_nothing(server: S
     })
     .await;
     assert!(note.contains(&pod[0]), "{note} names {pod:?}");
-    let status = env
-        .api::<Memcached>()
-        .get("unflushed")
-        .await
-        .expect("the pool")
-        .status
-        .and_then(|s| s.flush);
-    if let Some(flush) = status {
-        assert_eq!(
-            (flush.requested_at.as_str(), flush.flushed.len(), flush.completion_time),
-            ("first", 0, None)
-        );
-    }
+    let api = env.api::<Memcached>();
+    let flush = wait_for("status.flush for the request", || async {
+        api.get("unflushed").await.ok()?.status?.flush
+    })
+    .await;
+    assert_eq!(
+        (flush.requested_at.as_str(), flush.flushed.len(), flush.completion_time),
+        ("first", 0, None)
+    );
 }
 }
 

@@ -1052,8 +1052,8 @@ async fn a_paced_flush_empties_each_pod_in_turn_oldest() {
 /// `spec.flush`: each pod's memcached loses what it held, one pod after the other by name
 /// with at least the pause between two, each receiving exactly one `flush_all` (memcached's
 /// own `cmd_flush`), what is written after its turn kept; no pod restarted or replaced;
-/// `status.flush` lists them and says when it was done. The same request again flushes
-/// nothing.
+/// `status.flush` lists them and says when it was done. A later change of the spec, the
+/// request unchanged, flushes nothing.
 async fn a_paced_flush_empties_each_pod_in_turn(kube: Kube) {
     let _one = ONE_AT_A_TIME.lock().await;
     let env = Env::start(kube, "flush").await;
