@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ArgAction;
-use kube::Client;
 use manager::leader::{self, LeaderElectionConfig};
 use manager::metrics_server::{MetricsServer, MetricsServerConfig, parse_bind_address};
 use manager::{Health, LogFormat, Metrics};
@@ -289,7 +288,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
 
     let kube_config = config_from_environment().await?;
     let client =
-        Client::try_from(kube_config.clone()).map_err(|e| RunError::Config(e.to_string()))?;
+        crate::client::client(kube_config.clone()).map_err(|e| RunError::Config(e.to_string()))?;
     let scopes = watch_scopes(&args.namespaces);
     crd::check_version(&client, args.allow_unsupported_kubernetes).await?;
     for scope in &scopes {
@@ -351,7 +350,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         let setup = move |server: WebhookServer| match dry_run {
             None => Ok(server),
             // A client of the webhook's runtime: its connections live there.
-            Some((config, settings, policy)) => Client::try_from(config)
+            Some((config, settings, policy)) => crate::client::client(config)
                 .map(|client| {
                     server.with_children_check(
                         ChildrenCheck::new(client, settings).with_policy(policy),

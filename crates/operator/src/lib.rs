@@ -5,6 +5,7 @@
 pub mod builders;
 pub mod cached;
 pub mod children;
+pub mod client;
 pub mod cmd;
 pub mod controller;
 pub mod crd;
