@@ -21,7 +21,7 @@ use crate::cached::{
 };
 use crate::children::Kind;
 use crate::drift::NormalForms;
-use crate::informer::{Index, WhileServed};
+use crate::informer::{Cache, Index, WhileServed};
 use crate::triggers::Busy;
 
 /// Why a reconcile failed; each names the object and the step.
@@ -101,12 +101,13 @@ pub struct Context {
     pub client: Client,
     pub config: ControllerConfig,
     pub memcacheds: Store<Memcached>,
-    pub deployments: Store<CachedDeployment>,
-    pub services: Store<CachedService>,
-    pub pdbs: Store<CachedPdb>,
-    pub network_policies: Store<CachedNetworkPolicy>,
-    pub hpas: Store<CachedHpa>,
-    pub config_maps: Store<CachedConfigMap>,
+    /// The children's caches, with our writes the watches have not delivered yet.
+    pub deployments: Cache<CachedDeployment>,
+    pub services: Cache<CachedService>,
+    pub pdbs: Cache<CachedPdb>,
+    pub network_policies: Cache<CachedNetworkPolicy>,
+    pub hpas: Cache<CachedHpa>,
+    pub config_maps: Cache<CachedConfigMap>,
     /// The pod cache by `namespace/instance` (the pods of one Memcached).
     pub pod_index: Index<CachedPod>,
     /// Which Secrets exist, at which version (metadata only).
@@ -141,12 +142,12 @@ impl Context {
             client,
             config,
             memcacheds: caches.memcacheds.store(),
-            deployments: caches.deployments.store(),
-            services: caches.services.store(),
-            pdbs: caches.pdbs.store(),
-            network_policies: caches.network_policies.store(),
-            hpas: caches.hpas.store(),
-            config_maps: caches.config_maps.store(),
+            deployments: caches.deployments.cache(),
+            services: caches.services.cache(),
+            pdbs: caches.pdbs.cache(),
+            network_policies: caches.network_policies.cache(),
+            hpas: caches.hpas.cache(),
+            config_maps: caches.config_maps.cache(),
             pod_index: caches.pod_index.clone(),
             service_monitors: caches.service_monitors.clone(),
             secrets: caches.secrets.store(),

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,8 +30,10 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 mod while_served;
+mod written;
 
 pub use while_served::WhileServed;
+pub use written::{Cache, WRITTEN_TTL, Written};
 
 type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<K>>>>;
 
@@ -171,6 +174,8 @@ where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     store: Store<K>,
+    /// Our writes the watch has not delivered yet (see [`Cache`]).
+    written: Written<K>,
     subscribers: Subscribers<K>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -214,6 +219,8 @@ where
     ) -> Self {
         let subscribers: Subscribers<K> = Arc::default();
         let fan_out = subscribers.clone();
+        let written = Written::default();
+        let seen = written.clone();
         let kind = K::kind(&()).into_owned();
         let store_for_task = store.clone();
         let task = tokio::spawn(async move {
@@ -225,6 +232,13 @@ where
                 // told, so a reconcile it triggers sees both.
                 if let (Some(index), Ok(event)) = (&indexer, &event) {
                     index.apply(event);
+                }
+                // Our writes: not needed once the watch delivers them (or a deletion).
+                match &event {
+                    Ok(watcher::Event::Apply(obj)) => seen.seen(obj),
+                    Ok(watcher::Event::Delete(obj)) => seen.deleted(obj, Instant::now()),
+                    Ok(watcher::Event::InitDone) => seen.clear(),
+                    _ => {}
                 }
                 let changed = match event {
                     Ok(watcher::Event::Apply(obj)) => vec![obj],
@@ -273,6 +287,7 @@ where
         });
         Self {
             store,
+            written,
             subscribers,
             task,
         }
@@ -281,6 +296,11 @@ where
     /// The cache (read-only view).
     pub fn store(&self) -> Store<K> {
         self.store.clone()
+    }
+
+    /// The cache with our writes the watch has not delivered yet (see [`Cache`]).
+    pub fn cache(&self) -> Cache<K> {
+        Cache::new(self.store.clone(), self.written.clone())
     }
 
     /// Waits until the first full list has been cached.

@@ -2,7 +2,7 @@
 //! cache holds (a uid precondition), and the normal forms learned of it forgotten.
 
 use kube::api::DeleteParams;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use memcached_api::Memcached;
 use tracing::info;
@@ -12,6 +12,7 @@ use super::super::events::Changes;
 use super::{Owner, child_key};
 use crate::cached::CacheForm;
 use crate::children::{Child, Kind};
+use crate::informer::Cache;
 
 /// Deletes the child `name` of `child`'s kind if it is there and this Memcached controls
 /// it, through the cache (or the fetch) of its kind.
@@ -37,7 +38,7 @@ pub(super) async fn delete_child(
         Kind::HorizontalPodAutoscaler => delete.run(&ctx.hpas).await,
         Kind::ConfigMap => delete.run(&ctx.config_maps).await,
         Kind::ServiceMonitor => match ctx.service_monitors.store() {
-            Some(store) => delete.run(&store).await,
+            Some(store) => delete.run(&Cache::of_store(store)).await,
             None => Ok(false),
         },
     }?;
@@ -62,7 +63,7 @@ struct Delete<'a> {
 
 impl Delete<'_> {
     /// Deletes the child if `cache` has it and it is ours; whether it did.
-    async fn run<C: CacheForm>(&self, cache: &Store<C>) -> Result<bool, Error> {
+    async fn run<C: CacheForm>(&self, cache: &Cache<C>) -> Result<bool, Error> {
         let (ctx, name) = (self.ctx, self.name);
         let namespace = self.mc.namespace().ok_or(Error::NoNamespace)?;
         let kind = C::kind(&()).into_owned();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use memcached_api::Memcached;
 use serde::Serialize;
@@ -29,6 +29,7 @@ use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
 use crate::cached::{CacheForm, CachedDeployment};
 use crate::children::{Child, Desired, Inputs, Keep, Planned, Report, origins};
 use crate::drift::{self, NormalForm};
+use crate::informer::Cache;
 
 /// The Memcached a child belongs to, as the normal forms are filed under.
 pub(super) struct Owner {
@@ -238,7 +239,7 @@ async fn apply_child(
             let Some(store) = ctx.service_monitors.store() else {
                 return Ok((None, None));
             };
-            let applied = apply.run(&store, m).await?;
+            let applied = apply.run(&Cache::of_store(store), m).await?;
             Ok((apply.report(&applied, None), None))
         }
     }
@@ -265,13 +266,15 @@ struct Prepared<C: CacheForm> {
     key: u64,
     api: Api<C>,
     live: Option<Arc<C>>,
+    /// Where the answer to the write is kept until the watch delivers it.
+    cache: Cache<C>,
 }
 
 impl Apply<'_> {
     /// Applies `desired` unless the live child (read from `cache`) already holds it.
     async fn run<C: CacheForm>(
         &self,
-        cache: &Store<C>,
+        cache: &Cache<C>,
         desired: C::Full,
     ) -> Result<Applied<C>, Error> {
         let prepared = self.prepare(cache, desired).await?;
@@ -288,7 +291,7 @@ impl Apply<'_> {
     /// without our labels). Refuses a live child this Memcached does not control.
     async fn prepare<C: CacheForm>(
         &self,
-        cache: &Store<C>,
+        cache: &Cache<C>,
         desired: C::Full,
     ) -> Result<Prepared<C>, Error> {
         let name = desired.name_any();
@@ -344,7 +347,7 @@ impl Apply<'_> {
                 }
             }
         }
-        Ok(self.with_live(desired, name, namespace, api, live))
+        Ok(self.with_live(desired, name, namespace, api, live, cache.clone()))
     }
 
     /// `desired`, hashed, against `live` (already read and checked).
@@ -355,6 +358,7 @@ impl Apply<'_> {
         namespace: String,
         api: Api<C>,
         live: Option<Arc<C>>,
+        cache: Cache<C>,
     ) -> Prepared<C> {
         let (desired, hash) = with_hash(desired);
         Prepared {
@@ -366,6 +370,7 @@ impl Apply<'_> {
             namespace,
             api,
             live,
+            cache,
         }
     }
 
@@ -416,6 +421,7 @@ impl Apply<'_> {
             p.want.as_ref(),
             after.live_json(),
         );
+        p.cache.wrote(after.clone());
         Ok(match p.live {
             None => Applied::Created(after),
             Some(before) => Applied::Updated { before, after },

@@ -55,6 +55,7 @@ impl Apply<'_> {
             fresh.namespace.clone(),
             fresh.api.clone(),
             Some(live.clone()),
+            fresh.cache.clone(),
         );
         let kept_unchanged = self.unchanged(&kept, &live).await;
         if !kept_unchanged && !self.keeps_template(&kept, live_json.as_ref()).await {
