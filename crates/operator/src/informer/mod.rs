@@ -33,7 +33,7 @@ mod while_served;
 mod written;
 
 pub use while_served::WhileServed;
-pub use written::{Cache, WRITTEN_TTL, Written};
+pub use written::{Cache, Written};
 
 type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<K>>>>;
 

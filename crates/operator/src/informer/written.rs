@@ -18,6 +18,7 @@
 //! version is not a number is never held here.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,21 +49,32 @@ struct State<K: Resource<DynamicType = ()>> {
 }
 
 /// The objects this process wrote that the watch has not delivered yet (a cheap handle).
-pub struct Written<K: Resource<DynamicType = ()>>(Arc<Mutex<State<K>>>);
+pub struct Written<K: Resource<DynamicType = ()>> {
+    state: Arc<Mutex<State<K>>>,
+    /// Whether a [`Cache`] reads through these (the kinds we write): the watch's events of
+    /// the other kinds (pods, Secrets) cost one load here and nothing else.
+    used: Arc<AtomicBool>,
+}
 
 impl<K: Resource<DynamicType = ()>> Clone for Written<K> {
     fn clone(&self) -> Self {
-        Self(self.0.clone())
+        Self {
+            state: self.state.clone(),
+            used: self.used.clone(),
+        }
     }
 }
 
 impl<K: Resource<DynamicType = ()>> Default for Written<K> {
     fn default() -> Self {
-        Self(Arc::new(Mutex::new(State {
-            by_ref: HashMap::new(),
-            deleted: HashMap::new(),
-            order: VecDeque::new(),
-        })))
+        Self {
+            state: Arc::new(Mutex::new(State {
+                by_ref: HashMap::new(),
+                deleted: HashMap::new(),
+                order: VecDeque::new(),
+            })),
+            used: Arc::default(),
+        }
     }
 }
 
@@ -87,7 +99,11 @@ impl<K: Resource<DynamicType = ()>> State<K> {
 
 impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
     fn state(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn used(&self) -> bool {
+        self.used.load(Ordering::Relaxed)
     }
 
     /// Records `obj` as the server stored it in answer to our write, at `now`.
@@ -118,8 +134,14 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
 
     /// The watch delivered `obj`: a written version it reaches is no longer needed.
     pub fn seen(&self, obj: &K) {
-        let key = ObjectRef::from_obj(obj);
+        if !self.used() {
+            return;
+        }
         let mut state = self.state();
+        if state.by_ref.is_empty() {
+            return;
+        }
+        let key = ObjectRef::from_obj(obj);
         if let Some(entry) = state.by_ref.get(&key)
             && version(obj).is_none_or(|v| v >= entry.version)
         {
@@ -129,6 +151,9 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
 
     /// The watch delivered the deletion of `obj`, at `now`.
     pub fn deleted(&self, obj: &K, now: Instant) {
+        if !self.used() {
+            return;
+        }
         let key = ObjectRef::from_obj(obj);
         let mut state = self.state();
         state.expire(now);
@@ -191,12 +216,15 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Cache<K> {
 }
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
-    /// `store`, with the writes `written` holds.
+    /// `store`, with the writes `written` holds (from now on, the watch's events of this
+    /// kind are checked against them).
     pub fn new(store: Store<K>, written: Written<K>) -> Self {
+        written.used.store(true, Ordering::Relaxed);
         Self { store, written }
     }
 
-    /// `store` alone (nothing written is ever held).
+    /// `store` alone, for an informer that keeps no writes (a write is held only as long
+    /// as this handle, which the caller drops after one apply).
     pub fn of_store(store: Store<K>) -> Self {
         Self::new(store, Written::default())
     }
@@ -209,16 +237,6 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
     /// Records our write of an object (the server's answer).
     pub fn wrote(&self, obj: K) {
         self.written.record(Arc::new(obj), Instant::now());
-    }
-
-    /// Every cached object (the store's; our writes not yet delivered are not listed).
-    pub fn state(&self) -> Vec<Arc<K>> {
-        self.store.state()
-    }
-
-    /// The store alone.
-    pub fn store(&self) -> &Store<K> {
-        &self.store
     }
 }
 
@@ -298,7 +316,9 @@ mod tests {
 
     #[test]
     fn an_answer_that_comes_back_after_the_deletion_does_not_revive_it() {
+        let (store, _writer) = reflector::store::<ConfigMap>();
         let written = Written::<ConfigMap>::default();
+        let _cache = Cache::new(store, written.clone());
         let t0 = Instant::now();
         // The watch delivered the creation and the deletion before our answer came back.
         written.deleted(&cm("a", "11", "ours"), t0);
@@ -313,6 +333,10 @@ mod tests {
         // The deletion is forgotten in time.
         written.record(Arc::new(cm("b", "20", "x")), t0 + WRITTEN_TTL);
         assert!(written.state().deleted.is_empty());
+        // A kind no cache writes through (pods) keeps nothing of its deletions.
+        let unwritten = Written::<ConfigMap>::default();
+        unwritten.deleted(&cm("x", "5", ""), t0);
+        assert!(unwritten.state().deleted.is_empty());
     }
 
     #[test]

@@ -286,9 +286,10 @@ impl Apply<'_> {
         self.write(prepared).await
     }
 
-    /// Hashes `desired` and reads the live child of its name: from `cache`, and for a child
-    /// the cache does not hold, from the API server (an object of that name may exist
-    /// without our labels). Refuses a live child this Memcached does not control.
+    /// Hashes `desired` and reads the live child of its name: from `cache` (with our own
+    /// writes its watch has not delivered yet), and for a child neither holds, from the API
+    /// server (an object of that name may exist without our labels). Refuses a live child
+    /// this Memcached does not control.
     async fn prepare<C: CacheForm>(
         &self,
         cache: &Cache<C>,
