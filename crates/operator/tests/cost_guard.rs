@@ -103,6 +103,22 @@ fn operator_requests(cp: &ControlPlane) -> Vec<envtest::audit::Request> {
         .collect()
 }
 
+/// Waits until the operator (`who`) has sent no request for 5 s.
+async fn quiet(cp: &ControlPlane, who: &str) {
+    let mut seen = operator_requests(cp).len();
+    let mut quiet_since = Instant::now();
+    wait_for_within(&format!("{who} quiet for 5 s"), SETTLED, || {
+        let now = operator_requests(cp).len();
+        if now != seen {
+            seen = now;
+            quiet_since = Instant::now();
+        }
+        let quiet = quiet_since.elapsed() >= Duration::from_secs(5);
+        async move { quiet.then_some(()) }
+    })
+    .await;
+}
+
 fn figure(figures: &Value, key: &str) -> f64 {
     figures[key]
         .as_f64()
@@ -156,18 +172,7 @@ async fn a_pool_costs_no_more_than_the_committed_figures() {
     let converged_in = started.elapsed();
 
     // Settled: the last status writes of the pods turning Ready are in.
-    let mut seen = operator_requests(&cp).len();
-    let mut quiet_since = Instant::now();
-    wait_for_within("the operator quiet for 5 s", SETTLED, || {
-        let now = operator_requests(&cp).len();
-        if now != seen {
-            seen = now;
-            quiet_since = Instant::now();
-        }
-        let quiet = quiet_since.elapsed() >= Duration::from_secs(5);
-        async move { quiet.then_some(()) }
-    })
-    .await;
+    quiet(&cp, "the operator").await;
     let requests = operator_requests(&cp);
     let (cpu_ms, rss_kib) = usage(op.pid());
 
@@ -182,18 +187,7 @@ async fn a_pool_costs_no_more_than_the_committed_figures() {
     restarted
         .wait_log("caches synced", Duration::from_secs(120))
         .await;
-    let mut seen = operator_requests(&cp).len();
-    let mut quiet_since = Instant::now();
-    wait_for_within("the restarted operator quiet for 5 s", SETTLED, || {
-        let now = operator_requests(&cp).len();
-        if now != seen {
-            seen = now;
-            quiet_since = Instant::now();
-        }
-        let quiet = quiet_since.elapsed() >= Duration::from_secs(5);
-        async move { quiet.then_some(()) }
-    })
-    .await;
+    quiet(&cp, "the restarted operator").await;
     let after_restart = operator_requests(&cp);
     let restart_requests = &after_restart[before_restart..];
     let restart_writes: Vec<_> = restart_requests.iter().filter(|r| r.is_write()).collect();
