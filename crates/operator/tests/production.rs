@@ -578,17 +578,10 @@ async fn a_flush_that_cannot_reach_a_pod_says_so_and_completes_nothing(server: S
     )
     .await;
     let events = env.api::<k8s_openapi::api::events::v1::Event>();
-    let note = wait_for("a FlushFailed event", || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("FlushFailed"))?
-            .note
-    })
-    .await;
+    let note = common::event_with_reason(&events, "FlushFailed")
+        .await
+        .note
+        .unwrap_or_default();
     assert!(note.contains(&pod[0]), "{note} names {pod:?}");
     let api = env.api::<Memcached>();
     let flush = wait_for("status.flush for the request", || async {

@@ -79,18 +79,11 @@ on_every_server! {
         })
         .await;
         assert!(message.contains(&kept) && message.contains("does not match"), "{message}");
-        let related = wait_for("a CertificateInvalid event", || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("CertificateInvalid"))
-                .and_then(|e| e.related.and_then(|r| r.name))
-        })
-        .await;
-        assert_eq!(related, kept);
+        let related = common::event_with_reason(&events, "CertificateInvalid")
+            .await
+            .related
+            .and_then(|r| r.name);
+        assert_eq!(related.as_deref(), Some(kept.as_str()));
         assert_eq!(pods.get(&kept).await.expect("still there").uid(), kept_uid);
         // The agent loaded fixed files and exited 0: no longer a failure.
         pods.patch_status(&kept, &PatchParams::default(), &Patch::Merge(&agent_ended(0, "")))
@@ -117,18 +110,9 @@ on_every_server! {
             .expect("pod status patched");
 
         // Reported: the condition names the pod and memcached's reason, and so does an event.
-        let note = wait_for("a CertificateReloadFailed event", || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("CertificateReloadFailed"))
-                .map(|e| (e.note.unwrap_or_default(), e.related.and_then(|r| r.name)))
-        })
-        .await;
-        let (note, related) = note;
+        let event = common::event_with_reason(&events, "CertificateReloadFailed").await;
+        let note = event.note.unwrap_or_default();
+        let related = event.related.and_then(|r| r.name);
         assert!(note.contains(&victim) && note.contains(REASON), "{note}");
         assert_eq!(related.as_deref(), Some(victim.as_str()), "the event's related object");
         // Then restarted: the pod is gone and the Deployment made another.

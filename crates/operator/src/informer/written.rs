@@ -261,6 +261,17 @@ mod tests {
         }
     }
 
+    /// A cache reading through `written`, and the store's writer (the watch's side).
+    fn cache() -> (
+        Cache<ConfigMap>,
+        Written<ConfigMap>,
+        reflector::store::Writer<ConfigMap>,
+    ) {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let written = Written::default();
+        (Cache::new(store, written.clone()), written, writer)
+    }
+
     fn key(name: &str) -> ObjectRef<ConfigMap> {
         ObjectRef::new(name).within("ns")
     }
@@ -271,9 +282,7 @@ mod tests {
 
     #[test]
     fn a_write_answers_until_the_watch_delivers_it() {
-        let (store, mut writer) = reflector::store::<ConfigMap>();
-        let written = Written::default();
-        let cache = Cache::new(store, written.clone());
+        let (cache, written, mut writer) = cache();
         // Created by us; the watch has not delivered it.
         cache.wrote(cm("a", "10", "new"));
         assert_eq!(data(cache.get(&key("a"))).as_deref(), Some("new"));
@@ -290,9 +299,7 @@ mod tests {
 
     #[test]
     fn a_cache_that_caught_up_on_its_own_wins() {
-        let (store, mut writer) = reflector::store::<ConfigMap>();
-        let written = Written::default();
-        let cache = Cache::new(store, written.clone());
+        let (cache, written, mut writer) = cache();
         cache.wrote(cm("a", "10", "ours"));
         // A later change by someone else reached the cache before its event was seen here.
         writer.apply_watcher_event(&Event::Apply(cm("a", "12", "theirs")));
@@ -302,9 +309,7 @@ mod tests {
 
     #[test]
     fn a_deletion_or_a_relist_drops_what_was_written() {
-        let (store, _writer) = reflector::store::<ConfigMap>();
-        let written = Written::default();
-        let cache = Cache::new(store, written.clone());
+        let (cache, written, _writer) = cache();
         cache.wrote(cm("a", "10", "ours"));
         cache.wrote(cm("b", "11", "ours"));
         written.deleted(&cm("a", "12", "ours"), Instant::now());
@@ -316,9 +321,7 @@ mod tests {
 
     #[test]
     fn an_answer_that_comes_back_after_the_deletion_does_not_revive_it() {
-        let (store, _writer) = reflector::store::<ConfigMap>();
-        let written = Written::<ConfigMap>::default();
-        let _cache = Cache::new(store, written.clone());
+        let (_cache, written, _writer) = cache();
         let t0 = Instant::now();
         // The watch delivered the creation and the deletion before our answer came back.
         written.deleted(&cm("a", "11", "ours"), t0);

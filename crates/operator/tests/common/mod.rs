@@ -13,8 +13,9 @@ use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use memcached_api::Memcached;
 
@@ -29,6 +30,20 @@ where
     Fut: Future<Output = Option<T>>,
 {
     wait_for_within(what, DEADLINE, probe).await
+}
+
+/// Waits until `events` lists an event of `reason`, and returns the first one listed.
+pub async fn event_with_reason(events: &Api<Event>, reason: &str) -> Event {
+    wait_for(&format!("a {reason} event"), || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+    })
+    .await
 }
 
 /// Polls `probe` every 10 ms until it returns `Some`, failing the test after `timeout`.
