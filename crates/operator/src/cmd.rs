@@ -347,16 +347,19 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
                 args.webhook_dry_run_failure_policy,
             )
         });
-        let setup = move |server: WebhookServer| match dry_run {
-            None => Ok(server),
-            // A client of the webhook's runtime: its connections live there.
-            Some((config, settings, policy)) => crate::client::client(config)
-                .map(|client| {
-                    server.with_children_check(
-                        ChildrenCheck::new(client, settings).with_policy(policy),
-                    )
-                })
-                .map_err(|e| webhook::WebhookError::Client(e.to_string())),
+        let check = match dry_run {
+            None => None,
+            Some((config, settings, policy)) => Some(
+                ChildrenCheck::on_own_thread(config, settings, shutdown.clone())
+                    .map_err(webhook::WebhookError::Client)?
+                    .with_policy(policy),
+            ),
+        };
+        let setup = move |server: WebhookServer| {
+            Ok(match check {
+                None => server,
+                Some(check) => server.with_children_check(check),
+            })
         };
         let thread = WebhookServer::spawn(config, setup, shutdown.clone()).await?;
         info!(addr = %thread.local_addr(), "serving admission webhooks");

@@ -635,6 +635,13 @@ async fn a_flood_of_the_webhook_port_costs_neither_memory_nor_the_lease_nor_admi
     );
     assert_eq!(tally.get("dense", 200), 0, "{tallied:?}");
     assert!(admitted.load(Ordering::Relaxed) > 0, "{tallied:?}");
+    // And most valid reviews were answered at their first try: the dry runs do not wait
+    // behind the flood's TLS handshakes (on the server's thread they took 1.5–2.9 s each,
+    // and 166 valid reviews were refused against 34 admitted).
+    assert!(
+        tally.get("valid", 200) > tally.get("valid", 429),
+        "more valid reviews refused as busy than admitted: {tallied:?}"
+    );
     for ((who, status), n) in &tallied {
         assert!(
             *status < 500,

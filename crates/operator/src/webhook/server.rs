@@ -188,10 +188,10 @@ impl WebhookServer {
     /// the operator renews the Lease: a flood of the webhook port takes one core at most
     /// and never delays a renewal, even with `--worker-threads 0`.
     ///
-    /// `setup` runs on the new runtime before serving: what holds connections, such as the
-    /// `kube::Client` of a [`ChildrenCheck`], must be made there, since a client's pooled
-    /// connections are driven by tasks of the runtime that opened them. Returns once the
-    /// server listens, or with why it cannot.
+    /// `setup` runs on the new runtime before serving (what holds tasks of a runtime must be
+    /// made there; the dry runs of a [`ChildrenCheck`] have a thread of their own,
+    /// [`ChildrenCheck::on_own_thread`]). Returns once the server listens, or with why it
+    /// cannot.
     pub async fn spawn<F>(
         config: WebhookConfig,
         setup: F,
