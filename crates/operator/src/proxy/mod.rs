@@ -64,7 +64,7 @@ use crate::builders::{
     LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY, MEMCACHED_UID,
 };
 
-pub use routes::render;
+pub use routes::{render, render_warm};
 pub use slots::{
     DELETION_COST_ANNOTATION, Membership, PoolPod, capacity, membership, rank, recorded_backends,
 };
@@ -83,6 +83,11 @@ pub const CONFIG_KEY: &str = "config.lua";
 /// The rings as JSON in the ConfigMap: which pod is in which slot of which copy, vacant
 /// slots included, so the next rendering keeps every pod in its slot (see [`membership`]).
 pub const BACKENDS_KEY: &str = "backends.json";
+/// The warm-up route's start file's key in the ConfigMap (and file name in [`CONFIG_DIR`]).
+pub const WARM_KEY: &str = "warm.lua";
+/// The warm-up route (`route_warm`, see [`render_warm`]): a start file of the proxy, loaded
+/// after memcached's route library. Static, and written only for pools that warm up.
+pub const WARM_ROUTE: &str = include_str!("warm.lua");
 /// How often the proxy looks at its configuration file.
 pub const RELOAD_CHECK_SECONDS: u32 = 1;
 /// How long after a change of the backends the proxies are reported as still loading it.
@@ -133,6 +138,16 @@ fn proxy_metadata(mc: &Memcached) -> Result<ObjectMeta, BuildError> {
 /// The memcached command line of a proxy listening on `port` with its configuration at
 /// `config_file`.
 pub fn proxy_args(port: i32, config_file: &str) -> Vec<String> {
+    proxy_args_with(port, config_file, None)
+}
+
+/// [`proxy_args`], with the warm-up route's start file ([`WARM_ROUTE`]) at `warm_file`
+/// loaded after the route library when given.
+pub fn proxy_args_with(port: i32, config_file: &str, warm_file: Option<&str>) -> Vec<String> {
+    let start_files = match warm_file {
+        Some(warm) => format!("routelib:{warm}"),
+        None => "routelib".to_string(),
+    };
     vec![
         "memcached".to_string(),
         "-p".to_string(),
@@ -141,7 +156,7 @@ pub fn proxy_args(port: i32, config_file: &str) -> Vec<String> {
         "-m".to_string(),
         "8".to_string(),
         "-o".to_string(),
-        format!("proxy_config=routelib,proxy_arg={config_file}"),
+        format!("proxy_config={start_files},proxy_arg={config_file}"),
     ]
 }
 

@@ -34,6 +34,21 @@ fn lua_string(s: &str) -> String {
 /// as its own path for the reload check, and its version (a hash of everything else in
 /// it). The first line carries the version.
 pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -> (String, String) {
+    render_warm(owner, backends, &[], copies, file)
+}
+
+/// [`render`], with the slots of `warm` (one copy only) warming up from the pods that held
+/// them before: each entry is such a predecessor, in its slot. Reads (`get`, `mg`) of those
+/// slots go through the warm-up route ([`WARM_ROUTE`], a start file of its own) and writes
+/// reach the predecessor too, so a value it still holds is never older than the new pod's.
+/// With no predecessor the text is exactly [`render`]'s. Ignored with more than one copy.
+pub fn render_warm(
+    owner: &str,
+    backends: &[ProxyBackend],
+    warm: &[ProxyBackend],
+    copies: i32,
+    file: &str,
+) -> (String, String) {
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -61,7 +76,12 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
         })
         .filter(|(_, ring)| !ring.is_empty())
         .collect();
-    let pool = |out: &mut String, indent: &str, copy: i32, ring: &[Option<&ProxyBackend>]| {
+    // `vacant` labels a position without a pod.
+    let pool = |out: &mut String,
+                indent: &str,
+                copy: i32,
+                ring: &[Option<&ProxyBackend>],
+                vacant: &str| {
         // Jump consistent hashing (memcached's `mcp.dist_jump_hash`, keys hashed with
         // XXH3): a key's backend is its position in this list, and the position depends
         // on the key and the list's length only, never on an address. So the pod that
@@ -84,7 +104,7 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
                 // label cannot be a pod's (no `:` in pod names).
                 let _ = writeln!(
                     out,
-                    "{indent}    {{ label = \"vacant:{copy}:{slot}\", host = \"127.0.0.1\", port = \"1\", down = true }},"
+                    "{indent}    {{ label = \"{vacant}:{copy}:{slot}\", host = \"127.0.0.1\", port = \"1\", down = true }},"
                 );
                 continue;
             };
@@ -102,12 +122,13 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
     };
     // A read that fails (its backend is down) answers a miss, as a client of a lost pod
     // would see: the null route after the real one.
-    let reads = |body: &mut String, route: &str| {
+    let reads = |body: &mut String, route: &dyn Fn(&str) -> String| {
         body.push_str("    cmap = {\n");
         for read in ["get", "gets", "gat", "gats", "mg"] {
             let _ = writeln!(
                 body,
-                "        {read} = route_failover{{ children = {{ {route}, route_null{{}} }} }},"
+                "        {read} = route_failover{{ children = {{ {}, route_null{{}} }} }},",
+                route(read)
             );
         }
         body.push_str("    },\n");
@@ -118,23 +139,57 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
         let (copy, ring) = groups
             .first()
             .map_or((1, &[][..]), |(c, r)| (*c, r.as_slice()));
-        pool(&mut body, "        ", copy, ring);
-        body.push_str("    },\n}\nroutes{\n");
-        reads(&mut body, "route_direct{ child = \"pool\" }");
-        body.push_str("    default = route_direct{ child = \"pool\" },\n}\n");
+        pool(&mut body, "        ", copy, ring, "vacant");
+        body.push_str("    },\n");
+        // The predecessors, at the positions of the slots they warm (the same length, so
+        // a key is in the same position in both); the other positions are down.
+        let mut predecessors: Vec<Option<&ProxyBackend>> = vec![None; ring.len()];
+        for w in warm.iter().filter(|w| w.copy == copy && !w.is_vacant()) {
+            if let Some(at) = usize::try_from(w.slot)
+                .ok()
+                .filter(|at| ring.get(*at).is_some_and(Option::is_some))
+            {
+                predecessors[at] = Some(w);
+            }
+        }
+        let warming = predecessors.iter().any(Option::is_some);
+        if warming {
+            body.push_str("    warm = {\n");
+            pool(&mut body, "        ", copy, &predecessors, "cold");
+            body.push_str("    },\n");
+        }
+        body.push_str("}\nroutes{\n");
+        if warming {
+            reads(&mut body, &|read| match read {
+                "get" => "route_warm{ child = \"pool\", child_warm = \"warm\" }".to_string(),
+                "mg" => {
+                    "route_warm{ child = \"pool\", child_warm = \"warm\", meta = true }".to_string()
+                }
+                _ => "route_direct{ child = \"pool\" }".to_string(),
+            });
+            // Writes and deletes reach the predecessor as well (its answer is not awaited),
+            // so a later read through it cannot bring back a value overwritten or deleted.
+            body.push_str(
+                "    default = route_split{ child_a = \"pool\", child_b = \"warm\" },\n}\n",
+            );
+        } else {
+            reads(&mut body, &|_| {
+                "route_direct{ child = \"pool\" }".to_string()
+            });
+            body.push_str("    default = route_direct{ child = \"pool\" },\n}\n");
+        }
     } else {
         body.push_str("    set_copies = {\n");
         for (copy, ring) in &groups {
             body.push_str("        {\n");
-            pool(&mut body, "            ", *copy, ring);
+            pool(&mut body, "            ", *copy, ring, "vacant");
             body.push_str("        },\n");
         }
         body.push_str("    },\n}\nroutes{\n");
         // One copy answers; a miss or an error there asks the next.
-        reads(
-            &mut body,
-            "route_failover{ children = \"set_copies\", miss = true, shuffle = true }",
-        );
+        reads(&mut body, &|_| {
+            "route_failover{ children = \"set_copies\", miss = true, shuffle = true }".to_string()
+        });
         // Writes go to every copy and answer with the first success.
         body.push_str("    default = route_allfastest{ children = \"set_copies\" },\n}\n");
     }
@@ -209,6 +264,68 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("\"vacant:1:1\", host = \"127.0.0.1\", port = \"1\", down = true"));
+    }
+
+    /// A slot warming up: the predecessor sits at that slot's position of a `warm` ring of
+    /// the same length, the other positions down; `get` and `mg` go through the warm-up
+    /// route, the other reads straight to the pool, writes to both. Without a predecessor
+    /// (or one for a slot the ring does not have, or with two copies) the text is exactly
+    /// the plain rendering.
+    #[test]
+    fn a_slot_warms_up_from_its_predecessor() {
+        let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        let old = ProxyBackend {
+            copy: 1,
+            slot: 1,
+            pod: "old-b".into(),
+            address: "10.0.0.9:11211".into(),
+        };
+        let plain = render("ns/x", &m.backends, 1, "/f");
+        let (text, version) = render_warm("ns/x", &m.backends, std::slice::from_ref(&old), 1, "/f");
+        assert_ne!(version, plain.1);
+        let warm = text
+            .find("    warm = {")
+            .unwrap_or_else(|| panic!("{text}"));
+        let ring = &text[warm..text[warm..].find("    },").map_or(text.len(), |e| warm + e)];
+        let positions: Vec<usize> = [
+            "label = \"cold:1:0\"",
+            "label = \"old-b\", host = \"10.0.0.9\", port = \"11211\"",
+            "label = \"cold:1:2\"",
+        ]
+        .iter()
+        .map(|l| ring.find(l).unwrap_or_else(|| panic!("{l} in {ring}")))
+        .collect();
+        assert!(positions.is_sorted(), "{ring}");
+        assert!(text.contains(
+            "get = route_failover{ children = { route_warm{ child = \"pool\", child_warm = \"warm\" }, route_null{} } }"
+        ), "{text}");
+        assert!(text.contains("mg = route_failover{ children = { route_warm{ child = \"pool\", child_warm = \"warm\", meta = true }"), "{text}");
+        assert!(
+            text.contains("gets = route_failover{ children = { route_direct{ child = \"pool\" }"),
+            "{text}"
+        );
+        assert!(
+            text.contains("default = route_split{ child_a = \"pool\", child_b = \"warm\" }"),
+            "{text}"
+        );
+        for unused in [
+            vec![],
+            vec![ProxyBackend {
+                slot: 7,
+                ..old.clone()
+            }],
+            vec![ProxyBackend {
+                copy: 2,
+                ..old.clone()
+            }],
+        ] {
+            assert_eq!(render_warm("ns/x", &m.backends, &unused, 1, "/f"), plain);
+        }
+        let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
+        assert_eq!(
+            render_warm("ns/x", &two.backends, &[old], 2, "/f"),
+            render("ns/x", &two.backends, 2, "/f")
+        );
     }
 
     #[test]

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Draws docs/proxy/warm-rollout.png from the CSV of tests/real_proxy.rs's rolling update:
+
+    WARM_ROLLOUT_CSV=/tmp/warm.csv cargo test -p memcached-operator --test real_proxy a_rolling_update
+    hack/memcached/warm-rollout-plot.py /tmp/warm.csv docs/proxy/warm-rollout.png
+
+Needs matplotlib (pip install matplotlib)."""
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# The test's phases, in windows of its load: per pod, 20 with the old pod still running,
+# then 4 after it has gone.
+WITH_OLD, AFTER = 20, 4
+
+src, out = sys.argv[1], sys.argv[2]
+rows = list(csv.DictReader(open(src)))
+x = [int(r["request"]) / 1000 for r in rows]
+window = x[0]
+steady = float(rows[0]["steady_with"])
+fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
+ax.plot(x, [float(r["without"]) for r in rows], label="without warm-up", color="#c44e52")
+ax.plot(x, [float(r["with"]) for r in rows], label="with warm-up", color="#4c72b0")
+ax.axhline(steady, color="grey", linewidth=0.8, linestyle="--", label=f"steady ({steady:.3f})")
+ax.axhline(0.9 * steady, color="grey", linewidth=0.8, linestyle=":", label="90 % of steady")
+for step in range(4):
+    start = step * (WITH_OLD + AFTER) * window
+    ax.axvline(start, color="black", linewidth=0.6)
+    ax.axvline(start + WITH_OLD * window, color="black", linewidth=0.6, linestyle=":")
+    ax.text(start + 0.3, 0.705, f"pod {4 - step} replaced", fontsize=8)
+ax.set_ylim(0.7, 1.0)
+ax.set_xlabel("thousands of requests since the roll began (solid: a new pod takes the slot; dotted: the old pod stops)")
+ax.set_ylabel(f"hit ratio per {int(window * 1000)} requests")
+ax.set_title("Rolling update of a 4-pod pool through memcached's proxy (Zipf 0.9, 5,000 keys, cache-aside)")
+ax.legend(loc="lower right", fontsize=8)
+fig.tight_layout()
+fig.savefig(out)
+print(f"wrote {out}")
