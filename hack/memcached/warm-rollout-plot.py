@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Draws docs/proxy/warm-rollout.png from the CSV of tests/real_proxy.rs's rolling update:
+"""Draws the pictures of tests/real_proxy.rs's warm-up runs from their CSV:
 
-    WARM_ROLLOUT_CSV=/tmp/warm.csv cargo test -p memcached-operator --test real_proxy a_rolling_update
-    hack/memcached/warm-rollout-plot.py /tmp/warm.csv docs/proxy/warm-rollout.png
+    WARM_ROLLOUT_CSV=/tmp/roll.csv WARM_SCALE_OUT_CSV=/tmp/scale.csv \
+        cargo test -p memcached-operator --test real_proxy with_warm_up
+    hack/memcached/warm-rollout-plot.py roll /tmp/roll.csv docs/proxy/warm-rollout.png
+    hack/memcached/warm-rollout-plot.py scale-out /tmp/scale.csv docs/proxy/warm-scale-out.png
 
 Needs matplotlib (pip install matplotlib)."""
 import csv
@@ -17,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 # then 4 after it has gone.
 WITH_OLD, AFTER = 20, 4
 
-src, out = sys.argv[1], sys.argv[2]
+kind, src, out = sys.argv[1], sys.argv[2], sys.argv[3]
+steps = 4 if kind == "roll" else 1
 rows = list(csv.DictReader(open(src)))
 x = [int(r["request"]) / 1000 for r in rows]
 window = x[0]
@@ -27,15 +30,20 @@ ax.plot(x, [float(r["without"]) for r in rows], label="without warm-up", color="
 ax.plot(x, [float(r["with"]) for r in rows], label="with warm-up", color="#4c72b0")
 ax.axhline(steady, color="grey", linewidth=0.8, linestyle="--", label=f"steady ({steady:.3f})")
 ax.axhline(0.9 * steady, color="grey", linewidth=0.8, linestyle=":", label="90 % of steady")
-for step in range(4):
+for step in range(steps):
     start = step * (WITH_OLD + AFTER) * window
     ax.axvline(start, color="black", linewidth=0.6)
     ax.axvline(start + WITH_OLD * window, color="black", linewidth=0.6, linestyle=":")
-    ax.text(start + 0.3, 0.705, f"pod {4 - step} replaced", fontsize=8)
+    label = f"pod {4 - step} replaced" if kind == "roll" else "a fifth pod takes slot 5"
+    ax.text(start + 0.3, 0.705, label, fontsize=8)
 ax.set_ylim(0.7, 1.0)
-ax.set_xlabel("thousands of requests since the roll began (solid: a new pod takes the slot; dotted: the old pod stops)")
+if kind == "roll":
+    ax.set_xlabel("thousands of requests since the roll began (solid: a new pod takes the slot; dotted: the old pod stops)")
+else:
+    ax.set_xlabel("thousands of requests since the pool grew (dotted: the previous ring is no longer read)")
 ax.set_ylabel(f"hit ratio per {int(window * 1000)} requests")
-ax.set_title("Rolling update of a 4-pod pool through memcached's proxy (Zipf 0.9, 5,000 keys, cache-aside)")
+what = "Rolling update of a 4-pod pool" if kind == "roll" else "A 4-pod pool grown to 5"
+ax.set_title(f"{what} through memcached's proxy (Zipf 0.9, 5,000 keys, cache-aside)")
 ax.legend(loc="lower right", fontsize=8)
 fig.tight_layout()
 fig.savefig(out)

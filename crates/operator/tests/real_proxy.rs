@@ -842,79 +842,146 @@ impl Tally {
     }
 }
 
+/// A pool of 4 behind a proxy that loads the warm-up route, after the steady state of the
+/// cache-aside load.
+struct Loaded {
+    conn: Conn,
+    proxy: Running,
+    pods: Vec<Running>,
+    backends: Vec<ProxyBackend>,
+    dir: ConfigDir,
+    zipf: Zipf,
+    /// The steady hit ratio.
+    steady: f64,
+}
+
+impl Loaded {
+    fn new() -> Loaded {
+        let pods: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
+        let dir = ConfigDir::new();
+        let ports: Vec<u16> = pods.iter().map(|p| p.port).collect();
+        let backends = configure(&dir, &[], &ready(&ports), 4, 1);
+        let proxy = start_warm_proxy(&dir);
+        let mut conn = Conn::open(proxy.port);
+        let mut zipf = Zipf::new(0x5eed);
+        let mut steady = Tally::default();
+        steady.run(&mut conn, &mut zipf, WINDOWS_STEADY);
+        let last = &steady.ratios[WINDOWS_STEADY - 5..];
+        let steady = last.iter().sum::<f64>() / last.len() as f64;
+        Loaded {
+            conn,
+            proxy,
+            pods,
+            backends,
+            dir,
+            zipf,
+            steady,
+        }
+    }
+
+    fn live(&self) -> Vec<PoolPod> {
+        ready(&self.pods.iter().map(|p| p.port).collect::<Vec<_>>())
+    }
+
+    /// Renders the ring for the live pods of a pool of `size`, warming from `warm`, and
+    /// waits until the proxy has loaded it.
+    fn configure(&mut self, warm: &[ProxyBackend], size: i32) {
+        let before = stat(self.proxy.port, "proxy_config_reloads");
+        self.backends = configure_warm(&self.dir, &self.backends, &self.live(), warm, size, 1);
+        wait_for_reload(self.proxy.port, before);
+    }
+
+    fn run(&mut self, tally: &mut Tally, windows: usize) {
+        tally.run(&mut self.conn, &mut self.zipf, windows);
+    }
+
+    fn finish(self, mut tally: Tally) -> (f64, Tally) {
+        let port = self.proxy.port;
+        tally.backend_failures =
+            stat(port, "proxy_backend_failed") + stat(port, "proxy_backend_marked_bad");
+        (self.steady, tally)
+    }
+}
+
 /// A rolling update of a 4-pod pool behind the proxy, the way the Deployment rolls it (a
 /// new pod starts, the old one is deleted and the new one takes its slot, the old one stops
 /// once its grace is over), under a cache-aside load with Zipf-distributed keys. Returns the
 /// steady hit ratio and the tally of the roll. With `warm`, each new pod's slot warms up from
 /// the old pod while it still runs (`proxy::render_warm`).
 fn rolling_update(warm: bool) -> (f64, Tally) {
-    let mut pods: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
-    let dir = ConfigDir::new();
-    let ports: Vec<u16> = pods.iter().map(|p| p.port).collect();
-    let mut backends = configure(&dir, &[], &ready(&ports), 4, 1);
-    let proxy = start_warm_proxy(&dir);
-    let mut conn = Conn::open(proxy.port);
-    let mut zipf = Zipf::new(0x5eed);
-    let mut steady = Tally::default();
-    steady.run(&mut conn, &mut zipf, WINDOWS_STEADY);
-    let last = &steady.ratios[WINDOWS_STEADY - 5..];
-    let s = last.iter().sum::<f64>() / last.len() as f64;
-
+    let mut pool = Loaded::new();
     let mut roll = Tally::default();
     // The Deployment deletes the old pod of the highest slot first (its deletion cost).
     for slot in (0..4).rev() {
-        let old_port = backends
+        let old_port = pool
+            .backends
             .iter()
             .find(|b| b.slot == slot)
-            .map(|b| {
-                b.pod
-                    .trim_start_matches("cache-")
-                    .parse::<u16>()
-                    .expect("port")
-            })
+            .and_then(|b| b.pod.trim_start_matches("cache-").parse::<u16>().ok())
             .expect("a pod in the slot");
-        let new = backend(free_port());
-        let old_at = pods
+        let old_at = pool
+            .pods
             .iter()
             .position(|p| p.port == old_port)
             .expect("old pod");
-        let old = pods.remove(old_at);
-        pods.push(new);
-        let live: Vec<u16> = pods.iter().map(|p| p.port).collect();
-        let predecessor = ProxyBackend {
-            copy: 1,
-            slot,
-            pod: format!("cache-{old_port}"),
-            address: format!("127.0.0.1:{old_port}"),
-        };
-        let warm_from = if warm { vec![predecessor] } else { vec![] };
-        let before = stat(proxy.port, "proxy_config_reloads");
-        backends = configure_warm(&dir, &backends, &ready(&live), &warm_from, 4, 1);
-        wait_for_reload(proxy.port, before);
-        roll.run(&mut conn, &mut zipf, WINDOWS_WITH_OLD);
+        let old = pool.pods.remove(old_at);
+        pool.pods.push(backend(free_port()));
+        // The ring as it is, the old pod in its slot and the other slots vacant.
+        let warm_from: Vec<ProxyBackend> = pool
+            .backends
+            .iter()
+            .filter(|_| warm)
+            .map(|b| ProxyBackend {
+                pod: if b.slot == slot {
+                    b.pod.clone()
+                } else {
+                    String::new()
+                },
+                address: if b.slot == slot {
+                    b.address.clone()
+                } else {
+                    String::new()
+                },
+                ..b.clone()
+            })
+            .collect();
+        pool.configure(&warm_from, 4);
+        pool.run(&mut roll, WINDOWS_WITH_OLD);
         // The old pod's grace is over: it leaves the configuration (without warm-up it
         // already has) and stops.
         if warm {
-            backends = reconfigure(&dir, proxy.port, &backends, &ready(&live), 4, 1);
+            pool.configure(&[], 4);
         }
         drop(old);
-        roll.run(&mut conn, &mut zipf, WINDOWS_AFTER);
+        pool.run(&mut roll, WINDOWS_AFTER);
     }
-    roll.backend_failures =
-        stat(proxy.port, "proxy_backend_failed") + stat(proxy.port, "proxy_backend_marked_bad");
-    (s, roll)
+    pool.finish(roll)
 }
 
-/// Warm rollouts, with real memcached and the real proxy (ours, with the two fixes of
-/// `hack/memcached/proxy-read-fixes.patch`): during a rolling update of every pod, each
-/// slot's new pod is read first and, on a miss, the pod it replaces, whose value is answered
-/// and added to the new pod. The hit ratio never falls below 90 % of its steady value,
-/// while without warm-up it does at each step; no value read is ever wrong (the values
-/// of 20–100 KiB are written back whole), and nothing fails.
-#[test]
-fn a_rolling_update_with_warm_up_keeps_the_hit_ratio() {
-    let (steady_plain, plain) = rolling_update(false);
-    let (steady_warm, warm) = rolling_update(true);
+/// The pool grown from 4 pods to 5 under the same load: a fifth of the keys move to the new
+/// slot. With `warm`, they are read from the previous ring for as long as an old pod is
+/// read through in `rolling_update`, then the previous ring is dropped.
+fn scale_out(warm: bool) -> (f64, Tally) {
+    let mut pool = Loaded::new();
+    let mut grown = Tally::default();
+    let previous = if warm { pool.backends.clone() } else { vec![] };
+    pool.pods.push(backend(free_port()));
+    pool.configure(&previous, 5);
+    pool.run(&mut grown, WINDOWS_WITH_OLD);
+    if warm {
+        pool.configure(&[], 5);
+    }
+    pool.run(&mut grown, WINDOWS_AFTER);
+    pool.finish(grown)
+}
+
+/// The runs of `scenario` without and with warm-up compared: printed, written as CSV to
+/// `$csv_var` when set (for `hack/memcached/warm-rollout-plot.py`), and asserted: nothing
+/// failed and no value read was wrong in either; with warm-up no window fell below 90 % of
+/// the steady hit ratio, while without it one did (so the scenario costs misses at all).
+fn compare_warm_up(what: &str, csv_var: &str, scenario: fn(bool) -> (f64, Tally)) {
+    let (steady_plain, plain) = scenario(false);
+    let (steady_warm, warm) = scenario(true);
     let min = |t: &Tally| t.ratios.iter().copied().fold(1.0, f64::min);
     let mean = |t: &Tally| t.ratios.iter().sum::<f64>() / t.ratios.len() as f64;
     let curve = |t: &Tally| {
@@ -925,19 +992,18 @@ fn a_rolling_update_with_warm_up_keeps_the_hit_ratio() {
             .join(" ")
     };
     println!(
-        "hit ratio per {WINDOW} requests, steady {steady_plain:.3}, without warm-up:\n{}",
+        "{what}: hit ratio per {WINDOW} requests, steady {steady_plain:.3}, without warm-up:\n{}",
         curve(&plain)
     );
     println!("steady {steady_warm:.3}, with warm-up:\n{}", curve(&warm));
     println!(
-        "lowest window: {:.3} without, {:.3} with warm-up; whole roll: {:.3} without, {:.3} with",
+        "{what}: lowest window {:.3} without, {:.3} with warm-up; mean {:.3} without, {:.3} with",
         min(&plain),
         min(&warm),
         mean(&plain),
         mean(&warm)
     );
-    // The curves for the picture in BENCHMARKS.md (hack/proxy/warm-rollout.py draws it).
-    if let Some(path) = std::env::var_os("WARM_ROLLOUT_CSV") {
+    if let Some(path) = std::env::var_os(csv_var) {
         let mut csv = "request,steady_without,without,steady_with,with\n".to_string();
         for (i, (p, w)) in plain.ratios.iter().zip(&warm.ratios).enumerate() {
             let _ = writeln!(
@@ -954,18 +1020,36 @@ fn a_rolling_update_with_warm_up_keeps_the_hit_ratio() {
         assert_eq!(
             (t.errors, t.wrong, t.backend_failures),
             (0, 0, 0),
-            "errors, wrong values and backend failures {run} warm-up"
+            "{what}: errors, wrong values and backend failures {run} warm-up"
         );
     }
-    assert_eq!(steady_plain, steady_warm, "the same load before the roll");
+    assert_eq!(steady_plain, steady_warm, "the same load before the {what}");
     assert!(
         min(&warm) >= 0.9 * steady_warm,
-        "with warm-up a window fell to {:.3}, under 90 % of {steady_warm:.3}",
+        "{what} with warm-up: a window fell to {:.3}, under 90 % of {steady_warm:.3}",
         min(&warm)
     );
     assert!(
         min(&plain) < 0.9 * steady_plain,
-        "without warm-up the roll should cost misses: lowest window {:.3}",
+        "{what} without warm-up should cost misses: lowest window {:.3}",
         min(&plain)
     );
+}
+
+/// Warm rollouts, with real memcached and the real proxy (ours, with the two fixes of
+/// `hack/memcached/proxy-read-fixes.patch`): during a rolling update of every pod, each
+/// slot's new pod is read first and, on a miss, the pod it replaces, whose value is answered
+/// and added to the new pod. The hit ratio never falls below 90 % of its steady value,
+/// while without warm-up it does at each step; no value read is ever wrong (the values
+/// of 20–100 KiB are written back whole), and nothing fails.
+#[test]
+fn a_rolling_update_with_warm_up_keeps_the_hit_ratio() {
+    compare_warm_up("rolling update", "WARM_ROLLOUT_CSV", rolling_update);
+}
+
+/// The same for a scale-out from 4 pods to 5: the keys that move to the new slot are read
+/// from where they lived before (the previous ring) and added to the new pod.
+#[test]
+fn a_scale_out_with_warm_up_keeps_the_hit_ratio() {
+    compare_warm_up("scale-out", "WARM_SCALE_OUT_CSV", scale_out);
 }

@@ -37,11 +37,14 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
     render_warm(owner, backends, &[], copies, file)
 }
 
-/// [`render`], with the slots of `warm` (one copy only) warming up from the pods that held
-/// them before: each entry is such a predecessor, in its slot. Reads (`get`, `mg`) of those
-/// slots go through the warm-up route ([`WARM_ROUTE`], a start file of its own) and writes
-/// reach the predecessor too, so a value it still holds is never older than the new pod's.
-/// With no predecessor the text is exactly [`render`]'s. Ignored with more than one copy.
+/// [`render`], with keys warming up from the ring `warm` (one copy only; entries in the
+/// form of `backends`, a vacant entry keeping its position): where the keys lived before.
+/// For a pod being replaced, the current ring with the old pod in its slot and the other
+/// slots vacant; for a ring grown by a slot, the previous ring. Reads (`get`, `mg`) that
+/// miss go on to the key's pod in `warm` through the warm-up route
+/// ([`super::WARM_ROUTE`], a start file of its own) and writes reach that pod too, so a
+/// value it still holds is never older than the new pod's. With no pod in `warm` the text
+/// is exactly [`render`]'s. Ignored with more than one copy.
 pub fn render_warm(
     owner: &str,
     backends: &[ProxyBackend],
@@ -141,14 +144,17 @@ pub fn render_warm(
             .map_or((1, &[][..]), |(c, r)| (*c, r.as_slice()));
         pool(&mut body, "        ", copy, ring, "vacant");
         body.push_str("    },\n");
-        // The predecessors, at the positions of the slots they warm (the same length, so
-        // a key is in the same position in both); the other positions are down.
-        let mut predecessors: Vec<Option<&ProxyBackend>> = vec![None; ring.len()];
-        for w in warm.iter().filter(|w| w.copy == copy && !w.is_vacant()) {
-            if let Some(at) = usize::try_from(w.slot)
-                .ok()
-                .filter(|at| ring.get(*at).is_some_and(Option::is_some))
-            {
+        // The ring keys are warmed from, position by position (a vacant one is down).
+        let mut predecessors: Vec<Option<&ProxyBackend>> = Vec::new();
+        for w in warm
+            .iter()
+            .filter(|w| w.copy == copy && (0..MAX_SLOT).contains(&w.slot))
+        {
+            let at = w.slot as usize;
+            if predecessors.len() <= at {
+                predecessors.resize(at + 1, None);
+            }
+            if !w.is_vacant() && predecessors[at].is_none() {
                 predecessors[at] = Some(w);
             }
         }
@@ -268,9 +274,9 @@ mod tests {
 
     /// A slot warming up: the predecessor sits at that slot's position of a `warm` ring of
     /// the same length, the other positions down; `get` and `mg` go through the warm-up
-    /// route, the other reads straight to the pool, writes to both. Without a predecessor
-    /// (or one for a slot the ring does not have, or with two copies) the text is exactly
-    /// the plain rendering.
+    /// route, the other reads straight to the pool, writes to both. A grown ring warms
+    /// from the previous one, shorter. Without a pod in `warm` (or with two copies) the
+    /// text is exactly the plain rendering.
     #[test]
     fn a_slot_warms_up_from_its_predecessor() {
         let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
@@ -281,7 +287,20 @@ mod tests {
             address: "10.0.0.9:11211".into(),
         };
         let plain = render("ns/x", &m.backends, 1, "/f");
-        let (text, version) = render_warm("ns/x", &m.backends, std::slice::from_ref(&old), 1, "/f");
+        // The current ring, the old pod in slot 1, the other slots vacant.
+        let vacant = |slot| ProxyBackend {
+            slot,
+            pod: String::new(),
+            address: String::new(),
+            ..old.clone()
+        };
+        let (text, version) = render_warm(
+            "ns/x",
+            &m.backends,
+            &[vacant(0), old.clone(), vacant(2)],
+            1,
+            "/f",
+        );
         assert_ne!(version, plain.1);
         let warm = text
             .find("    warm = {")
@@ -310,10 +329,7 @@ mod tests {
         );
         for unused in [
             vec![],
-            vec![ProxyBackend {
-                slot: 7,
-                ..old.clone()
-            }],
+            vec![vacant(0), vacant(1), vacant(2)],
             vec![ProxyBackend {
                 copy: 2,
                 ..old.clone()
@@ -321,6 +337,18 @@ mod tests {
         ] {
             assert_eq!(render_warm("ns/x", &m.backends, &unused, 1, "/f"), plain);
         }
+        // 2 slots grown to 3: the previous ring, both pods in their places, 2 long.
+        let before = next(&Membership::default(), &ready(&["a", "b"]), 2, 1);
+        let (text, _) = render_warm("ns/x", &m.backends, &before.backends, 1, "/f");
+        let warm = &text[text
+            .find("    warm = {")
+            .unwrap_or_else(|| panic!("{text}"))..];
+        let warm = &warm[..warm.find("    },").unwrap_or(warm.len())];
+        assert_eq!(warm.matches("label = ").count(), 2, "{warm}");
+        assert!(
+            warm.find("label = \"a\"") < warm.find("label = \"b\"") && !warm.contains("cold"),
+            "{warm}"
+        );
         let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
         assert_eq!(
             render_warm("ns/x", &two.backends, &[old], 2, "/f"),
