@@ -61,22 +61,7 @@ pub fn render_warm(
     let _ = writeln!(body, "local path = {}", lua_string(file));
     // Each copy's ring, position by position: the slot's pod, or nothing (vacant).
     let groups: Vec<(i32, Vec<Option<&ProxyBackend>>)> = (1..=copies.max(1))
-        .map(|copy| {
-            let mut ring: Vec<Option<&ProxyBackend>> = Vec::new();
-            for b in backends
-                .iter()
-                .filter(|b| b.copy == copy && (0..MAX_SLOT).contains(&b.slot))
-            {
-                let at = b.slot as usize;
-                if ring.len() <= at {
-                    ring.resize(at + 1, None);
-                }
-                if !b.is_vacant() && ring[at].is_none() {
-                    ring[at] = Some(b);
-                }
-            }
-            (copy, ring)
-        })
+        .map(|copy| (copy, ring_of(backends, copy)))
         .filter(|(_, ring)| !ring.is_empty())
         .collect();
     // `vacant` labels a position without a pod.
@@ -144,20 +129,8 @@ pub fn render_warm(
             .map_or((1, &[][..]), |(c, r)| (*c, r.as_slice()));
         pool(&mut body, "        ", copy, ring, "vacant");
         body.push_str("    },\n");
-        // The ring keys are warmed from, position by position (a vacant one is down).
-        let mut predecessors: Vec<Option<&ProxyBackend>> = Vec::new();
-        for w in warm
-            .iter()
-            .filter(|w| w.copy == copy && (0..MAX_SLOT).contains(&w.slot))
-        {
-            let at = w.slot as usize;
-            if predecessors.len() <= at {
-                predecessors.resize(at + 1, None);
-            }
-            if !w.is_vacant() && predecessors[at].is_none() {
-                predecessors[at] = Some(w);
-            }
-        }
+        // The ring keys are warmed from (a vacant position is rendered down).
+        let predecessors = ring_of(warm, copy);
         let warming = predecessors.iter().any(Option::is_some);
         if warming {
             body.push_str("    warm = {\n");
@@ -219,6 +192,25 @@ pub fn render_warm(
     );
     let text = format!("{}\n{body}", version_line(&version));
     (text, version)
+}
+
+/// Copy `copy`'s ring of `entries`, position by position: the slot's pod, or nothing (a
+/// vacant entry, or no entry, below the last one); the first pod recorded in a slot wins.
+fn ring_of(entries: &[ProxyBackend], copy: i32) -> Vec<Option<&ProxyBackend>> {
+    let mut ring: Vec<Option<&ProxyBackend>> = Vec::new();
+    for b in entries
+        .iter()
+        .filter(|b| b.copy == copy && (0..MAX_SLOT).contains(&b.slot))
+    {
+        let at = b.slot as usize;
+        if ring.len() <= at {
+            ring.resize(at + 1, None);
+        }
+        if !b.is_vacant() && ring[at].is_none() {
+            ring[at] = Some(b);
+        }
+    }
+    ring
 }
 
 fn version_line(version: &str) -> String {
