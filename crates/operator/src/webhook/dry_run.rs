@@ -23,8 +23,8 @@
 //!   (`config/rbac`).
 //! - The checks and their client run on a thread of their own
 //!   ([`ChildrenCheck::on_own_thread`]), not on the webhook server's, which a flood of the
-//!   port keeps busy: under `tests/webhook_flood.rs` a check takes 0.1–0.4 s there, against
-//!   1.5–2.9 s on the server's thread.
+//!   port keeps busy: under the flood of `tests/webhook_flood.rs` a check takes 0.1–0.4 s
+//!   on its own thread, against 1.5–2.9 s on the server's.
 //! - At most [`MAX_DRY_RUNS_IN_FLIGHT`] checks run at once (per [`ChildrenCheck`] and its
 //!   clones); beyond that a check is not started ([`Verdict::Busy`]) and the webhook answers
 //!   429, which the API server retries after a second, so a flood of reviews cannot turn
