@@ -351,6 +351,7 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
             None => None,
             Some((config, settings, policy)) => Some(
                 ChildrenCheck::on_own_thread(config, settings, shutdown.clone())
+                    .await
                     .map_err(webhook::WebhookError::Client)?
                     .with_policy(policy),
             ),

@@ -126,33 +126,15 @@ impl ChildrenCheck {
     /// `tests/webhook_flood.rs`, 11 ms without it, so the API server's own reviews found
     /// every slot taken and ran out of their 10 s. On a thread of their own the dry runs
     /// wait only for the API server.
-    pub fn on_own_thread(
+    pub async fn on_own_thread(
         config: kube::Config,
         settings: BuildSettings,
         shutdown: CancellationToken,
     ) -> Result<Self, String> {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("webhook-dry-run".to_string())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(e) => {
-                        let _ = handle_tx.send(Err(format!("cannot start its runtime: {e}")));
-                        return;
-                    }
-                };
-                if handle_tx.send(Ok(runtime.handle().clone())).is_ok() {
-                    runtime.block_on(shutdown.cancelled());
-                }
-            })
-            .map_err(|e| format!("cannot start its thread: {e}"))?;
-        let runtime = handle_rx
-            .recv()
-            .map_err(|_| "its thread ended while starting".to_string())??;
+        let runtime = super::server::runtime_thread("webhook-dry-run", move || async move {
+            shutdown.cancelled().await
+        })
+        .await?;
         // The client's request queue is a task of the runtime current when it is made.
         let client = {
             let _entered = runtime.enter();

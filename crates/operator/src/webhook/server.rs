@@ -202,40 +202,25 @@ impl WebhookServer {
     {
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let (done_tx, done) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("webhook".to_string())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(e) => {
-                        let _ = started_tx.send(Err(WebhookError::Thread(format!(
-                            "cannot start its runtime: {e}"
-                        ))));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let server = match WebhookServer::bind(config).await.and_then(setup) {
-                        Ok(server) => server,
-                        Err(e) => {
-                            let _ = started_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    if started_tx.send(server.local_addr()).is_err() {
-                        return;
-                    }
-                    let result = server.run(shutdown).await;
-                    if let Err(e) = &result {
-                        tracing::error!(error = %e, "webhook server stopped");
-                    }
-                    let _ = done_tx.send(result);
-                });
-            })
-            .map_err(|e| WebhookError::Thread(format!("cannot start it: {e}")))?;
+        runtime_thread("webhook", move || async move {
+            let server = match WebhookServer::bind(config).await.and_then(setup) {
+                Ok(server) => server,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            if started_tx.send(server.local_addr()).is_err() {
+                return;
+            }
+            let result = server.run(shutdown).await;
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "webhook server stopped");
+            }
+            let _ = done_tx.send(result);
+        })
+        .await
+        .map_err(WebhookError::Thread)?;
         let addr = started_rx.await.unwrap_or_else(|_| {
             Err(WebhookError::Thread(
                 "it ended while starting (a panic: see the log)".to_string(),
@@ -596,6 +581,42 @@ async fn read_body(
         bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
+}
+
+/// Starts a thread named `name` with a single-threaded Tokio runtime of its own and runs on
+/// it, until done, the future `body` makes. Returns the runtime's handle (for more work on
+/// that thread while `body` runs) once the runtime is up, or why the thread or its runtime
+/// could not start.
+pub(super) async fn runtime_thread<F, Fut>(
+    name: &str,
+    body: F,
+) -> Result<tokio::runtime::Handle, String>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => {
+                    if started_tx.send(Ok(runtime.handle().clone())).is_ok() {
+                        runtime.block_on(body());
+                    }
+                }
+                Err(e) => {
+                    let _ = started_tx.send(Err(format!("cannot start its runtime: {e}")));
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    started
+        .await
+        .unwrap_or_else(|_| Err("it ended while starting (a panic: see the log)".to_string()))
 }
 
 #[cfg(test)]
