@@ -32,7 +32,7 @@ pub mod warnings;
 
 pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};
 pub use quantity::QUANTITY_PATTERN;
-pub use status::{FlushStatus, MemcachedStatus, ProxyBackend, ProxyStatus, condition};
+pub use status::{FlushStatus, MemcachedStatus, ProxyBackend, ProxyStatus, WarmFrom, condition};
 
 /// API group of the Memcached kind (Kubebuilder: `--group memcached --domain cache.example.com`).
 pub const GROUP: &str = "memcached.cache.example.com";
@@ -342,6 +342,13 @@ pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
 pub const MAX_PROXY_REPLICAS: i32 = 32;
 /// Most copies of each key accepted (`spec.proxy.copies`).
 pub const MAX_PROXY_COPIES: i32 = 3;
+/// How long the proxies may take to load a change of their routes, in seconds: the
+/// kubelet's rewrite of the mounted ConfigMap (at most about 90 s with its defaults) and the
+/// proxy's own check (measured in the operator's `proxy::PROPAGATION_WINDOW`).
+pub const PROXY_PROPAGATION_SECONDS: i32 = 100;
+/// The least `spec.gracefulShutdown.preStopDelaySeconds` without a warning when
+/// `spec.proxy.warmUp` is on: the proxies' loading of the change, then a minute of warm-up.
+pub const WARM_UP_PRE_STOP_SECONDS: i32 = PROXY_PROPAGATION_SECONDS + 60;
 
 /// The proxy (memcached `-o proxy_config=routelib`, memcached ≥ 1.6.23 built with
 /// `--enable-proxy`, as the official image is since March 2025: docker-library's "Enable
@@ -375,6 +382,34 @@ pub struct ProxySpec {
     #[serde(default = "default_proxy_copies")]
     #[schemars(range(min = 1, max = 3))]
     pub copies: i32,
+    /// Warm-up of replaced pods (one copy only): while a pod of the pool stops (a rollout,
+    /// a restart on demand, an eviction), the proxies read its slot from the new pod first
+    /// and, on a miss there, from the stopping pod, writing the value back to the new pod
+    /// as an add (`ms ... ME`, so a newer value is never overwritten); writes and deletes
+    /// reach both. It lasts as long as the old pod serves: its
+    /// `spec.gracefulShutdown.preStopDelaySeconds`, of which the proxies' loading of the
+    /// change takes up to 100 s. Off by default: turning it on or off restarts the proxy
+    /// pods (not the pool's), and needs `image` set to a memcached whose proxy copies
+    /// whole values into a new request (memcached up to 1.6.45 may truncate large values
+    /// read from a pipelined connection; see the README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_up: Option<WarmUpSpec>,
+}
+
+/// `spec.proxy.warmUp`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmUpSpec {
+    /// Warm replaced pods up from the pods they replace.
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+impl ProxySpec {
+    /// Whether replaced pods warm up through the proxy (`spec.proxy.warmUp.enabled`).
+    pub fn warm_up_enabled(&self) -> bool {
+        self.warm_up.as_ref().is_some_and(|w| w.enabled)
+    }
 }
 
 impl Default for ProxySpec {
@@ -385,6 +420,7 @@ impl Default for ProxySpec {
             image: None,
             resources: None,
             copies: 1,
+            warm_up: None,
         }
     }
 }

@@ -107,6 +107,22 @@ pub struct ProxyBackend {
     pub pod: String,
     /// Its `ip:port`.
     pub address: String,
+    /// While the slot warms up (`spec.proxy.warmUp`): the stopping pod that held it
+    /// before, which the proxies read a miss from and write to as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_from: Option<WarmFrom>,
+}
+
+/// The pod a slot warms up from.
+#[derive(
+    Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmFrom {
+    /// The pod that held the slot, stopping.
+    pub pod: String,
+    /// Its `ip:port`.
+    pub address: String,
 }
 
 impl ProxyBackend {

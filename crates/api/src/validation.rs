@@ -575,6 +575,22 @@ fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldEr
     if let Some(resources) = &proxy.resources {
         errors.extend(validate_quantities("spec.proxy.resources", resources));
     }
+    if proxy.warm_up_enabled() && proxy.copies > 1 {
+        errors.push(FieldError::invalid(
+            "spec.proxy.warmUp.enabled",
+            true,
+            format!(
+                "warm-up works with one copy of each key (spec.proxy.copies is {}): with copies, a replaced pod's keys are still read from the other copies",
+                proxy.copies
+            ),
+        ));
+    }
+    if proxy.warm_up_enabled() && proxy.image.is_none() {
+        errors.push(FieldError::required(
+            "spec.proxy.image",
+            "spec.proxy.warmUp needs a proxy image whose memcached copies whole values into a new request: memcached up to 1.6.45 may truncate a large value read from a pipelined connection when it is written back (the operator's repository builds one with hack/memcached/proxy-read-fixes.patch)",
+        ));
+    }
     if proxy.enabled && spec.tls.is_some() {
         errors.push(FieldError::invalid(
             "spec.proxy.enabled",

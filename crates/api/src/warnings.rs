@@ -99,6 +99,22 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
             mc.spec.size.max(1)
         ));
     }
+    if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.warm_up_enabled()
+    {
+        let delay = mc
+            .spec
+            .graceful_shutdown
+            .as_ref()
+            .map_or(0, |s| s.pre_stop_delay_seconds);
+        if delay < crate::WARM_UP_PRE_STOP_SECONDS {
+            out.push(format!(
+                "spec.proxy.warmUp: a replaced pod is read from only while it stops (spec.gracefulShutdown.preStopDelaySeconds, {delay} s), and the proxies take up to {} s to load the change; set it to {} or more to warm for a minute",
+                crate::PROXY_PROPAGATION_SECONDS,
+                crate::WARM_UP_PRE_STOP_SECONDS
+            ));
+        }
+    }
     let (field, image) = match mc.spec.image.as_deref() {
         Some(image) if !image.is_empty() => ("spec.image", image),
         _ => (
@@ -174,6 +190,29 @@ mod tests {
                 .any(|w| w.contains("moves the Service port"))
         );
         assert_eq!(validate_update(&old, &m), Ok(()));
+
+        let mut warm = mc("x", 3);
+        warm.spec.proxy = Some(crate::ProxySpec {
+            image: Some("memcached:1.6.38-patched".into()),
+            warm_up: Some(crate::WarmUpSpec { enabled: true }),
+            ..crate::ProxySpec::default()
+        });
+        let short = warnings(&warm, crate::DEFAULT_IMAGE);
+        assert!(
+            short.len() == 1 && short[0].contains("spec.gracefulShutdown.preStopDelaySeconds, 0 s"),
+            "{short:?}"
+        );
+        warm.spec.graceful_shutdown = Some(crate::GracefulShutdownSpec {
+            pre_stop_delay_seconds: crate::WARM_UP_PRE_STOP_SECONDS,
+            termination_grace_period_seconds: None,
+        });
+        assert!(
+            warnings(&warm, crate::DEFAULT_IMAGE)
+                .iter()
+                .all(|w| !w.contains("spec.proxy.warmUp")),
+            "long enough"
+        );
+        assert_eq!(crate::validation::validate(&warm), Ok(()));
 
         let mut stopping = mc("x", 3);
         stopping.spec.graceful_shutdown = Some(crate::GracefulShutdownSpec {

@@ -153,6 +153,7 @@ fn proxy_hop(gets: usize) -> Result<String> {
         slot: 0,
         pod: "cache-0".into(),
         address: format!("127.0.0.1:{backend_port}"),
+        warm_from: None,
     }];
     let (text, _) = proxy::render("bench/pool", &backends, 1, &file.to_string_lossy());
     std::fs::write(&file, text)?;

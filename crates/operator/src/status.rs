@@ -177,6 +177,17 @@ fn proxy_status(
                 vacant.len()
             );
         }
+        let warming = observed
+            .backends
+            .iter()
+            .filter(|b| b.warm_from.is_some())
+            .count();
+        if warming > 0 {
+            let _ = write!(
+                message,
+                "; {warming} slots warming up (their misses read from the stopping pods they replace)"
+            );
+        }
         cond(condition::PROXY_READY, true, "Configured", message)
     };
     (
@@ -910,6 +921,7 @@ mod tests {
             slot: pod.len() as i32 - 1,
             pod: pod.into(),
             address: format!("10.0.0.{}:11211", pod.len()),
+            warm_from: None,
         };
         // The pods of the backends, Ready unless named in `not_ready`.
         let pods_of = |backends: &[ProxyBackend], not_ready: &[&str]| -> Vec<ObservedPod> {

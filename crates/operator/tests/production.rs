@@ -1116,6 +1116,91 @@ async fn the_proxys_slots_follow_the_pods_lives(server: Server) {
 }
 
 on_every_server! {
+/// With `spec.proxy.warmUp`, a replaced pod's slot warms up from it while it stops: the
+/// replacement takes the slot, `status.proxy` names the stopping pod as the slot's
+/// `warmFrom`, and the routes read the slot's misses from it; once it has gone, the slot is
+/// the replacement's alone. The proxy runs the warm-up route from the ConfigMap.
+async fn a_replaced_pods_slot_warms_up_from_it_while_it_stops(server: Server) {
+    let env = start(server, "a_replaced_pods_slot_warms_up", Duration::from_millis(20), false).await;
+    let spec = json!({
+        "size": 3,
+        "gracefulShutdown": {"preStopDelaySeconds": 160},
+        "proxy": {"enabled": true, "image": "memcached:1.6.38", "warmUp": {"enabled": true}},
+    });
+    env.apply("warm", spec).await;
+    env.converged("warm", 3).await;
+    proxy_routes_to_the_ready_pods(&env, "warm", 3).await;
+    let command = env
+        .api::<Deployment>()
+        .get("warm-proxy")
+        .await
+        .expect("proxy Deployment")
+        .spec
+        .and_then(|s| s.template.spec?.containers.first()?.command.clone())
+        .unwrap_or_default();
+    assert!(
+        command.iter().any(|a| a.contains("proxy_config=routelib:/etc/memcached/proxy/warm.lua,")),
+        "{command:?}"
+    );
+    let config_maps = env.api::<ConfigMap>();
+    let data = config_maps.get("warm-proxy").await.expect("ConfigMap").data.unwrap_or_default();
+    assert_eq!(data.get(proxy::WARM_KEY).map(String::as_str), Some(proxy::WARM_ROUTE));
+    let (slots, _) = proxy_slots(&env, "warm").await.expect("status.proxy");
+
+    // The pod of slot 1 is deleted and stops (a finalizer holds it, as its preStop delay
+    // would).
+    let pods = env.api::<Pod>();
+    let old = slots[1].1.clone();
+    pods.patch(
+        &old,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/stopping"]}})),
+    )
+    .await
+    .expect("finalizer added");
+    pods.delete(&old, &Default::default()).await.expect("delete pod");
+    let api = env.api::<Memcached>();
+    let warming = wait_for("the replacement in slot 1, warming from the stopping pod", || async {
+        let proxy = api.get("warm").await.ok()?.status?.proxy?;
+        let b = proxy.backends.iter().find(|b| b.slot == 1)?;
+        (b.pod != old && b.warm_from.as_ref()?.pod == old).then(|| b.clone())
+    })
+    .await;
+    let old_ip = pods.get(&old).await.ok().and_then(|p| p.status?.pod_ip).expect("stopping pod's IP");
+    assert_eq!(warming.warm_from.map(|w| w.address), Some(format!("{old_ip}:11211")));
+    let (others, _) = proxy_slots(&env, "warm").await.expect("status.proxy");
+    assert_eq!((others[0].clone(), others[2].clone()), (slots[0].clone(), slots[2].clone()));
+    wait_for("the routes read slot 1's misses from the stopping pod", || async {
+        let config = config_maps.get("warm-proxy").await.ok()?.data?.get("config.lua")?.clone();
+        (config.contains("route_warm{")
+            && config.contains(&format!("label = \"{old}\", host = \"{old_ip}\""))
+            && config.contains(&format!("label = \"{}\"", warming.pod)))
+        .then_some(())
+    })
+    .await;
+
+    // It has gone: the slot is the replacement's alone, the routes plain again.
+    pods.patch(
+        &old,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("finalizer removed");
+    wait_for("slot 1 the replacement's alone", || async {
+        let proxy = api.get("warm").await.ok()?.status?.proxy?;
+        let config = config_maps.get("warm-proxy").await.ok()?.data?.get("config.lua")?.clone();
+        (proxy.backends.iter().all(|b| b.warm_from.is_none())
+            && proxy.backends.iter().any(|b| b.slot == 1 && b.pod == warming.pod)
+            && !config.contains("route_warm{")
+            && !config.contains(&format!("\"{old}\"")))
+        .then_some(())
+    })
+    .await;
+}
+}
+
+on_every_server! {
 async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: Server) {
     let env = start(server, "the_proxy_routes_to_the_ready_", Duration::from_millis(20), false).await;
     env.apply("pooled", json!({"size": 3, "proxy": {"enabled": true}})).await;

@@ -170,7 +170,7 @@ fn configure_warm(
     size: i32,
     copies: i32,
 ) -> Vec<ProxyBackend> {
-    let mut backends = proxy::membership(previous, pods, size, copies, 0).backends;
+    let mut backends = proxy::membership(previous, pods, &[], size, copies, 0).backends;
     // The backends differ by port only, as pods differ by IP in a cluster.
     for b in backends.iter_mut().filter(|b| !b.is_vacant()) {
         b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
@@ -1034,6 +1034,90 @@ fn compare_warm_up(what: &str, csv_var: &str, scenario: fn(bool) -> (f64, Tally)
         "{what} without warm-up should cost misses: lowest window {:.3}",
         min(&plain)
     );
+}
+
+/// One raw request and its answer's lines up to `last` (a line starting with it).
+fn raw(port: u16, request: &str, last: &str) -> Vec<String> {
+    let mut conn = Conn::open(port);
+    conn.writer.write_all(request.as_bytes()).expect("send");
+    let mut lines = Vec::new();
+    loop {
+        let line = conn.line().expect("answer");
+        let done = line.starts_with(last);
+        lines.push(line);
+        if done {
+            return lines;
+        }
+    }
+}
+
+/// `mg KEY v f t` on the backend at `port` once it holds the key (within 10 s): the header
+/// and the value.
+fn added_to(port: u16, key: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lines = raw(port, &format!("mg {key} v f t\r\nmn\r\n"), "MN");
+        if lines.first().is_some_and(|l| l.starts_with("VA ")) || Instant::now() > deadline {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The warm-up route on an idle proxy, key by key: a miss of the new pod is answered from
+/// the pod it replaces and added to the new pod, with its flags and remaining TTL (the add
+/// is not awaited by the answer: polled for); a value the new pod has is never read from
+/// the old one nor overwritten; a delete reaches both, so the old value does not come back.
+#[test]
+fn a_warming_slot_answers_a_miss_from_the_old_pod_and_adds_it_to_the_new_one() {
+    let (old, new) = (backend(free_port()), backend(free_port()));
+    raw(old.port, "set k1 7 300 5\r\nold-1\r\n", "STORED");
+    raw(old.port, "set k2 0 0 5\r\nold-2\r\n", "STORED");
+    raw(new.port, "set k2 0 0 5\r\nnew-2\r\n", "STORED");
+    raw(old.port, "set k3 0 0 5\r\nold-3\r\n", "STORED");
+    raw(old.port, "set k4 0 0 5\r\nold-4\r\n", "STORED");
+    let dir = ConfigDir::new();
+    let predecessor = ProxyBackend {
+        copy: 1,
+        slot: 0,
+        pod: format!("cache-{}", old.port),
+        address: format!("127.0.0.1:{}", old.port),
+        warm_from: None,
+    };
+    configure_warm(&dir, &[], &ready(&[new.port]), &[predecessor], 1, 1);
+    let proxy = start_warm_proxy(&dir);
+    let mut conn = Conn::open(proxy.port);
+
+    assert_eq!(conn.get("k1").expect("get"), Reply::Hit("old-1".into()));
+    let added = added_to(new.port, "k1");
+    let header = added.first().cloned().unwrap_or_default();
+    let ttl: i64 = header
+        .split(' ')
+        .find_map(|t| t.strip_prefix('t')?.parse().ok())
+        .unwrap_or(-1);
+    assert!(
+        header.starts_with("VA 5 ") && header.contains(" f7") && (250..=300).contains(&ttl),
+        "k1 added to the new pod, with its flags and TTL: {added:?}"
+    );
+    assert_eq!(added.get(1).map(String::as_str), Some("old-1"));
+    // The new pod's own value wins, and stays.
+    assert_eq!(conn.get("k2").expect("get"), Reply::Hit("new-2".into()));
+    assert_eq!(raw(new.port, "get k2\r\n", "END")[1], "new-2");
+    // Deleted through the proxy: gone from both, not read back from the old pod.
+    assert_eq!(conn.delete("k3").expect("delete"), "NOT_FOUND");
+    assert_eq!(conn.get("k3").expect("get"), Reply::Miss);
+    assert_eq!(raw(old.port, "get k3\r\n", "END"), ["END"]);
+    // Meta reads warm up the same way.
+    conn.writer.write_all(b"mg k4 v\r\n").expect("send");
+    assert_eq!(
+        (conn.line().ok(), conn.line().ok()),
+        (Some("VA 5".into()), Some("old-4".into()))
+    );
+    assert_eq!(
+        added_to(new.port, "k4").get(1).map(String::as_str),
+        Some("old-4")
+    );
+    assert_eq!(stat(proxy.port, "proxy_backend_failed"), 0);
 }
 
 /// Warm rollouts, with real memcached and the real proxy (ours, with the two fixes of

@@ -274,6 +274,21 @@ fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<Ob
         .collect()
 }
 
+/// The pods of `mc` in the pod cache that are stopping and may still serve: deletion
+/// requested, not ended, with an IP (a pod in its `preStop` delay, which the proxies warm
+/// its slot's successor from).
+fn leaving_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<proxy::PoolPod> {
+    pods.get(&format!("{namespace}/{name}"))
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some() && !p.ended && p.ip.is_some())
+        .map(|p| proxy::PoolPod {
+            name: p.name_any(),
+            ip: p.ip.clone(),
+            ready: p.ready,
+        })
+        .collect()
+}
+
 /// The pool's client Services in the cache: those no other object controls (ours, or
 /// orphaned ones of an earlier Memcached of this name, which are taken back as they are).
 fn live_services(ctx: &Context, owner: &Owner, namespace: &str, name: &str) -> LiveServices {
@@ -316,9 +331,16 @@ fn proxy_backends(
             ready: p.ready,
         })
         .collect();
+    // Stopping pods, which slots warm up from, only with warm-up.
+    let leaving: Vec<proxy::PoolPod> = if spec.warm_up_enabled() {
+        leaving_pods(&ctx.pod_index, &namespace, &mc.name_any())
+    } else {
+        Vec::new()
+    };
     proxy::membership(
         &recorded,
         &live,
+        &leaving,
         mc.spec.size,
         spec.copies,
         mc.spec.container_port,

@@ -102,7 +102,8 @@ pub const RELOAD_CHECK_SECONDS: u32 = 1;
 /// window keeps about 10 s beyond the kubelet's bound (the former 125 s estimate counted a
 /// 60 s cache TTL that the default strategy does not have). Still an estimate: the
 /// operator cannot see which version a proxy has loaded.
-pub const PROPAGATION_WINDOW: Duration = Duration::from_secs(100);
+pub const PROPAGATION_WINDOW: Duration =
+    Duration::from_secs(memcached_api::PROXY_PROPAGATION_SECONDS as u64);
 
 /// The name of the proxy's objects of the Memcached `name`.
 pub fn proxy_name(name: &str) -> String {
@@ -193,7 +194,14 @@ pub fn desired_proxy_deployment(
     let container = Container {
         name: PROXY_CONTAINER.to_string(),
         image: Some(image),
-        command: Some(proxy_args(port, &format!("{CONFIG_DIR}/{CONFIG_KEY}"))),
+        command: Some(proxy_args_with(
+            port,
+            &format!("{CONFIG_DIR}/{CONFIG_KEY}"),
+            proxy
+                .warm_up_enabled()
+                .then(|| format!("{CONFIG_DIR}/{WARM_KEY}"))
+                .as_deref(),
+        )),
         ports: Some(vec![ContainerPort {
             name: Some(CONTAINER_NAME.to_string()),
             container_port: port,
@@ -333,6 +341,8 @@ pub fn desired_proxy_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, 
 }
 
 /// The ConfigMap `NAME-proxy` holding the rendered routes for `backends`, and its version.
+/// With warm-up, also the warm-up route ([`WARM_KEY`]), and each slot warming up
+/// ([`ProxyBackend::warm_from`]) reads its misses from its former pod ([`render_warm`]).
 pub fn desired_proxy_config_map(
     mc: &Memcached,
     backends: &[ProxyBackend],
@@ -345,20 +355,47 @@ pub fn desired_proxy_config_map(
         "{}/{name}",
         mc.metadata.namespace.as_deref().unwrap_or_default()
     );
-    let (text, version) = render(
+    let warm_up = proxy.warm_up_enabled();
+    // The ring keys warm up from: each warming slot's former pod in its slot, every other
+    // slot vacant, so that it is as long as the ring and hashes each key to the same slot.
+    let warming = warm_up && backends.iter().any(|b| b.warm_from.is_some());
+    let warm: Vec<ProxyBackend> = backends
+        .iter()
+        .filter(|_| warming)
+        .map(|b| {
+            let (pod, address) = b
+                .warm_from
+                .as_ref()
+                .map(|from| (from.pod.clone(), from.address.clone()))
+                .unwrap_or_default();
+            ProxyBackend {
+                copy: b.copy,
+                slot: b.slot,
+                pod,
+                address,
+                warm_from: None,
+            }
+        })
+        .collect();
+    let (text, version) = render_warm(
         &owner,
         backends,
+        &warm,
         proxy.copies,
         &format!("{CONFIG_DIR}/{CONFIG_KEY}"),
     );
     let recorded = serde_json::to_string(backends).unwrap_or_else(|_| "[]".to_string());
+    let mut data = BTreeMap::from([
+        (CONFIG_KEY.to_string(), text),
+        (BACKENDS_KEY.to_string(), recorded),
+    ]);
+    if warm_up {
+        data.insert(WARM_KEY.to_string(), WARM_ROUTE.to_string());
+    }
     Ok(Some((
         ConfigMap {
             metadata: proxy_metadata(mc)?,
-            data: Some(BTreeMap::from([
-                (CONFIG_KEY.to_string(), text),
-                (BACKENDS_KEY.to_string(), recorded),
-            ])),
+            data: Some(data),
             ..ConfigMap::default()
         },
         version,
@@ -442,5 +479,92 @@ mod tests {
         assert!(!matches(&pool, &proxy_pod), "the pool selects no proxy pod");
         assert_eq!(d.metadata.name.as_deref(), Some("cache-proxy"));
         assert_eq!(d.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    }
+
+    /// The proxy's command line and the ConfigMap's keys and routes.
+    fn rendered(mc: &Memcached, backends: &[ProxyBackend]) -> (Vec<String>, Vec<String>, String) {
+        let settings = BuildSettings::default();
+        let command = desired_proxy_deployment(mc, &settings)
+            .ok()
+            .flatten()
+            .and_then(|d| d.spec?.template.spec?.containers.first()?.command.clone())
+            .unwrap_or_default();
+        let data = desired_proxy_config_map(mc, backends)
+            .ok()
+            .flatten()
+            .and_then(|(cm, _)| cm.data)
+            .unwrap_or_default();
+        let config = data.get(CONFIG_KEY).cloned().unwrap_or_default();
+        (command, data.into_keys().collect(), config)
+    }
+
+    #[test]
+    fn warm_up_adds_its_route_and_reads_a_warming_slot_from_its_former_pod() {
+        let backend = |slot: i32, pod: &str, from: Option<&str>| ProxyBackend {
+            copy: 1,
+            slot,
+            pod: pod.into(),
+            address: format!("10.0.0.{slot}:11211"),
+            warm_from: from.map(|p| memcached_api::WarmFrom {
+                pod: p.into(),
+                address: "10.0.9.9:11211".into(),
+            }),
+        };
+        let steady = [
+            backend(0, "a", None),
+            backend(1, "b", None),
+            backend(2, "c", None),
+            backend(3, "e", None),
+        ];
+        let mut rolling = steady.clone();
+        rolling[1] = backend(1, "d", Some("old-b"));
+
+        // Off (the default): no warm-up file, no warm pool, even for a recorded warm-up.
+        let off = memcached(Some(ProxySpec::default()));
+        let (command, keys, config) = rendered(&off, &rolling);
+        assert!(!command.concat().contains(WARM_KEY), "{command:?}");
+        assert_eq!(keys, [BACKENDS_KEY, CONFIG_KEY]);
+        assert!(
+            !config.contains("route_warm") && !config.contains("old-b"),
+            "{config}"
+        );
+
+        let on = memcached(Some(ProxySpec {
+            image: Some("memcached:patched".into()),
+            warm_up: Some(memcached_api::WarmUpSpec { enabled: true }),
+            ..ProxySpec::default()
+        }));
+        let (command, keys, config) = rendered(&on, &steady);
+        assert!(
+            command.contains(&format!(
+                "proxy_config=routelib:{CONFIG_DIR}/{WARM_KEY},proxy_arg={CONFIG_DIR}/{CONFIG_KEY}"
+            )),
+            "{command:?}"
+        );
+        assert_eq!(keys, [BACKENDS_KEY, CONFIG_KEY, WARM_KEY]);
+        // Nothing warming: the plain routes.
+        assert_eq!(config, rendered(&off, &steady).2);
+        let (_, _, config) = rendered(&on, &rolling);
+        assert!(config.contains("route_warm{ child = \"pool\""), "{config}");
+        assert!(
+            config.contains("label = \"old-b\", host = \"10.0.9.9\", port = \"11211\""),
+            "{config}"
+        );
+        // The warm ring is as long as the ring (so each key hashes to the same slot), its
+        // other slots down.
+        let warm_pool = config
+            .split("warm = {")
+            .nth(1)
+            .and_then(|rest| rest.split("    },").next())
+            .unwrap_or_default();
+        let labels: Vec<&str> = warm_pool
+            .lines()
+            .filter_map(|l| l.split("label = \"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(
+            labels,
+            ["cold:1:0", "old-b", "cold:1:2", "cold:1:3"],
+            "{config}"
+        );
     }
 }

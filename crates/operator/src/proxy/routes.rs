@@ -45,6 +45,11 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
 /// ([`super::WARM_ROUTE`], a start file of its own) and writes reach that pod too, so a
 /// value it still holds is never older than the new pod's. With no pod in `warm` the text
 /// is exactly [`render`]'s. Ignored with more than one copy.
+///
+/// The operator warms replacements only (`spec.proxy.warmUp`, [`super::membership`]'s
+/// `warm_from`): there a key's two pods are always two pods. With a previous ring, a key
+/// that did not move has the same pod in both, so a write reaches it twice: harmless for
+/// `set` and `delete`, not for `incr`, `decr`, `append` or `prepend`.
 pub fn render_warm(
     owner: &str,
     backends: &[ProxyBackend],
@@ -277,6 +282,7 @@ mod tests {
             slot: 1,
             pod: "old-b".into(),
             address: "10.0.0.9:11211".into(),
+            warm_from: None,
         };
         let plain = render("ns/x", &m.backends, 1, "/f");
         // The current ring, the old pod in slot 1, the other slots vacant.

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memcached_api::ProxyBackend;
+use memcached_api::{ProxyBackend, WarmFrom};
 use serde::Deserialize;
 
 use super::BACKENDS_KEY;
@@ -68,10 +68,16 @@ pub fn rank(copy: i32, slot: i32, copies: i32) -> i32 {
 ///   changed), the pod of highest rank moves into the vacancy of lowest rank; only once
 ///   the pool has no more pods than `size`, so a scale-down still under way moves nobody.
 ///
+/// With warm-up (`spec.proxy.warmUp`), `leaving` lists the pool's stopping pods (deletion
+/// requested, not ended, IP known; none without warm-up): a slot whose pod is stopping
+/// records it as [`ProxyBackend::warm_from`], vacant or taken by a newcomer, until it has
+/// gone, so the proxies read the slot's misses from it (see [`super::render_warm`]).
+///
 /// The deletion costs make the ReplicaSet remove the pod of highest rank first.
 pub fn membership(
     recorded: &[ProxyBackend],
     pods: &[PoolPod],
+    leaving: &[PoolPod],
     size: i32,
     copies: i32,
     port: i32,
@@ -157,6 +163,30 @@ pub fn membership(
         slots.insert(hole, (pod.name.as_str(), crate::status::endpoint(ip, port)));
     }
 
+    // The slots warming up: a slot keeps warming from the stopping pod it warms from (which
+    // has had the slot's keys longest, and got the writes since), else from its own pod if
+    // that is stopping now.
+    let leaving: BTreeMap<&str, &PoolPod> = leaving
+        .iter()
+        .filter(|p| p.ip.is_some() && !live.contains_key(p.name.as_str()))
+        .map(|p| (p.name.as_str(), p))
+        .collect();
+    let mut warm: BTreeMap<(i32, i32), WarmFrom> = BTreeMap::new();
+    for b in recorded {
+        let from = b
+            .warm_from
+            .as_ref()
+            .and_then(|w| leaving.get(w.pod.as_str()))
+            .or_else(|| leaving.get(b.pod.as_str()));
+        if let Some(pod) = from {
+            let ip = pod.ip.as_deref().unwrap_or_default();
+            warm.entry((b.copy, b.slot)).or_insert_with(|| WarmFrom {
+                pod: pod.name.clone(),
+                address: crate::status::endpoint(ip, port),
+            });
+        }
+    }
+
     let mut backends = Vec::new();
     let mut deletion_costs = BTreeMap::new();
     for copy in 1..=copies {
@@ -178,11 +208,13 @@ pub fn membership(
                         slot,
                         pod: pod.to_string(),
                         address: address.clone(),
+                        warm_from: warm.remove(&(copy, slot)),
                     });
                 }
                 None => backends.push(ProxyBackend {
                     copy,
                     slot,
+                    warm_from: warm.remove(&(copy, slot)),
                     ..ProxyBackend::default()
                 }),
             }
@@ -203,6 +235,8 @@ struct Recorded {
     pod: String,
     #[serde(default)]
     address: String,
+    #[serde(default, rename = "warmFrom")]
+    warm_from: Option<WarmFrom>,
 }
 
 /// The backends recorded in a ConfigMap's data (its JSON text as cached), or none. A record
@@ -227,6 +261,7 @@ pub fn recorded_backends(data_json: &str) -> Vec<ProxyBackend> {
                 slot,
                 pod: r.pod,
                 address: r.address,
+                warm_from: r.warm_from,
             }
         })
         .collect()
@@ -279,9 +314,9 @@ pub(super) mod tests {
         size: i32,
         copies: i32,
     ) -> Membership {
-        let next = membership(&m.backends, pods, size, copies, PORT);
+        let next = membership(&m.backends, pods, &[], size, copies, PORT);
         assert_eq!(
-            membership(&next.backends, pods, size, copies, PORT),
+            membership(&next.backends, pods, &[], size, copies, PORT),
             next,
             "stable"
         );
@@ -364,6 +399,81 @@ pub(super) mod tests {
         let two = next(&halfway, &ready(&["a", "c"]), 2, 1);
         assert_eq!(ring(&two, 1), ["a", "c"]);
         assert_eq!(cost(&two, "c"), Some(999));
+    }
+
+    /// The next membership with warm-up, `leaving` stopping; stable like [`next`].
+    fn next_warm(m: &Membership, pods: &[PoolPod], leaving: &[PoolPod], size: i32) -> Membership {
+        let next = membership(&m.backends, pods, leaving, size, 1, PORT);
+        assert_eq!(
+            membership(&next.backends, pods, leaving, size, 1, PORT),
+            next,
+            "stable"
+        );
+        next
+    }
+
+    /// Each slot's pod and the pod it warms up from ("" for none).
+    fn warming(m: &Membership) -> Vec<(&str, &str)> {
+        m.backends
+            .iter()
+            .map(|b| {
+                let from = b.warm_from.as_ref().map_or("", |w| w.pod.as_str());
+                (b.pod.as_str(), from)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_replaced_pods_slot_warms_up_from_it_while_it_stops() {
+        let three = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        // A rollout's new pod waits; b is deleted and stops: its slot warms from it, the
+        // new pod takes the slot in the same step.
+        let stopping = [pod("b", true)];
+        let rolled = next_warm(&three, &ready(&["a", "c", "d"]), &stopping, 3);
+        assert_eq!(warming(&rolled), [("a", ""), ("d", "b"), ("c", "")]);
+        let from = rolled.backends[1].warm_from.clone().unwrap_or_default();
+        assert_eq!(
+            from.address,
+            format!("{}:{PORT}", pod("b", true).ip.unwrap_or_default())
+        );
+        assert_eq!(cost(&rolled, "b"), None, "a stopping pod has no cost");
+        // Without a replacement yet, the vacant slot warms from it.
+        let vacant = next_warm(&three, &ready(&["a", "c"]), &stopping, 3);
+        assert_eq!(warming(&vacant), [("a", ""), ("", "b"), ("c", "")]);
+        let joined = next_warm(&vacant, &ready(&["a", "c", "d"]), &stopping, 3);
+        assert_eq!(joined, rolled);
+        // The new pod replaced in turn while b still stops: b's warm-up is kept (the keys
+        // are still more likely there), d only stops.
+        let again = next_warm(
+            &rolled,
+            &ready(&["a", "c", "e"]),
+            &[pod("b", true), pod("d", true)],
+            3,
+        );
+        assert_eq!(warming(&again), [("a", ""), ("e", "b"), ("c", "")]);
+        // b has gone: the slot is e's alone (d, which held it briefly, is not recorded).
+        let done = next_warm(&again, &ready(&["a", "c", "e"]), &[pod("d", true)], 3);
+        assert_eq!(warming(&done), [("a", ""), ("e", ""), ("c", "")]);
+        // A stopping pod without an IP serves nothing, and a live pod never warms a slot.
+        let no_ip = PoolPod {
+            ip: None,
+            ..pod("b", true)
+        };
+        let cold = next_warm(&three, &ready(&["a", "c", "d"]), &[no_ip], 3);
+        assert_eq!(warming(&cold), [("a", ""), ("d", ""), ("c", "")]);
+        assert_eq!(
+            next_warm(&three, &ready(&["a", "b", "c"]), &stopping, 3),
+            three
+        );
+        // A scale-down's last slot goes with its pod: nothing warms from it.
+        let down = next_warm(&three, &ready(&["a", "b"]), &[pod("c", true)], 2);
+        assert_eq!(warming(&down), [("a", ""), ("b", "")]);
+        // The record reads back with the warm-up.
+        let written = serde_json::json!({
+            BACKENDS_KEY: serde_json::to_string(&rolled.backends).unwrap_or_default(),
+        })
+        .to_string();
+        assert_eq!(recorded_backends(&written), rolled.backends);
     }
 
     #[test]

@@ -123,6 +123,7 @@ mod tests {
             ("/spec/proxy/copies", Value::from(1)),
             ("/spec/proxy/enabled", Value::from(false)),
             ("/spec/proxy/replicas", Value::from(2)),
+            ("/spec/proxy/warmUp/enabled", Value::from(false)),
             ("/spec/rollout/minReadySeconds", Value::from(30)),
         ]
         .into_iter()

@@ -326,6 +326,17 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             "spec.proxy.image",
         ),
         (
+            "warm-up-with-copies".into(),
+            json!({"size": 4, "proxy": {"enabled": true, "copies": 2, "image": "memcached:1.6.38",
+                   "warmUp": {"enabled": true}}}),
+            "spec.proxy.warmUp.enabled",
+        ),
+        (
+            "warm-up-stock-image".into(),
+            json!({"size": 2, "proxy": {"enabled": true, "warmUp": {"enabled": true}}}),
+            "spec.proxy.image",
+        ),
+        (
             "proxy-with-sasl".into(),
             json!({"size": 2, "proxy": {"enabled": true}, "sasl": {"secretName": "pwdb"}}),
             "spec.proxy.enabled",
