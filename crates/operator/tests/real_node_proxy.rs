@@ -5,14 +5,19 @@
 //! - Keys set through the Service `NAME-proxy`, on its ClusterIP from the host (kube-proxy
 //!   picks a proxy pod per connection), are each on exactly one of the pool's pods (read on
 //!   each pod's IP), spread over all of them, and read back through the Service.
-//! - Each scale-up (3 → 4 → 5) is measured: from the moment the operator's write of the
-//!   new ConfigMap `NAME-proxy` is seen, until each proxy pod routes keys to the new pod
+//! - The scale-up (3 → 4) is measured: from the moment the operator's write of the new
+//!   ConfigMap `NAME-proxy` is seen, until each proxy pod routes keys to the new pod
 //!   (keys set on that proxy's own pod IP land on the new pod). The ConfigMap reaches the
 //!   pods through the kubelet's own propagation (its defaults: the pod resync every 60 s
 //!   with jitter, the ConfigMap watched), then the proxy's own check of its file (every
 //!   second). Every measured time must be within `PROPAGATION_WINDOW`, the time the
 //!   operator reports `ProxyReady=False` (`Propagating`) for after a change, so that
 //!   `ProxyReady=True` means what it says. Each time is printed (`PROPAGATION ...`).
+//! - A pod replaced (deleted, as an eviction would) warms up (`spec.proxy.warmUp`, the
+//!   patched memcached of `make memcached-proxy`): measured the same way, until a key of
+//!   its slot read through each proxy pod is written back to the replacement; then every
+//!   key of the slot reads back through the Service (where without warm-up each would
+//!   miss) and the replacement holds them all, while the replaced pod still stops.
 //! - When the control plane stops, nothing of the node is left on the host.
 //!
 //! Runs as root, one real node at a time (envtest's host lock).
@@ -45,9 +50,13 @@ const CONVERGE: Duration = Duration::from_secs(240);
 const MEASURE_LIMIT: Duration = Duration::from_secs(400);
 const NAME: &str = "cache";
 const PORT: u16 = 11211;
-/// The sizes the pool is grown through, one measurement per step and proxy pod (two steps:
-/// each waits up to the kubelet's ~90 s propagation, and the suite's time counts in CI).
-const SIZES: [i32; 3] = [3, 4, 5];
+/// The sizes the pool is grown through, one measurement per step and proxy pod (one step,
+/// and the replacement after it: each waits up to the kubelet's ~90 s propagation, and the
+/// suite's time counts in CI).
+const SIZES: [i32; 2] = [3, 4];
+/// The replaced pod's `preStop` delay: it serves this long after its deletion, through the
+/// replacement's start and the proxies' loading of the warm-up.
+const STOPPING_SECONDS: i32 = 170;
 
 /// One real node per test binary at a time (the host allows one).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -195,6 +204,93 @@ async fn ring_written(writes: &Writes, skip: usize, size: i32) -> (Instant, Prox
     .await
 }
 
+/// The first ring the operator wrote (after the `skip` first writes) with another pod in
+/// `replaced`'s slot, warming up from it: when this test saw it, and that pod.
+async fn warm_ring_written(
+    writes: &Writes,
+    skip: usize,
+    replaced: &str,
+) -> (Instant, ProxyBackend) {
+    wait_for_within(
+        &format!("the operator writes a ring warming up from {replaced}"),
+        CONVERGE,
+        || async {
+            let w = writes.lock().unwrap();
+            w.iter().skip(skip).find_map(|(at, _, backends)| {
+                let b = backends.iter().find(|b| {
+                    !b.is_vacant()
+                        && b.pod != replaced
+                        && b.warm_from.as_ref().is_some_and(|f| f.pod == replaced)
+                })?;
+                Some((*at, b.clone()))
+            })
+        },
+    )
+    .await
+}
+
+/// Reads a key of the warming slot (`slot_keys`, one per proxy pod) through each proxy pod
+/// (on its pod IP) until the proxy has written it back to `successor`, so it reads the
+/// slot from the replacement and its misses from the replaced pod; how long after
+/// `written_at` each did.
+async fn until_warmed(
+    proxies: Vec<(String, SocketAddr)>,
+    successor: &ProxyBackend,
+    slot_keys: &[String],
+    written_at: Instant,
+    version: &envtest::Version,
+) -> Vec<Measured> {
+    let successor_addr = addr_of(successor);
+    let mut measured = Vec::new();
+    let mut probe = 0u32;
+    let mut pending: Vec<(String, SocketAddr, String)> = proxies
+        .into_iter()
+        .zip(slot_keys)
+        .map(|((name, addr), key)| (name, addr, key.clone()))
+        .collect();
+    while !pending.is_empty() {
+        assert!(
+            written_at.elapsed() < MEASURE_LIMIT,
+            "proxies {pending:?} did not warm {} up within {MEASURE_LIMIT:?} of the ConfigMap's write",
+            successor.pod
+        );
+        let mut still = Vec::new();
+        probe += 1;
+        for (name, addr, key) in pending {
+            let k = vec![key.clone()];
+            let read = blocking(move || held(addr, &k)).await;
+            let k = vec![key.clone()];
+            let landed = blocking(move || held(successor_addr, &k)).await;
+            if probe.is_multiple_of(20) {
+                eprintln!(
+                    "WARM-PROBE {:.0} s: {key} through {name}: {read:?}, on the replacement: {landed:?}",
+                    written_at.elapsed().as_secs_f64()
+                );
+            }
+            match (read, landed) {
+                (Ok(read), Ok(landed)) if !landed.is_empty() => {
+                    assert_eq!(read.len(), 1, "{key} hit through {name}");
+                    let seconds = written_at.elapsed().as_secs_f64();
+                    eprintln!(
+                        "PROPAGATION kube={version} step=warm-up proxy={name} seconds={seconds:.1}"
+                    );
+                    measured.push(Measured {
+                        step: "warm-up".to_string(),
+                        proxy: name,
+                        seconds,
+                    });
+                }
+                _ => still.push((name, addr, key)),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    measured
+}
+
 /// Probes each proxy pod (on its pod IP) until keys set through it land on `new_pod`; how
 /// long after `written_at` each did.
 async fn until_routed(
@@ -296,7 +392,8 @@ async fn keys_spread_through_the_proxy_service_and_the_proxies_load_each_new_rin
                     "config": {"memoryMiB": 16, "threads": 1},
                     "nodeSelector": {REAL_NODE_KEY: "true"},
                     "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                    "proxy": {"enabled": true, "replicas": 2},
+                    "gracefulShutdown": {"preStopDelaySeconds": STOPPING_SECONDS},
+                    "proxy": {"enabled": true, "replicas": 2, "image": image, "warmUp": {"enabled": true}},
                 },
             });
             mcs.patch(NAME, &PatchParams::apply("test").force(), &Patch::Apply(&mc))
@@ -401,12 +498,84 @@ async fn keys_spread_through_the_proxy_service_and_the_proxies_load_each_new_rin
         converged(to).await;
     }
 
-    // Keys set before the growth whose slot did not move still hit through the Service.
+    // The pod of slot 1 replaced: its slot warms up from it while it stops.
+    let status = converged(SIZES[1]).await;
+    let replaced = status
+        .backends
+        .iter()
+        .find(|b| b.slot == 1)
+        .cloned()
+        .expect("a pod in slot 1");
+    // The keys of its slot: those it holds that the proxies read from it (a key that moved
+    // to the new slot at 3 -> 4 is still held here, but read from the new slot, where it
+    // misses).
+    let (addr, k) = (addr_of(&replaced), keys.clone());
+    let on_pod: Vec<String> = blocking(move || held(addr, &k)).await.unwrap().into_iter().collect();
+    let k = on_pod.clone();
+    let through = blocking(move || held(via_service, &k)).await.unwrap();
+    let slot_keys: Vec<String> = on_pod.into_iter().filter(|k| through.contains(k)).collect();
+    // 600 keys over 4 slots: 150 expected.
+    assert!(slot_keys.len() >= 60, "{} keys in slot 1", slot_keys.len());
+    let proxies = ready_proxy_pods(&pods).await;
+    assert_eq!(proxies.len(), 2, "two Ready proxy pods: {proxies:?}");
+    let written_before = writes.lock().unwrap().len();
+    pods.delete(&replaced.pod, &Default::default()).await.expect("delete pod");
+    let deleted_at = Instant::now();
+    let (written_at, successor) = warm_ring_written(&writes, written_before, &replaced.pod).await;
+    let warmed = until_warmed(proxies, &successor, &slot_keys, written_at, cp.version());
+    // Within the replaced pod's life (then nothing can warm up any more), so that the
+    // writes below are printed when it fails.
+    let warmed = tokio::time::timeout(Duration::from_secs(STOPPING_SECONDS as u64), warmed).await;
+    // The operator's writes since the deletion, for a failure's reader.
+    for (at, version, backends) in writes.lock().unwrap().iter().skip(written_before) {
+        let slots: Vec<String> = backends
+            .iter()
+            .map(|b| match &b.warm_from {
+                Some(w) => format!("{}<-{}", b.pod, w.pod),
+                None => b.pod.clone(),
+            })
+            .collect();
+        eprintln!(
+            "WRITE {:+.1} s after the deletion: {version} {slots:?}",
+            at.duration_since(deleted_at).as_secs_f64()
+        );
+    }
+    measured.extend(warmed.unwrap_or_else(|_| {
+        panic!("the proxies did not warm up while the replaced pod served ({STOPPING_SECONDS} s)")
+    }));
+    let k = slot_keys.clone();
+    let hits = blocking(move || held(via_service, &k)).await.unwrap().len();
+    let (addr, k) = (addr_of(&successor), slot_keys.clone());
+    let on_successor = wait_for_within("the written-back values on the replacement", CONVERGE, || {
+        let k = k.clone();
+        async move {
+            let want = k.len();
+            let on = blocking(move || held(addr, &k)).await.ok()?;
+            (on.len() == want).then_some(on.len())
+        }
+    })
+    .await;
+    eprintln!(
+        "WARM-UP kube={} slot keys={} hits through the Service={hits} written back={on_successor} \
+         {:.1} s after the deletion",
+        cp.version(),
+        slot_keys.len(),
+        deleted_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(hits, slot_keys.len(), "every key of the replaced pod's slot hits through the Service");
+    assert!(
+        deleted_at.elapsed() < Duration::from_secs(STOPPING_SECONDS as u64),
+        "the replaced pod's keys were read from it while it stopped"
+    );
+
+    // Keys set before the growth whose slot did not move still hit through the Service, the
+    // replaced slot's included.
     let k = keys.clone();
     let hits = blocking(move || held(via_service, &k)).await.unwrap().len();
-    eprintln!("after 3 -> 6, {hits} of {} keys still hit", keys.len());
-    // Jump hashing keeps 3/6 of the keys in place; far fewer means keys moved between old pods.
-    assert!(hits >= keys.len() * 4 / 10, "{hits} of {} keys still hit", keys.len());
+    eprintln!("after 3 -> 4 and a replacement, {hits} of {} keys still hit", keys.len());
+    // Jump hashing keeps 3/4 of the keys in place; far fewer means keys moved between old pods
+    // or the replaced slot's were lost.
+    assert!(hits >= keys.len() * 6 / 10, "{hits} of {} keys still hit", keys.len());
 
     let mut seconds: Vec<f64> = measured.iter().map(|m| m.seconds).collect();
     seconds.sort_by(f64::total_cmp);
