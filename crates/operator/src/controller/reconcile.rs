@@ -263,25 +263,31 @@ const ROLLOUT_SLOT_RECHECK: Duration = Duration::from_secs(10);
 /// The live pods of `mc` in the pod cache: neither being deleted nor ended (a Failed or
 /// evicted pod stays until garbage-collected, but serves nothing).
 fn observed_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
-    pods.get(&format!("{namespace}/{name}"))
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && !p.ended)
-        .map(|p| ObservedPod {
-            name: p.name_any(),
-            ip: p.ip.clone(),
-            ready: p.ready,
-        })
-        .collect()
+    cached_pods(pods, namespace, name, |p| {
+        p.metadata.deletion_timestamp.is_none() && !p.ended
+    })
 }
 
 /// The pods of `mc` in the pod cache that are stopping and may still serve: deletion
 /// requested, not ended, with an IP (a pod in its `preStop` delay, which the proxies warm
 /// its slot's successor from).
-fn leaving_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<proxy::PoolPod> {
+fn leaving_pods(pods: &Index<CachedPod>, namespace: &str, name: &str) -> Vec<ObservedPod> {
+    cached_pods(pods, namespace, name, |p| {
+        p.metadata.deletion_timestamp.is_some() && !p.ended && p.ip.is_some()
+    })
+}
+
+/// The pods of `mc` in the pod cache that pass `which`.
+fn cached_pods(
+    pods: &Index<CachedPod>,
+    namespace: &str,
+    name: &str,
+    which: impl Fn(&CachedPod) -> bool,
+) -> Vec<ObservedPod> {
     pods.get(&format!("{namespace}/{name}"))
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_some() && !p.ended && p.ip.is_some())
-        .map(|p| proxy::PoolPod {
+        .filter(|p| which(p))
+        .map(|p| ObservedPod {
             name: p.name_any(),
             ip: p.ip.clone(),
             ready: p.ready,
@@ -323,23 +329,15 @@ fn proxy_backends(
         .filter(|cm| owner.controls(cm.as_ref()))
         .map(|cm| proxy::recorded_backends(cm.spec_json()))
         .unwrap_or_default();
-    let live: Vec<proxy::PoolPod> = pods
-        .iter()
-        .map(|p| proxy::PoolPod {
-            name: p.name.clone(),
-            ip: p.ip.clone(),
-            ready: p.ready,
-        })
-        .collect();
     // Stopping pods, which slots warm up from, only with warm-up.
-    let leaving: Vec<proxy::PoolPod> = if spec.warm_up_enabled() {
+    let leaving = if spec.warm_up_enabled() {
         leaving_pods(&ctx.pod_index, &namespace, &mc.name_any())
     } else {
         Vec::new()
     };
     proxy::membership(
         &recorded,
-        &live,
+        pods,
         &leaving,
         mc.spec.size,
         spec.copies,

@@ -19,13 +19,8 @@ const DELETION_COST_TOP: i32 = 1000;
 /// Slots read back from a ConfigMap beyond this are ignored (the pool never has more pods).
 pub(super) const MAX_SLOT: i32 = memcached_api::MAX_SIZE;
 
-/// A live pod of the pool (neither being deleted nor ended), as membership needs it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PoolPod {
-    pub name: String,
-    pub ip: Option<String>,
-    pub ready: bool,
-}
+/// A pod of the pool as membership needs it (name, IP, Ready): the status's view of a pod.
+pub type PoolPod = crate::status::ObservedPod;
 
 /// The proxy's rings, and the deletion cost each of their pods should carry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
