@@ -1118,6 +1118,15 @@ fn a_warming_slot_answers_a_miss_from_the_old_pod_and_adds_it_to_the_new_one() {
         Some("old-4")
     );
     assert_eq!(stat(proxy.port, "proxy_backend_failed"), 0);
+    // A proxy without the warm-up route (started before warm-up was turned on) loads the
+    // same routes and serves them plainly.
+    let plain = start_proxy(&dir);
+    raw(old.port, "set k5 0 0 5\r\nold-5\r\n", "STORED");
+    assert_eq!(Conn::open(plain.port).get("k5").expect("get"), Reply::Miss);
+    assert_eq!(
+        Conn::open(plain.port).get("k1").expect("get"),
+        Reply::Hit("old-1".into())
+    );
 }
 
 /// Warm rollouts, with real memcached and the real proxy (ours, with the two fixes of

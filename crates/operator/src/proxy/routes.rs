@@ -144,12 +144,17 @@ pub fn render_warm(
         }
         body.push_str("}\nroutes{\n");
         if warming {
-            reads(&mut body, &|read| match read {
-                "get" => "route_warm{ child = \"pool\", child_warm = \"warm\" }".to_string(),
+            // The warm-up route where the proxy has it (its command loads the start file),
+            // the plain one where it does not: a proxy started before warm-up was turned on
+            // loads this file until it is replaced, and an unknown route would stop it.
+            reads(&mut body, &|read| {
+                match read {
+                "get" => "route_warm and route_warm{ child = \"pool\", child_warm = \"warm\" } or route_direct{ child = \"pool\" }".to_string(),
                 "mg" => {
-                    "route_warm{ child = \"pool\", child_warm = \"warm\", meta = true }".to_string()
+                    "route_warm and route_warm{ child = \"pool\", child_warm = \"warm\", meta = true } or route_direct{ child = \"pool\" }".to_string()
                 }
                 _ => "route_direct{ child = \"pool\" }".to_string(),
+            }
             });
             // Writes and deletes reach the predecessor as well (its answer is not awaited),
             // so a later read through it cannot bring back a value overwritten or deleted.
@@ -314,9 +319,9 @@ mod tests {
         .collect();
         assert!(positions.is_sorted(), "{ring}");
         assert!(text.contains(
-            "get = route_failover{ children = { route_warm{ child = \"pool\", child_warm = \"warm\" }, route_null{} } }"
+            "get = route_failover{ children = { route_warm and route_warm{ child = \"pool\", child_warm = \"warm\" } or route_direct{ child = \"pool\" }, route_null{} } }"
         ), "{text}");
-        assert!(text.contains("mg = route_failover{ children = { route_warm{ child = \"pool\", child_warm = \"warm\", meta = true }"), "{text}");
+        assert!(text.contains("mg = route_failover{ children = { route_warm and route_warm{ child = \"pool\", child_warm = \"warm\", meta = true } or route_direct{ child = \"pool\" }"), "{text}");
         assert!(
             text.contains("gets = route_failover{ children = { route_direct{ child = \"pool\" }"),
             "{text}"
