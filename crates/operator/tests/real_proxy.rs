@@ -1127,6 +1127,17 @@ fn a_warming_slot_answers_a_miss_from_the_old_pod_and_adds_it_to_the_new_one() {
         Conn::open(plain.port).get("k1").expect("get"),
         Reply::Hit("old-1".into())
     );
+    // Warm-up turned off: the ConfigMap loses the route's file and the routes are plain; a
+    // proxy started with it reloads them (until its pod is replaced) and serves on.
+    std::fs::remove_file(dir.0.join(proxy::WARM_KEY)).expect("remove warm.lua");
+    let before = stat(proxy.port, "proxy_config_reloads");
+    configure(&dir, &[], &ready(&[new.port]), 1, 1);
+    wait_for_reload(proxy.port, before);
+    assert_eq!(conn.get("k5").expect("get"), Reply::Miss);
+    assert_eq!(
+        Conn::open(proxy.port).get("k1").expect("get"),
+        Reply::Hit("old-1".into())
+    );
 }
 
 /// Warm rollouts, with real memcached and the real proxy (ours, with the two fixes of
