@@ -186,46 +186,51 @@ async fn ready_proxy_pods(pods: &Api<Pod>) -> Vec<(String, SocketAddr)> {
         .collect()
 }
 
-/// The first ring the operator wrote with `size` pods (seen after the `skip` first writes):
-/// when this test saw it, and the pod of its last slot.
-async fn ring_written(writes: &Writes, skip: usize, size: i32) -> (Instant, ProxyBackend) {
-    wait_for_within(
-        &format!("the operator writes a ring of {size}"),
-        CONVERGE,
-        || async {
-            let w = writes.lock().unwrap();
-            w.iter().skip(skip).find_map(|(at, _, backends)| {
-                let live: Vec<&ProxyBackend> = backends.iter().filter(|b| !b.is_vacant()).collect();
-                let last = live.iter().max_by_key(|b| b.slot)?;
-                (live.len() == size as usize).then(|| (*at, (*last).clone()))
-            })
-        },
-    )
+/// The first ring the operator wrote (after the `skip` first writes) from which `pick`
+/// takes a backend: when this test saw it, and that backend.
+async fn first_written(
+    writes: &Writes,
+    skip: usize,
+    what: &str,
+    pick: impl Fn(&[ProxyBackend]) -> Option<ProxyBackend>,
+) -> (Instant, ProxyBackend) {
+    wait_for_within(&format!("the operator writes {what}"), CONVERGE, || async {
+        let w = writes.lock().unwrap();
+        w.iter()
+            .skip(skip)
+            .find_map(|(at, _, backends)| Some((*at, pick(backends)?)))
+    })
     .await
 }
 
-/// The first ring the operator wrote (after the `skip` first writes) with another pod in
-/// `replaced`'s slot, warming up from it: when this test saw it, and that pod.
+/// The first ring with `size` pods: when this test saw it, and the pod of its last slot.
+async fn ring_written(writes: &Writes, skip: usize, size: i32) -> (Instant, ProxyBackend) {
+    first_written(writes, skip, &format!("a ring of {size}"), |backends| {
+        let live: Vec<&ProxyBackend> = backends.iter().filter(|b| !b.is_vacant()).collect();
+        let last = live.iter().max_by_key(|b| b.slot)?;
+        (live.len() == size as usize).then(|| (*last).clone())
+    })
+    .await
+}
+
+/// The first ring with another pod in `replaced`'s slot, warming up from it: when this test
+/// saw it, and that pod.
 async fn warm_ring_written(
     writes: &Writes,
     skip: usize,
     replaced: &str,
 ) -> (Instant, ProxyBackend) {
-    wait_for_within(
-        &format!("the operator writes a ring warming up from {replaced}"),
-        CONVERGE,
-        || async {
-            let w = writes.lock().unwrap();
-            w.iter().skip(skip).find_map(|(at, _, backends)| {
-                let b = backends.iter().find(|b| {
-                    !b.is_vacant()
-                        && b.pod != replaced
-                        && b.warm_from.as_ref().is_some_and(|f| f.pod == replaced)
-                })?;
-                Some((*at, b.clone()))
+    let what = format!("a ring warming up from {replaced}");
+    first_written(writes, skip, &what, |backends| {
+        backends
+            .iter()
+            .find(|b| {
+                !b.is_vacant()
+                    && b.pod != replaced
+                    && b.warm_from.as_ref().is_some_and(|f| f.pod == replaced)
             })
-        },
-    )
+            .cloned()
+    })
     .await
 }
 
@@ -248,12 +253,8 @@ async fn until_warmed(
         .zip(slot_keys)
         .map(|((name, addr), key)| (name, addr, key.clone()))
         .collect();
+    // Bounded by the caller (the replaced pod's life).
     while !pending.is_empty() {
-        assert!(
-            written_at.elapsed() < MEASURE_LIMIT,
-            "proxies {pending:?} did not warm {} up within {MEASURE_LIMIT:?} of the ConfigMap's write",
-            successor.pod
-        );
         let mut still = Vec::new();
         probe += 1;
         for (name, addr, key) in pending {

@@ -358,25 +358,23 @@ pub fn desired_proxy_config_map(
     let warm_up = proxy.warm_up_enabled();
     // The ring keys warm up from: each warming slot's former pod in its slot, every other
     // slot vacant, so that it is as long as the ring and hashes each key to the same slot.
-    let warming = warm_up && backends.iter().any(|b| b.warm_from.is_some());
-    let warm: Vec<ProxyBackend> = backends
-        .iter()
-        .filter(|_| warming)
-        .map(|b| {
-            let (pod, address) = b
-                .warm_from
-                .as_ref()
-                .map(|from| (from.pod.clone(), from.address.clone()))
-                .unwrap_or_default();
-            ProxyBackend {
-                copy: b.copy,
-                slot: b.slot,
-                pod,
-                address,
-                warm_from: None,
-            }
-        })
-        .collect();
+    let warm: Vec<ProxyBackend> = if warm_up && backends.iter().any(|b| b.warm_from.is_some()) {
+        backends
+            .iter()
+            .map(|b| {
+                let from = b.warm_from.clone().unwrap_or_default();
+                ProxyBackend {
+                    copy: b.copy,
+                    slot: b.slot,
+                    pod: from.pod,
+                    address: from.address,
+                    warm_from: None,
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let (text, version) = render_warm(
         &owner,
         backends,

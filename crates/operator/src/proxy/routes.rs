@@ -147,14 +147,15 @@ pub fn render_warm(
             // The warm-up route where the proxy has it (its command loads the start file),
             // the plain one where it does not: a proxy started before warm-up was turned on
             // loads this file until it is replaced, and an unknown route would stop it.
-            reads(&mut body, &|read| {
-                match read {
-                "get" => "route_warm and route_warm{ child = \"pool\", child_warm = \"warm\" } or route_direct{ child = \"pool\" }".to_string(),
-                "mg" => {
-                    "route_warm and route_warm{ child = \"pool\", child_warm = \"warm\", meta = true } or route_direct{ child = \"pool\" }".to_string()
-                }
+            let warm = |options: &str| {
+                format!(
+                    "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{options} }} or route_direct{{ child = \"pool\" }}"
+                )
+            };
+            reads(&mut body, &|read| match read {
+                "get" => warm(""),
+                "mg" => warm(", meta = true"),
                 _ => "route_direct{ child = \"pool\" }".to_string(),
-            }
             });
             // Writes and deletes reach the predecessor as well (its answer is not awaited),
             // so a later read through it cannot bring back a value overwritten or deleted.
