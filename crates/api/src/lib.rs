@@ -394,6 +394,56 @@ pub struct ProxySpec {
     /// read from a pipelined connection; see the README).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_up: Option<WarmUpSpec>,
+    /// A gutter (one copy only): in each proxy pod, a small cache of its own that takes
+    /// the reads and writes of a pool pod that fails (stopped, unreachable, its slot
+    /// vacant) with a short TTL, instead of sending them to the backend behind the cache
+    /// until a new pod serves the slot. Off by default: it costs each proxy pod
+    /// `memoryMiB`, and turning it on or off restarts the proxy pods (not the pool's).
+    /// Values written to the gutter live `ttlSeconds` at most; a pool pod that was cut
+    /// off without restarting comes back with the values it had (see the README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gutter: Option<GutterSpec>,
+}
+
+/// Default memory of each proxy pod's gutter, MiB.
+pub const DEFAULT_GUTTER_MEMORY_MIB: i32 = 32;
+/// Default TTL of a value in the gutter, seconds.
+pub const DEFAULT_GUTTER_TTL_SECONDS: i32 = 10;
+
+/// `spec.proxy.gutter`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GutterSpec {
+    /// Serve a failed pod's keys from the gutter.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Cache memory of the gutter in each proxy pod, MiB (the proxy's `-m`; the proxy's
+    /// default resources grow by as much).
+    #[serde(default = "default_gutter_memory_mib", rename = "memoryMiB")]
+    #[schemars(range(min = 8, max = 4096))]
+    pub memory_mib: i32,
+    /// TTL of every value written to the gutter, seconds (a client's own TTL is
+    /// replaced by it).
+    #[serde(default = "default_gutter_ttl_seconds")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub ttl_seconds: i32,
+}
+
+impl Default for GutterSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            memory_mib: DEFAULT_GUTTER_MEMORY_MIB,
+            ttl_seconds: DEFAULT_GUTTER_TTL_SECONDS,
+        }
+    }
+}
+
+fn default_gutter_memory_mib() -> i32 {
+    DEFAULT_GUTTER_MEMORY_MIB
+}
+fn default_gutter_ttl_seconds() -> i32 {
+    DEFAULT_GUTTER_TTL_SECONDS
 }
 
 /// `spec.proxy.warmUp`.
@@ -410,6 +460,11 @@ impl ProxySpec {
     pub fn warm_up_enabled(&self) -> bool {
         self.warm_up.as_ref().is_some_and(|w| w.enabled)
     }
+
+    /// The gutter, when `spec.proxy.gutter.enabled`.
+    pub fn gutter_enabled(&self) -> Option<&GutterSpec> {
+        self.gutter.as_ref().filter(|g| g.enabled)
+    }
 }
 
 impl Default for ProxySpec {
@@ -421,6 +476,7 @@ impl Default for ProxySpec {
             resources: None,
             copies: 1,
             warm_up: None,
+            gutter: None,
         }
     }
 }

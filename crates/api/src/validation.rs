@@ -543,6 +543,10 @@ fn validate_quantities(
     errors
 }
 
+/// What a proxy pod needs besides its gutter's cache memory, MiB (its default memory limit
+/// without a gutter, 128 MiB, holds the proxy's own 8 MiB and its connections with room).
+const GUTTER_OVERHEAD_MIB: u64 = 64;
+
 /// Checks `spec.proxy`. Its fields are checked whether or not it is enabled, so that
 /// switching it on never meets an error left from before.
 fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldError> {
@@ -590,6 +594,53 @@ fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldEr
             "spec.proxy.image",
             "spec.proxy.warmUp needs a proxy image whose memcached copies whole values into a new request: memcached up to 1.6.45 may truncate a large value read from a pipelined connection when it is written back (the operator's repository builds one with hack/memcached/proxy-read-fixes.patch)",
         ));
+    }
+    if let Some(gutter) = &proxy.gutter {
+        if !(8..=4096).contains(&gutter.memory_mib) {
+            errors.push(FieldError::invalid(
+                "spec.proxy.gutter.memoryMiB",
+                gutter.memory_mib,
+                "must be between 8 and 4096 (MiB of cache in each proxy pod)",
+            ));
+        }
+        if !(1..=3600).contains(&gutter.ttl_seconds) {
+            errors.push(FieldError::invalid(
+                "spec.proxy.gutter.ttlSeconds",
+                gutter.ttl_seconds,
+                "must be between 1 and 3600: the gutter holds a failed pod's keys for a short while",
+            ));
+        }
+        if gutter.enabled && proxy.copies > 1 {
+            errors.push(FieldError::invalid(
+                "spec.proxy.gutter.enabled",
+                true,
+                format!(
+                    "the gutter works with one copy of each key (spec.proxy.copies is {}): with copies, a failed pod's keys are read from the other copies",
+                    proxy.copies
+                ),
+            ));
+        }
+        // The gutter fills the proxy's cache up to memoryMiB: a limit below it would have
+        // the proxy killed for its memory once the gutter is full.
+        let limit = proxy
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("memory"))
+            .and_then(|q| crate::quantity::parse_quantity_bytes(&q.0));
+        if let Some(limit) = limit
+            && gutter.enabled
+            && limit < (gutter.memory_mib.max(0) as u64 + GUTTER_OVERHEAD_MIB) << 20
+        {
+            errors.push(FieldError::invalid(
+                "spec.proxy.gutter.memoryMiB",
+                gutter.memory_mib,
+                format!(
+                    "does not fit the proxy's memory limit (spec.proxy.resources.limits.memory, {} MiB): the proxy needs the gutter's memory and {GUTTER_OVERHEAD_MIB} MiB more",
+                    limit >> 20
+                ),
+            ));
+        }
     }
     if proxy.enabled && spec.tls.is_some() {
         errors.push(FieldError::invalid(
@@ -1279,6 +1330,57 @@ mod tests {
         assert_eq!(
             validate(&ext_and(|_| {}, |s| s.resources = memory(None, None))),
             Ok(())
+        );
+    }
+
+    /// A gutter is refused with copies, and with a proxy memory limit it does not fit in
+    /// (its cache and 64 MiB more), each naming its field; the proxy's default resources
+    /// and a limit with room pass.
+    #[test]
+    fn a_gutter_fits_one_copy_and_the_proxys_memory() {
+        let gutter = |edit: fn(&mut crate::ProxySpec)| {
+            with(|s| {
+                let mut p = crate::ProxySpec {
+                    gutter: Some(crate::GutterSpec {
+                        enabled: true,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                edit(&mut p);
+                s.proxy = Some(p);
+            })
+        };
+        let fields = |m: Memcached| -> Vec<String> {
+            validate(&m)
+                .err()
+                .map(|e| e.0.into_iter().map(|e| e.field).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(fields(gutter(|_| {})), Vec::<String>::new());
+        assert_eq!(
+            fields(gutter(|p| p.copies = 2)),
+            ["spec.proxy.gutter.enabled"]
+        );
+        assert_eq!(
+            fields(gutter(|p| p.resources = memory(None, Some("95Mi")))),
+            ["spec.proxy.gutter.memoryMiB"]
+        );
+        assert_eq!(
+            fields(gutter(|p| p.resources = memory(None, Some("96Mi")))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            fields(gutter(|p| {
+                p.gutter = Some(crate::GutterSpec {
+                    enabled: false,
+                    ttl_seconds: 0,
+                    ..Default::default()
+                });
+                p.copies = 2;
+            })),
+            ["spec.proxy.gutter.ttlSeconds"],
+            "its fields are checked while it is off, the copies only when on"
         );
     }
 

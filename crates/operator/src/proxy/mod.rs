@@ -88,6 +88,11 @@ pub const WARM_KEY: &str = "warm.lua";
 /// The warm-up route (`route_warm`, see [`render_warm`]): a start file of the proxy, loaded
 /// after memcached's route library. Static, and written only for pools that warm up.
 pub const WARM_ROUTE: &str = include_str!("warm.lua");
+/// The gutter route's start file's key in the ConfigMap (and file name in [`CONFIG_DIR`]).
+pub const GUTTER_KEY: &str = "gutter.lua";
+/// The gutter route (`route_gutter`, see [`render_warm`]): a start file of the proxy, loaded
+/// after memcached's route library. Static, and written only for pools with a gutter.
+pub const GUTTER_ROUTE: &str = include_str!("gutter.lua");
 /// How often the proxy looks at its configuration file.
 pub const RELOAD_CHECK_SECONDS: u32 = 1;
 /// How long after a change of the backends the proxies are reported as still loading it.
@@ -139,38 +144,50 @@ fn proxy_metadata(mc: &Memcached) -> Result<ObjectMeta, BuildError> {
 /// The memcached command line of a proxy listening on `port` with its configuration at
 /// `config_file`.
 pub fn proxy_args(port: i32, config_file: &str) -> Vec<String> {
-    proxy_args_with(port, config_file, None)
+    proxy_args_with(port, config_file, None, None)
 }
 
 /// [`proxy_args`], with the warm-up route's start file ([`WARM_ROUTE`]) at `warm_file`
-/// loaded after the route library when given.
-pub fn proxy_args_with(port: i32, config_file: &str, warm_file: Option<&str>) -> Vec<String> {
-    let start_files = match warm_file {
-        Some(warm) => format!("routelib:{warm}"),
-        None => "routelib".to_string(),
-    };
+/// loaded after the route library when given, and with the gutter (`spec.proxy.gutter`)
+/// when given: its route's start file ([`GUTTER_ROUTE`]) and its cache memory in MiB.
+pub fn proxy_args_with(
+    port: i32,
+    config_file: &str,
+    warm_file: Option<&str>,
+    gutter: Option<(&str, i32)>,
+) -> Vec<String> {
+    let mut start_files = "routelib".to_string();
+    for file in [warm_file, gutter.map(|(file, _)| file)]
+        .into_iter()
+        .flatten()
+    {
+        start_files.push(':');
+        start_files.push_str(file);
+    }
+    let gutter_mib = gutter.map(|(_, mib)| mib);
     vec![
         "memcached".to_string(),
         "-p".to_string(),
         port.to_string(),
-        // The proxy keeps no items: no cache memory beyond memcached's minimum.
+        // Without a gutter the proxy keeps no items: no cache memory beyond memcached's
+        // minimum. With one, its items are the gutter's.
         "-m".to_string(),
-        "8".to_string(),
+        gutter_mib.unwrap_or(8).to_string(),
         "-o".to_string(),
         format!("proxy_config={start_files},proxy_arg={config_file}"),
     ]
 }
 
-fn default_resources() -> ResourceRequirements {
+/// The proxy container's resources when `spec.proxy.resources` is unset: 100m CPU, 64Mi of
+/// memory requested and a limit of 128Mi, each grown by the gutter's memory.
+fn default_resources(gutter_mib: Option<i32>) -> ResourceRequirements {
+    let mib = |base: i32| Quantity(format!("{}Mi", base + gutter_mib.unwrap_or(0).max(0)));
     ResourceRequirements {
         requests: Some(BTreeMap::from([
             ("cpu".to_string(), Quantity("100m".to_string())),
-            ("memory".to_string(), Quantity("64Mi".to_string())),
+            ("memory".to_string(), mib(64)),
         ])),
-        limits: Some(BTreeMap::from([(
-            "memory".to_string(),
-            Quantity("128Mi".to_string()),
-        )])),
+        limits: Some(BTreeMap::from([("memory".to_string(), mib(128))])),
         ..ResourceRequirements::default()
     }
 }
@@ -191,6 +208,8 @@ pub fn desired_proxy_deployment(
         .image
         .clone()
         .unwrap_or_else(|| mc.image_or(&settings.default_image).to_string());
+    let gutter_mib = proxy.gutter_enabled().map(|g| g.memory_mib);
+    let gutter_file = format!("{CONFIG_DIR}/{GUTTER_KEY}");
     let container = Container {
         name: PROXY_CONTAINER.to_string(),
         image: Some(image),
@@ -201,6 +220,7 @@ pub fn desired_proxy_deployment(
                 .warm_up_enabled()
                 .then(|| format!("{CONFIG_DIR}/{WARM_KEY}"))
                 .as_deref(),
+            gutter_mib.map(|mib| (gutter_file.as_str(), mib)),
         )),
         ports: Some(vec![ContainerPort {
             name: Some(CONTAINER_NAME.to_string()),
@@ -210,7 +230,12 @@ pub fn desired_proxy_deployment(
         }]),
         readiness_probe: Some(builders::tcp_probe(CONTAINER_NAME, 1, 5)),
         liveness_probe: Some(builders::tcp_probe(CONTAINER_NAME, 10, 10)),
-        resources: Some(proxy.resources.clone().unwrap_or_else(default_resources)),
+        resources: Some(
+            proxy
+                .resources
+                .clone()
+                .unwrap_or_else(|| default_resources(gutter_mib)),
+        ),
         security_context: Some(builders::restricted(MEMCACHED_UID)),
         volume_mounts: Some(vec![builders::mount("config", CONFIG_DIR)]),
         ..Container::default()
@@ -380,6 +405,7 @@ pub fn desired_proxy_config_map(
         backends,
         &warm,
         proxy.copies,
+        proxy.gutter_enabled().map(|g| g.ttl_seconds),
         &format!("{CONFIG_DIR}/{CONFIG_KEY}"),
     );
     let recorded = serde_json::to_string(backends).unwrap_or_else(|_| "[]".to_string());
@@ -389,6 +415,9 @@ pub fn desired_proxy_config_map(
     ]);
     if warm_up {
         data.insert(WARM_KEY.to_string(), WARM_ROUTE.to_string());
+    }
+    if proxy.gutter_enabled().is_some() {
+        data.insert(GUTTER_KEY.to_string(), GUTTER_ROUTE.to_string());
     }
     Ok(Some((
         ConfigMap {

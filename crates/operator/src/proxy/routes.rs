@@ -9,6 +9,17 @@ use memcached_api::ProxyBackend;
 use super::RELOAD_CHECK_SECONDS;
 use super::slots::MAX_SLOT;
 
+/// `route` through the gutter route in `mode` (see `gutter.lua`), where the proxy has it
+/// (its command loads the start file); `route` alone where it does not: a proxy started
+/// before the gutter was turned on loads this file until it is replaced, and an unknown
+/// route would stop it.
+fn through_gutter(route: &str, mode: &str, ttl: i32, meta: bool) -> String {
+    let meta = if meta { ", meta = true" } else { "" };
+    format!(
+        "route_gutter and route_gutter{{ child = {route}, child_gutter = \"internal\", mode = \"{mode}\", ttl = {ttl}{meta} }} or ({route})"
+    )
+}
+
 /// A Lua string literal of `s`.
 fn lua_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -34,7 +45,7 @@ fn lua_string(s: &str) -> String {
 /// as its own path for the reload check, and its version (a hash of everything else in
 /// it). The first line carries the version.
 pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -> (String, String) {
-    render_warm(owner, backends, &[], copies, file)
+    render_warm(owner, backends, &[], copies, None, file)
 }
 
 /// [`render`], with keys warming up from the ring `warm` (one copy only; entries in the
@@ -50,11 +61,20 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
 /// `warm_from`): there a key's two pods are always two pods. With a previous ring, a key
 /// that did not move has the same pod in both, so a write reaches it twice: harmless for
 /// `set` and `delete`, not for `incr`, `decr`, `append` or `prepend`.
+///
+/// With `gutter_ttl` (`spec.proxy.gutter`, one copy only), the proxy's own cache is a
+/// gutter through the gutter route ([`super::GUTTER_ROUTE`], a start file of its own): a
+/// read (`get`, `gets`, `mg`) whose pod fails (down, unreachable, its slot vacant) is
+/// answered from it; a write the pod fails (`set`, `add`, `cas`, `replace`, `ms`) is kept
+/// there with the TTL `gutter_ttl`, a change (`delete`, `md`, `incr`, `decr`, `append`,
+/// `prepend`, `ma`) is made there, and the client still gets the pod's error; a write the
+/// pod takes drops the key from the gutter. `touch`, `gat` and `gats` never reach it.
 pub fn render_warm(
     owner: &str,
     backends: &[ProxyBackend],
     warm: &[ProxyBackend],
     copies: i32,
+    gutter_ttl: Option<i32>,
     file: &str,
 ) -> (String, String) {
     let mut body = String::new();
@@ -114,17 +134,20 @@ pub fn render_warm(
         let _ = writeln!(out, "{indent}}},");
     };
     // A read that fails (its backend is down) answers a miss, as a client of a lost pod
-    // would see: the null route after the real one.
-    let reads = |body: &mut String, route: &dyn Fn(&str) -> String| {
-        body.push_str("    cmap = {\n");
+    // would see: the null route after the real one (which asks the gutter first, with one).
+    let reads = |body: &mut String, route: &dyn Fn(&str) -> String, gutter: Option<i32>| {
         for read in ["get", "gets", "gat", "gats", "mg"] {
+            let route = match gutter {
+                Some(ttl) if ["get", "gets", "mg"].contains(&read) => {
+                    through_gutter(&route(read), "read", ttl, read == "mg")
+                }
+                _ => route(read),
+            };
             let _ = writeln!(
                 body,
-                "        {read} = route_failover{{ children = {{ {}, route_null{{}} }} }},",
-                route(read)
+                "        {read} = route_failover{{ children = {{ {route}, route_null{{}} }} }},"
             );
         }
-        body.push_str("    },\n");
     };
     body.push_str("pools{\n");
     if groups.len() <= 1 {
@@ -142,7 +165,16 @@ pub fn render_warm(
             pool(&mut body, "        ", copy, &predecessors, "cold");
             body.push_str("    },\n");
         }
-        body.push_str("}\nroutes{\n");
+        body.push_str("}\nroutes{\n    cmap = {\n");
+        let plain = "route_direct{ child = \"pool\" }".to_string();
+        // Writes and deletes reach a warming slot's predecessor as well (its answer is not
+        // awaited), so a later read through it cannot bring back a value overwritten or
+        // deleted.
+        let writes = if warming {
+            "route_split{ child_a = \"pool\", child_b = \"warm\" }".to_string()
+        } else {
+            plain.clone()
+        };
         if warming {
             // The warm-up route where the proxy has it (its command loads the start file),
             // the plain one where it does not: a proxy started before warm-up was turned on
@@ -152,22 +184,32 @@ pub fn render_warm(
                     "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{options} }} or route_direct{{ child = \"pool\" }}"
                 )
             };
-            reads(&mut body, &|read| match read {
-                "get" => warm(""),
-                "mg" => warm(", meta = true"),
-                _ => "route_direct{ child = \"pool\" }".to_string(),
-            });
-            // Writes and deletes reach the predecessor as well (its answer is not awaited),
-            // so a later read through it cannot bring back a value overwritten or deleted.
-            body.push_str(
-                "    default = route_split{ child_a = \"pool\", child_b = \"warm\" },\n}\n",
+            reads(
+                &mut body,
+                &|read| match read {
+                    "get" => warm(""),
+                    "mg" => warm(", meta = true"),
+                    _ => plain.clone(),
+                },
+                gutter_ttl,
             );
         } else {
-            reads(&mut body, &|_| {
-                "route_direct{ child = \"pool\" }".to_string()
-            });
-            body.push_str("    default = route_direct{ child = \"pool\" },\n}\n");
+            reads(&mut body, &|_| plain.clone(), gutter_ttl);
         }
+        if let Some(ttl) = gutter_ttl {
+            let stores = ["set", "add", "cas", "replace", "ms"].map(|c| (c, "store"));
+            let changes =
+                ["delete", "md", "incr", "decr", "append", "prepend", "ma"].map(|c| (c, "change"));
+            for (command, mode) in stores.into_iter().chain(changes) {
+                let meta = command.starts_with('m');
+                let _ = writeln!(
+                    body,
+                    "        {command} = {},",
+                    through_gutter(&writes, mode, ttl, meta)
+                );
+            }
+        }
+        let _ = writeln!(body, "    }},\n    default = {writes},\n}}");
     } else {
         body.push_str("    set_copies = {\n");
         for (copy, ring) in &groups {
@@ -175,11 +217,17 @@ pub fn render_warm(
             pool(&mut body, "            ", *copy, ring, "vacant");
             body.push_str("        },\n");
         }
-        body.push_str("    },\n}\nroutes{\n");
+        body.push_str("    },\n}\nroutes{\n    cmap = {\n");
         // One copy answers; a miss or an error there asks the next.
-        reads(&mut body, &|_| {
-            "route_failover{ children = \"set_copies\", miss = true, shuffle = true }".to_string()
-        });
+        reads(
+            &mut body,
+            &|_| {
+                "route_failover{ children = \"set_copies\", miss = true, shuffle = true }"
+                    .to_string()
+            },
+            None,
+        );
+        body.push_str("    },\n");
         // Writes go to every copy and answer with the first success.
         body.push_str("    default = route_allfastest{ children = \"set_copies\" },\n}\n");
     }
@@ -303,6 +351,7 @@ mod tests {
             &m.backends,
             &[vacant(0), old.clone(), vacant(2)],
             1,
+            None,
             "/f",
         );
         assert_ne!(version, plain.1);
@@ -339,11 +388,14 @@ mod tests {
                 ..old.clone()
             }],
         ] {
-            assert_eq!(render_warm("ns/x", &m.backends, &unused, 1, "/f"), plain);
+            assert_eq!(
+                render_warm("ns/x", &m.backends, &unused, 1, None, "/f"),
+                plain
+            );
         }
         // 2 slots grown to 3: the previous ring, both pods in their places, 2 long.
         let before = next(&Membership::default(), &ready(&["a", "b"]), 2, 1);
-        let (text, _) = render_warm("ns/x", &m.backends, &before.backends, 1, "/f");
+        let (text, _) = render_warm("ns/x", &m.backends, &before.backends, 1, None, "/f");
         let warm = &text[text
             .find("    warm = {")
             .unwrap_or_else(|| panic!("{text}"))..];
@@ -355,7 +407,86 @@ mod tests {
         );
         let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
         assert_eq!(
-            render_warm("ns/x", &two.backends, &[old], 2, "/f"),
+            render_warm("ns/x", &two.backends, &[old], 2, None, "/f"),
+            render("ns/x", &two.backends, 2, "/f")
+        );
+    }
+
+    /// With a gutter, reads and writes go through the gutter route: reads in mode "read"
+    /// before the null route, stores (with the gutter's TTL) and changes in their modes,
+    /// meta commands marked; each falls back to the plain route in a proxy without the
+    /// start file. The commands that set a TTL of their own never reach it, and two
+    /// copies have no gutter.
+    #[test]
+    fn a_failed_pods_requests_go_on_to_the_gutter() {
+        let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
+        let plain = render("ns/x", &m.backends, 1, "/f");
+        let (text, version) = render_warm("ns/x", &m.backends, &[], 1, Some(7), "/f");
+        assert_ne!(version, plain.1);
+        let line = |command: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(&format!("{command} = ")))
+                .unwrap_or_else(|| panic!("no route for {command}: {text}"))
+                .trim()
+                .to_string()
+        };
+        let pool = "route_direct{ child = \"pool\" }";
+        let gutter = |mode: &str, meta: &str| {
+            format!(
+                "route_gutter and route_gutter{{ child = {pool}, child_gutter = \"internal\", mode = \"{mode}\", ttl = 7{meta} }} or ({pool})"
+            )
+        };
+        for (read, meta) in [("get", ""), ("gets", ""), ("mg", ", meta = true")] {
+            assert_eq!(
+                line(read),
+                format!(
+                    "{read} = route_failover{{ children = {{ {}, route_null{{}} }} }},",
+                    gutter("read", meta)
+                )
+            );
+        }
+        for read in ["gat", "gats"] {
+            assert!(!line(read).contains("gutter"), "{text}");
+        }
+        for store in ["set", "add", "cas", "replace"] {
+            assert_eq!(line(store), format!("{store} = {},", gutter("store", "")));
+        }
+        assert_eq!(
+            line("ms"),
+            format!("ms = {},", gutter("store", ", meta = true"))
+        );
+        for change in ["delete", "incr", "decr", "append", "prepend"] {
+            assert_eq!(
+                line(change),
+                format!("{change} = {},", gutter("change", ""))
+            );
+        }
+        for change in ["md", "ma"] {
+            assert_eq!(
+                line(change),
+                format!("{change} = {},", gutter("change", ", meta = true"))
+            );
+        }
+        assert!(
+            !text.contains("touch = "),
+            "touch goes by the default route: {text}"
+        );
+        assert!(text.contains(&format!("default = {pool},")), "{text}");
+        // Warming too: the gutter behind the warm-up reads and the writes to both pods.
+        let old = ProxyBackend {
+            copy: 1,
+            slot: 0,
+            pod: "old-a".into(),
+            address: "10.0.0.9:11211".into(),
+            warm_from: None,
+        };
+        let (text, _) = render_warm("ns/x", &m.backends, &[old], 1, Some(7), "/f");
+        assert!(text.contains("get = route_failover{ children = { route_gutter and route_gutter{ child = route_warm and route_warm{ child = \"pool\", child_warm = \"warm\" } or route_direct{ child = \"pool\" }, child_gutter"), "{text}");
+        assert!(text.contains("set = route_gutter and route_gutter{ child = route_split{ child_a = \"pool\", child_b = \"warm\" }, child_gutter = \"internal\", mode = \"store\", ttl = 7 } or (route_split{ child_a = \"pool\", child_b = \"warm\" }),"), "{text}");
+        // Two copies: no gutter.
+        let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
+        assert_eq!(
+            render_warm("ns/x", &two.backends, &[], 2, Some(7), "/f"),
             render("ns/x", &two.backends, 2, "/f")
         );
     }

@@ -122,6 +122,10 @@ mod tests {
             ("/spec/networkPolicy/enabled", Value::from(false)),
             ("/spec/proxy/copies", Value::from(1)),
             ("/spec/proxy/enabled", Value::from(false)),
+            // A gutter of 32 MiB per proxy pod, holding values 10 s.
+            ("/spec/proxy/gutter/enabled", Value::from(false)),
+            ("/spec/proxy/gutter/memoryMiB", Value::from(32)),
+            ("/spec/proxy/gutter/ttlSeconds", Value::from(10)),
             ("/spec/proxy/replicas", Value::from(2)),
             ("/spec/proxy/warmUp/enabled", Value::from(false)),
             ("/spec/rollout/minReadySeconds", Value::from(30)),
