@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Draws the pictures of tests/real_proxy.rs's warm-up runs from their CSV:
+"""Draws the pictures of tests/real_proxy.rs's warm-up and gutter runs from their CSV:
 
-    WARM_ROLLOUT_CSV=/tmp/roll.csv WARM_SCALE_OUT_CSV=/tmp/scale.csv \
-        cargo test -p memcached-operator --test real_proxy with_warm_up
+    WARM_ROLLOUT_CSV=/tmp/roll.csv WARM_SCALE_OUT_CSV=/tmp/scale.csv GUTTER_CSV=/tmp/gutter.csv \
+        cargo test -p memcached-operator --test real_proxy keeps_the_hit_ratio
     hack/memcached/warm-rollout-plot.py roll /tmp/roll.csv docs/proxy/warm-rollout.png
     hack/memcached/warm-rollout-plot.py scale-out /tmp/scale.csv docs/proxy/warm-scale-out.png
+    hack/memcached/warm-rollout-plot.py gutter /tmp/gutter.csv docs/proxy/gutter.png
 
 Needs matplotlib (pip install matplotlib)."""
 import csv
@@ -16,8 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 # The test's phases, in windows of its load: per pod, 20 with the old pod still running,
-# then 4 after it has gone.
-WITH_OLD, AFTER = 20, 4
+# then 4 after it has gone; for the gutter, 30 with the pod down, then 10 replaced.
+WITH_OLD, AFTER = (30, 10) if sys.argv[1] == "gutter" else (20, 4)
 
 kind, src, out = sys.argv[1], sys.argv[2], sys.argv[3]
 steps = 4 if kind == "roll" else 1
@@ -26,23 +27,36 @@ x = [int(r["request"]) / 1000 for r in rows]
 window = x[0]
 steady = float(rows[0]["steady_with"])
 fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
-ax.plot(x, [float(r["without"]) for r in rows], label="without warm-up", color="#c44e52")
-ax.plot(x, [float(r["with"]) for r in rows], label="with warm-up", color="#4c72b0")
+what = "a gutter" if kind == "gutter" else "warm-up"
+ax.plot(x, [float(r["without"]) for r in rows], label=f"without {what}", color="#c44e52")
+ax.plot(x, [float(r["with"]) for r in rows], label=f"with {what}", color="#4c72b0")
 ax.axhline(steady, color="grey", linewidth=0.8, linestyle="--", label=f"steady ({steady:.3f})")
 ax.axhline(0.9 * steady, color="grey", linewidth=0.8, linestyle=":", label="90 % of steady")
 for step in range(steps):
     start = step * (WITH_OLD + AFTER) * window
     ax.axvline(start, color="black", linewidth=0.6)
     ax.axvline(start + WITH_OLD * window, color="black", linewidth=0.6, linestyle=":")
-    label = f"pod {4 - step} replaced" if kind == "roll" else "a fifth pod takes slot 5"
+    label = {
+        "roll": f"pod {4 - step} replaced",
+        "scale-out": "a fifth pod takes slot 5",
+        "gutter": "the pod of the second slot is killed",
+    }[kind]
     ax.text(start + 0.3, 0.705, label, fontsize=8)
-ax.set_ylim(0.7, 1.0)
-if kind == "roll":
-    ax.set_xlabel("thousands of requests since the roll began (solid: a new pod takes the slot; dotted: the old pod stops)")
-else:
-    ax.set_xlabel("thousands of requests since the pool grew (dotted: the previous ring is no longer read)")
+bottom = 0.55 if kind == "gutter" else 0.7
+for t in ax.texts:
+    t.set_y(bottom + 0.005)
+ax.set_ylim(bottom, 1.0)
+ax.set_xlabel({
+    "roll": "thousands of requests since the roll began (solid: a new pod takes the slot; dotted: the old pod stops)",
+    "scale-out": "thousands of requests since the pool grew (dotted: the previous ring is no longer read)",
+    "gutter": "thousands of requests since the pod was killed (dotted: a new pod takes its slot, empty)",
+}[kind])
 ax.set_ylabel(f"hit ratio per {int(window * 1000)} requests")
-what = "Rolling update of a 4-pod pool" if kind == "roll" else "A 4-pod pool grown to 5"
+what = {
+    "roll": "Rolling update of a 4-pod pool",
+    "scale-out": "A 4-pod pool grown to 5",
+    "gutter": "A pod of a 4-pod pool lost",
+}[kind]
 ax.set_title(f"{what} through memcached's proxy (Zipf 0.9, 5,000 keys, cache-aside)")
 ax.legend(loc="lower right", fontsize=8)
 fig.tight_layout()

@@ -1201,6 +1201,80 @@ async fn a_replaced_pods_slot_warms_up_from_it_while_it_stops(server: Server) {
 }
 
 on_every_server! {
+/// `spec.proxy.gutter`: the server fills in its defaults; the proxy pods get the gutter's
+/// memory (`-m`, and their default resources grow by as much) and the routes send a failed
+/// pod's requests on to the proxy's own cache with the gutter's TTL. Turned off again, the
+/// proxy is as before. The pool's pods are never replaced for it.
+async fn a_gutter_is_the_proxys_own_cache_and_leaves_the_pool_alone(server: Server) {
+    let env = start(server, "a_gutter_is_the_proxys_own_cac", Duration::from_millis(20), false).await;
+    env.apply("gutter", json!({"size": 2, "proxy": {"enabled": true}})).await;
+    env.converged("gutter", 2).await;
+    proxy_routes_to_the_ready_pods(&env, "gutter", 2).await;
+    let pods = env.api::<Pod>();
+    let pool_pods = || async {
+        let mut uids: Vec<String> = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=memcached,app.kubernetes.io/instance=gutter"))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.uid)
+            .collect();
+        uids.sort();
+        uids
+    };
+    let before = pool_pods().await;
+    assert_eq!(before.len(), 2);
+    let deployments = env.api::<Deployment>();
+    let config_maps = env.api::<ConfigMap>();
+    let proxy_container = || async {
+        deployments
+            .get("gutter-proxy")
+            .await
+            .ok()
+            .and_then(|d| d.spec?.template.spec?.containers.first().cloned())
+    };
+
+    env.apply("gutter", json!({"size": 2, "proxy": {"enabled": true, "gutter": {"enabled": true}}})).await;
+    let stored = env.api::<Memcached>().get("gutter").await.expect("get");
+    let gutter = stored.spec.proxy.as_ref().and_then(|p| p.gutter.clone()).expect("spec.proxy.gutter");
+    assert_eq!((gutter.memory_mib, gutter.ttl_seconds), (32, 10), "the server's defaults");
+    wait_for("the proxy with a 32 MiB gutter", || async {
+        let c = proxy_container().await?;
+        let command = c.command.unwrap_or_default();
+        let limit = c.resources?.limits?.get("memory")?.0.clone();
+        (command.windows(2).any(|w| w == ["-m", "32"])
+            && command.iter().any(|a| a.contains("proxy_config=routelib:/etc/memcached/proxy/gutter.lua,"))
+            && limit == "160Mi")
+        .then_some(())
+    })
+    .await;
+    wait_for("routes with the gutter", || async {
+        let data = config_maps.get("gutter-proxy").await.ok()?.data?;
+        let config = data.get(proxy::CONFIG_KEY)?;
+        (config.contains("mode = \"store\", ttl = 10 }")
+            && data.get(proxy::GUTTER_KEY).map(String::as_str) == Some(proxy::GUTTER_ROUTE))
+        .then_some(())
+    })
+    .await;
+    env.converged("gutter", 2).await;
+
+    env.apply("gutter", json!({"size": 2, "proxy": {"enabled": true}})).await;
+    wait_for("the proxy without a gutter", || async {
+        let c = proxy_container().await?;
+        let data = config_maps.get("gutter-proxy").await.ok()?.data?;
+        (c.command?.windows(2).any(|w| w == ["-m", "8"])
+            && !data.get(proxy::CONFIG_KEY)?.contains("route_gutter")
+            && !data.contains_key(proxy::GUTTER_KEY))
+        .then_some(())
+    })
+    .await;
+    env.converged("gutter", 2).await;
+    assert_eq!(pool_pods().await, before, "the pool's pods were not replaced");
+}
+}
+
+on_every_server! {
 async fn the_proxy_routes_to_the_ready_pods_and_goes_when_switched_off(server: Server) {
     let env = start(server, "the_proxy_routes_to_the_ready_", Duration::from_millis(20), false).await;
     env.apply("pooled", json!({"size": 3, "proxy": {"enabled": true}})).await;

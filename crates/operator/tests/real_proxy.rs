@@ -158,15 +158,17 @@ fn configure(
     size: i32,
     copies: i32,
 ) -> Vec<ProxyBackend> {
-    configure_warm(dir, previous, pods, &[], size, copies)
+    configure_warm(dir, previous, pods, &[], None, size, copies)
 }
 
-/// `configure`, with the slots' predecessors in `warm` (see `proxy::render_warm`).
+/// `configure`, with the slots' predecessors in `warm` and a gutter keeping values for
+/// `gutter_ttl` seconds (see `proxy::render_warm`).
 fn configure_warm(
     dir: &ConfigDir,
     previous: &[ProxyBackend],
     pods: &[PoolPod],
     warm: &[ProxyBackend],
+    gutter_ttl: Option<i32>,
     size: i32,
     copies: i32,
 ) -> Vec<ProxyBackend> {
@@ -181,6 +183,7 @@ fn configure_warm(
         &backends,
         warm,
         copies,
+        gutter_ttl,
         &file.to_string_lossy(),
     );
     dir.write(&text);
@@ -210,14 +213,25 @@ fn start_proxy(dir: &ConfigDir) -> Running {
 
 /// A proxy that also loads the warm-up route, written into `dir` as the ConfigMap holds it.
 fn start_warm_proxy(dir: &ConfigDir) -> Running {
+    start_proxy_with(dir, None)
+}
+
+/// [`start_warm_proxy`], with the gutter's route and `gutter_mib` of cache for it when
+/// given.
+fn start_proxy_with(dir: &ConfigDir, gutter_mib: Option<i32>) -> Running {
     let warm = dir.0.join(proxy::WARM_KEY);
     std::fs::write(&warm, proxy::WARM_ROUTE).expect("write warm.lua");
     set_mode(&warm, 0o644);
+    let gutter = dir.0.join(proxy::GUTTER_KEY);
+    std::fs::write(&gutter, proxy::GUTTER_ROUTE).expect("write gutter.lua");
+    set_mode(&gutter, 0o644);
+    let gutter = gutter.to_string_lossy().to_string();
     let port = free_port();
     let args = proxy::proxy_args_with(
         i32::from(port),
         &dir.file().to_string_lossy(),
         Some(&warm.to_string_lossy()),
+        gutter_mib.map(|mib| (gutter.as_str(), mib)),
     );
     start(&args[1..], port)
 }
@@ -853,15 +867,24 @@ struct Loaded {
     zipf: Zipf,
     /// The steady hit ratio.
     steady: f64,
+    /// The gutter's TTL, with one.
+    gutter_ttl: Option<i32>,
 }
 
 impl Loaded {
     fn new() -> Loaded {
+        Loaded::with_gutter(false)
+    }
+
+    /// A pool of 4 whose proxy has the default gutter (`spec.proxy.gutter`) when `gutter`.
+    fn with_gutter(gutter: bool) -> Loaded {
+        let defaults = memcached_api::GutterSpec::default();
+        let gutter_ttl = gutter.then_some(defaults.ttl_seconds);
         let pods: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
         let dir = ConfigDir::new();
         let ports: Vec<u16> = pods.iter().map(|p| p.port).collect();
-        let backends = configure(&dir, &[], &ready(&ports), 4, 1);
-        let proxy = start_warm_proxy(&dir);
+        let backends = configure_warm(&dir, &[], &ready(&ports), &[], gutter_ttl, 4, 1);
+        let proxy = start_proxy_with(&dir, gutter.then_some(defaults.memory_mib));
         let mut conn = Conn::open(proxy.port);
         let mut zipf = Zipf::new(0x5eed);
         let mut steady = Tally::default();
@@ -876,6 +899,7 @@ impl Loaded {
             dir,
             zipf,
             steady,
+            gutter_ttl,
         }
     }
 
@@ -887,7 +911,15 @@ impl Loaded {
     /// waits until the proxy has loaded it.
     fn configure(&mut self, warm: &[ProxyBackend], size: i32) {
         let before = stat(self.proxy.port, "proxy_config_reloads");
-        self.backends = configure_warm(&self.dir, &self.backends, &self.live(), warm, size, 1);
+        self.backends = configure_warm(
+            &self.dir,
+            &self.backends,
+            &self.live(),
+            warm,
+            self.gutter_ttl,
+            size,
+            1,
+        );
         wait_for_reload(self.proxy.port, before);
     }
 
@@ -1084,7 +1116,7 @@ fn a_warming_slot_answers_a_miss_from_the_old_pod_and_adds_it_to_the_new_one() {
         address: format!("127.0.0.1:{}", old.port),
         warm_from: None,
     };
-    configure_warm(&dir, &[], &ready(&[new.port]), &[predecessor], 1, 1);
+    configure_warm(&dir, &[], &ready(&[new.port]), &[predecessor], None, 1, 1);
     let proxy = start_warm_proxy(&dir);
     let mut conn = Conn::open(proxy.port);
 
@@ -1156,4 +1188,185 @@ fn a_rolling_update_with_warm_up_keeps_the_hit_ratio() {
 #[test]
 fn a_scale_out_with_warm_up_keeps_the_hit_ratio() {
     compare_warm_up("scale-out", "WARM_SCALE_OUT_CSV", scale_out);
+}
+
+/// The gutter (`spec.proxy.gutter`) on an idle proxy, key by key, its pod killed: a read
+/// of a key of the failed pod is a miss, not an error; a write fails for the client (as
+/// without a gutter) but its value is kept in the proxy's own cache and read back, with
+/// the gutter's TTL in place of the client's, and gone once that has passed; a delete and
+/// an incr are made there too; a `touch` does not reach it. Once the pod is back
+/// (restarted, empty) its keys are read from it, and a write it takes drops the key from
+/// the gutter, so a later failure cannot bring back the older value.
+#[test]
+fn a_failed_pods_keys_are_kept_in_the_gutter_for_its_ttl() {
+    let pod = backend(free_port());
+    let port = pod.port;
+    let dir = ConfigDir::new();
+    configure_warm(&dir, &[], &ready(&[port]), &[], Some(2), 1, 1);
+    let proxy = start_proxy_with(&dir, Some(8));
+    let mut conn = Conn::open(proxy.port);
+    assert_eq!(conn.set("k1", "on-pod").expect("set"), "STORED");
+    assert_eq!(stat(proxy.port, "curr_items"), 0, "not in the gutter");
+
+    drop(pod);
+    let failed = "SERVER_ERROR backend failure";
+    assert_eq!(conn.get("k1").expect("get"), Reply::Miss);
+    assert_eq!(conn.set("k1", "gutter").expect("set"), failed);
+    assert_eq!(conn.get("k1").expect("get"), Reply::Hit("gutter".into()));
+    let header = raw(proxy.port, "mg k1 t\r\n", "HD");
+    let ttl: i64 = header[0]
+        .split(' ')
+        .find_map(|t| t.strip_prefix('t')?.parse().ok())
+        .unwrap_or(-1);
+    assert!((1..=2).contains(&ttl), "the gutter's TTL: {header:?}");
+    assert_eq!(raw(proxy.port, "touch k1 300\r\n", "")[0], failed);
+    assert_eq!(conn.delete("k1").expect("delete"), failed);
+    assert_eq!(
+        conn.get("k1").expect("get"),
+        Reply::Miss,
+        "deleted in the gutter"
+    );
+    assert_eq!(conn.set("n", "5").expect("set"), failed);
+    assert_eq!(raw(proxy.port, "incr n 3\r\n", "")[0], failed);
+    assert_eq!(conn.get("n").expect("get"), Reply::Hit("8".into()));
+    assert_eq!(conn.set("k2", "short").expect("set"), failed);
+    assert_eq!(conn.get("k2").expect("get"), Reply::Hit("short".into()));
+    std::thread::sleep(Duration::from_millis(3100));
+    assert_eq!(
+        conn.get("k2").expect("get"),
+        Reply::Miss,
+        "gone from the gutter after its TTL"
+    );
+    assert_eq!(conn.set("k3", "gutter").expect("set"), failed);
+
+    // The pod restarted at its address, empty: the proxy reconnects by itself, and its
+    // keys are read from it, not from the gutter.
+    let back_again = |port: u16| {
+        let back = backend(port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Conn::open(proxy.port).set("probe", "x").ok().as_deref() != Some("STORED") {
+            assert!(
+                Instant::now() < deadline,
+                "the proxy did not use the pod again"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        back
+    };
+    let back = back_again(port);
+    assert_eq!(conn.get("k3").expect("get"), Reply::Miss);
+
+    // A write the pod takes drops the key from the gutter, so when the pod fails again the
+    // gutter's older value does not come back (a longer TTL, so that it would).
+    let before = stat(proxy.port, "proxy_config_reloads");
+    configure_warm(&dir, &[], &ready(&[port]), &[], Some(60), 1, 1);
+    wait_for_reload(proxy.port, before);
+    drop(back);
+    assert_eq!(conn.set("k4", "gutter").expect("set"), failed);
+    assert_eq!(conn.get("k4").expect("get"), Reply::Hit("gutter".into()));
+    let back = back_again(port);
+    assert_eq!(conn.set("k4", "on-pod").expect("set"), "STORED");
+    drop(back);
+    assert_eq!(conn.get("k4").expect("get"), Reply::Miss);
+}
+
+/// Windows with a pool pod failed (before Kubernetes replaces it), then replaced.
+const WINDOWS_FAILED: usize = 30;
+const WINDOWS_REPLACED: usize = 10;
+
+/// A pod of a 4-pod pool killed under the cache-aside load: `WINDOWS_FAILED` windows while
+/// it is still in the ring (as a pod on a lost node is until it is deleted), then its
+/// replacement takes the slot for `WINDOWS_REPLACED` windows. With `gutter`, the proxy has
+/// the default gutter.
+fn failed_pod(gutter: bool) -> (f64, Tally) {
+    let mut pool = Loaded::with_gutter(gutter);
+    let mut failed = Tally::default();
+    let port = pool
+        .backends
+        .iter()
+        .find(|b| b.slot == 1)
+        .and_then(|b| b.pod.trim_start_matches("cache-").parse::<u16>().ok())
+        .expect("a pod in slot 1");
+    let at = pool
+        .pods
+        .iter()
+        .position(|p| p.port == port)
+        .expect("the pod");
+    drop(pool.pods.remove(at));
+    pool.run(&mut failed, WINDOWS_FAILED);
+    pool.pods.push(backend(free_port()));
+    pool.configure(&[], 4);
+    pool.run(&mut failed, WINDOWS_REPLACED);
+    pool.finish(failed)
+}
+
+/// The gutter, with real memcached and the real proxy: while a pod of the pool is down,
+/// the keys of its slot are kept in the proxies' own caches for the gutter's TTL, so the
+/// hit ratio comes back to within 90 % of its steady value after a few windows, while
+/// without a gutter the reads of those keys miss for as long as the pod is down. Either
+/// way the writes of those keys fail for the client. No value read is ever wrong, before
+/// or after the replacement takes the slot.
+#[test]
+fn a_failed_pod_with_a_gutter_keeps_the_hit_ratio() {
+    let (steady_plain, plain) = failed_pod(false);
+    let (steady_gutter, gutter) = failed_pod(true);
+    let curve = |t: &Tally| {
+        t.ratios
+            .iter()
+            .map(|r| format!("{r:.3}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // The last 10 windows with the pod down.
+    let late = |t: &Tally| {
+        t.ratios[WINDOWS_FAILED - 10..WINDOWS_FAILED]
+            .iter()
+            .sum::<f64>()
+            / 10.0
+    };
+    println!(
+        "a failed pod: hit ratio per {WINDOW} requests, steady {steady_plain:.3}, without a gutter ({} errors):\n{}",
+        plain.errors,
+        curve(&plain)
+    );
+    println!(
+        "steady {steady_gutter:.3}, with a gutter ({} errors):\n{}",
+        gutter.errors,
+        curve(&gutter)
+    );
+    println!(
+        "a failed pod: last 10 windows while down {:.3} without, {:.3} with a gutter",
+        late(&plain),
+        late(&gutter)
+    );
+    if let Some(path) = std::env::var_os("GUTTER_CSV") {
+        let mut csv = "request,steady_without,without,steady_with,with\n".to_string();
+        for (i, (p, g)) in plain.ratios.iter().zip(&gutter.ratios).enumerate() {
+            let _ = writeln!(
+                csv,
+                "{},{steady_plain:.4},{p:.4},{steady_gutter:.4},{g:.4}",
+                (i + 1) * WINDOW
+            );
+        }
+        std::fs::write(&path, csv).expect("write the CSV");
+    }
+    assert_eq!(
+        steady_plain, steady_gutter,
+        "the same load before the failure"
+    );
+    assert_eq!((plain.wrong, gutter.wrong), (0, 0), "wrong values read");
+    assert!(
+        plain.errors > 0 && gutter.errors > 0,
+        "the failed pod's writes fail for the client, with a gutter too"
+    );
+    assert!(
+        late(&gutter) >= 0.9 * steady_gutter,
+        "with a gutter: {:.3} while the pod is down, under 90 % of {steady_gutter:.3}",
+        late(&gutter)
+    );
+    assert!(
+        late(&plain) < 0.9 * steady_plain,
+        "without a gutter the failed pod costs misses: {:.3}",
+        late(&plain)
+    );
 }

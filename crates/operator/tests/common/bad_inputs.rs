@@ -188,6 +188,15 @@ pub fn schema_rejects() -> Vec<(&'static str, Value, u16, Vec<&'static str>)> {
             vec!["spec.proxy.copies", "less than or equal to 3"],
         ),
         (
+            "a gutter of no time",
+            memcached(
+                "gutter0",
+                json!({"size": 1, "proxy": {"enabled": true, "gutter": {"enabled": true, "ttlSeconds": 0}}}),
+            ),
+            422,
+            vec!["spec.proxy.gutter.ttlSeconds", "greater than or equal to 1"],
+        ),
+        (
             "proxy image with a space",
             memcached(
                 "proxyimg",
@@ -335,6 +344,17 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             "warm-up-stock-image".into(),
             json!({"size": 2, "proxy": {"enabled": true, "warmUp": {"enabled": true}}}),
             "spec.proxy.image",
+        ),
+        (
+            "gutter-with-copies".into(),
+            json!({"size": 4, "proxy": {"enabled": true, "copies": 2, "gutter": {"enabled": true}}}),
+            "spec.proxy.gutter.enabled",
+        ),
+        (
+            "gutter-over-the-limit".into(),
+            json!({"size": 2, "proxy": {"enabled": true, "gutter": {"enabled": true, "memoryMiB": 256},
+                   "resources": {"limits": {"memory": "256Mi"}}}}),
+            "spec.proxy.gutter.memoryMiB",
         ),
         (
             "proxy-with-sasl".into(),
