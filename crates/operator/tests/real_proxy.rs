@@ -1370,3 +1370,45 @@ fn a_failed_pod_with_a_gutter_keeps_the_hit_ratio() {
         late(&plain)
     );
 }
+
+/// Warm-up and the gutter together, as a pool with both renders them: a warming slot's
+/// miss is still answered from the old pod; with both pods killed, a write of the slot
+/// fails for the client, is kept in the gutter and read back from it.
+#[test]
+fn warm_up_and_the_gutter_work_together() {
+    let (old, new) = (backend(free_port()), backend(free_port()));
+    raw(old.port, "set k1 0 0 5\r\nold-1\r\n", "STORED");
+    let dir = ConfigDir::new();
+    let predecessor = ProxyBackend {
+        copy: 1,
+        slot: 0,
+        pod: format!("cache-{}", old.port),
+        address: format!("127.0.0.1:{}", old.port),
+        warm_from: None,
+    };
+    configure_warm(
+        &dir,
+        &[],
+        &ready(&[new.port]),
+        &[predecessor],
+        Some(30),
+        1,
+        1,
+    );
+    let proxy = start_proxy_with(&dir, Some(8));
+    let mut conn = Conn::open(proxy.port);
+    assert_eq!(conn.get("k1").expect("get"), Reply::Hit("old-1".into()));
+    assert_eq!(
+        added_to(new.port, "k1").get(1).map(String::as_str),
+        Some("old-1")
+    );
+
+    drop(new);
+    drop(old);
+    assert_eq!(
+        conn.set("k2", "gutter").expect("set"),
+        "SERVER_ERROR backend failure"
+    );
+    assert_eq!(conn.get("k2").expect("get"), Reply::Hit("gutter".into()));
+    assert_eq!(stat(proxy.port, "proxy_config_reload_fails"), 0);
+}
