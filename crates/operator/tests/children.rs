@@ -194,3 +194,95 @@ fn rbac_grants_what_the_listed_children_need() {
     // The operator's own role is its list's.
     assert_eq!(rbac::manager_rules(), rbac::manager_rules_for(CHILDREN));
 }
+
+/// The proxy's pods mount its ConfigMap, so the proxy Deployment is applied only once the
+/// ConfigMap is: with the ConfigMap's writes refused, turning the gutter on (a start file
+/// in the ConfigMap, named by the proxy's command) leaves the proxy Deployment as it was
+/// while the pool itself still follows its spec; once the writes pass, both change.
+#[tokio::test]
+async fn the_proxy_deployment_waits_for_its_config_map() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let (server, client) = server().await;
+    let config = ControllerConfig {
+        status_batch: Duration::ZERO,
+        ..ControllerConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(controller::run(client.clone(), config, async {
+        let _ = stopped.await;
+    }));
+    let memcacheds = Api::<Memcached>::namespaced(client.clone(), "default");
+    let apply = |spec: serde_json::Value| {
+        let memcacheds = memcacheds.clone();
+        async move {
+            let mc = json!({
+                "apiVersion": "memcached.cache.example.com/v1", "kind": "Memcached",
+                "metadata": {"name": "p"}, "spec": spec
+            });
+            memcacheds
+                .patch("p", &PatchParams::apply("test").force(), &Patch::Apply(&mc))
+                .await
+                .expect("apply");
+        }
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let replicas = |name: &'static str| {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|d| d.spec?.replicas)
+        }
+    };
+    let proxy_memory = || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get_opt("p-proxy").await.ok().flatten()?;
+            let command = d.spec?.template.spec?.containers.first()?.command.clone()?;
+            let at = command.iter().position(|a| a == "-m")?;
+            command.get(at + 1).cloned()
+        }
+    };
+    apply(json!({"size": 2, "proxy": {"enabled": true}})).await;
+    wait_for("the proxy without a gutter", || async {
+        (proxy_memory().await.as_deref() == Some("8")).then_some(())
+    })
+    .await;
+
+    server.inject(
+        Fault::new()
+            .verb("patch")
+            .resource("configmaps")
+            .name("p-proxy")
+            .status(500),
+    );
+    apply(json!({"size": 3, "proxy": {"enabled": true, "gutter": {"enabled": true}}})).await;
+    wait_for("the pool at its new size", || async {
+        (replicas("p").await == Some(3)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        proxy_memory().await.as_deref(),
+        Some("8"),
+        "the proxy Deployment waits for its ConfigMap"
+    );
+
+    server.clear_faults();
+    wait_for("the proxy with its gutter", || async {
+        (proxy_memory().await.as_deref() == Some("32")).then_some(())
+    })
+    .await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let data = config_maps
+        .get("p-proxy")
+        .await
+        .expect("ConfigMap")
+        .data
+        .unwrap_or_default();
+    assert!(data.contains_key(memcached_operator::proxy::GUTTER_KEY));
+    let _ = stop.send(());
+    let _ = run.await;
+}

@@ -27,7 +27,9 @@ use super::context::{Context, Error, object_key};
 use super::events::Changes;
 use crate::builders::{APPLIED_HASH_ANNOTATION, FIELD_MANAGER};
 use crate::cached::{CacheForm, CachedDeployment};
-use crate::children::{Child, Desired, Inputs, Keep, Planned, Report, origins};
+use crate::children::{
+    Child, Desired, Inputs, Keep, Kind, PROXY_DEPLOYMENT, Planned, Report, origins,
+};
 use crate::drift::{self, NormalForm};
 use crate::informer::Cache;
 
@@ -120,8 +122,14 @@ struct ChildOutcome {
 /// Applies every wanted child of `plans` at once (they do not depend on each other, so a new
 /// Memcached waits for one round trip, not one per child) and then deletes ours that are no
 /// longer wanted. Children of a kind the server does not serve are skipped. What changed is
-/// added to `changes` in the list's order, even when another child failed; every failure
-/// is returned.
+/// added to `changes` in the list's order (the ConfigMaps first), even when another child
+/// failed; every failure is returned.
+///
+/// One dependency: the proxy's pods mount its ConfigMap (the routes and the start files
+/// their command names), so the ConfigMaps are applied first and the proxy Deployment only
+/// once they are. A proxy pod started before a start file of its command is in its volume
+/// loads no routes and never reloads: memcached logs `Failed to load proxy_startfile`,
+/// keeps running, answers every request with an error, and its TCP probe passes.
 pub(super) async fn apply_children(
     ctx: &Context,
     mc: &Memcached,
@@ -130,6 +138,7 @@ pub(super) async fn apply_children(
     inputs: &Inputs<'_>,
     changes: &mut Changes,
 ) -> Result<AppliedChildren, Error> {
+    let mut mounted = Vec::new();
     let mut wanted = Vec::new();
     let mut unwanted = Vec::new();
     for plan in plans {
@@ -137,32 +146,43 @@ pub(super) async fn apply_children(
             continue;
         }
         match plan.desired {
+            Some(desired) if plan.child.kind == Kind::ConfigMap => {
+                mounted.push((plan.child, desired))
+            }
             Some(desired) => wanted.push((plan.child, desired)),
             None => unwanted.push((plan.child, plan.name)),
         }
     }
-    let outcomes = futures::future::join_all(
-        wanted
-            .into_iter()
-            .map(|(child, desired)| apply_child(ctx, mc, owner, child, desired, inputs)),
-    )
-    .await;
     let mut applied = AppliedChildren::default();
     let mut errors = Vec::new();
-    for outcome in outcomes {
-        match outcome {
-            Ok((change, outcome)) => {
-                if let Some((reason, action, note)) = change {
-                    changes.push(reason, action, note);
+    let mut apply_all = async |children: Vec<(&Child, Desired)>, errors: &mut Vec<Error>| {
+        let outcomes = futures::future::join_all(
+            children
+                .into_iter()
+                .map(|(child, desired)| apply_child(ctx, mc, owner, child, desired, inputs)),
+        )
+        .await;
+        for outcome in outcomes {
+            match outcome {
+                Ok((change, outcome)) => {
+                    if let Some((reason, action, note)) = change {
+                        changes.push(reason, action, note);
+                    }
+                    if let Some(outcome) = outcome {
+                        applied.deployments.push(outcome.deployment);
+                        applied.rollout_waiting = applied.rollout_waiting.or(outcome.waiting);
+                    }
                 }
-                if let Some(outcome) = outcome {
-                    applied.deployments.push(outcome.deployment);
-                    applied.rollout_waiting = applied.rollout_waiting.or(outcome.waiting);
-                }
+                Err(e) => errors.push(e),
             }
-            Err(e) => errors.push(e),
         }
+    };
+    apply_all(mounted, &mut errors).await;
+    if !errors.is_empty() {
+        // The pool goes on; the proxy's pods wait for their configuration.
+        wanted.retain(|(child, _)| child.role != PROXY_DEPLOYMENT);
     }
+    apply_all(wanted, &mut errors).await;
     if errors.len() > 1 {
         return Err(Error::Children(errors));
     }
