@@ -1220,6 +1220,22 @@ fn a_failed_pods_keys_are_kept_in_the_gutter_for_its_ttl() {
         .unwrap_or(-1);
     assert!((1..=2).contains(&ttl), "the gutter's TTL: {header:?}");
     assert_eq!(raw(proxy.port, "touch k1 300\r\n", "")[0], failed);
+    // A meta read's own TTL (a touch) and a meta arithmetic's creation TTL are held to
+    // the gutter's.
+    let ttl_of = |header: &str| -> i64 {
+        header
+            .split(' ')
+            .find_map(|t| t.strip_prefix('t')?.parse().ok())
+            .unwrap_or(-1)
+    };
+    let touched = raw(proxy.port, "mg k1 T300 t\r\n", "HD");
+    assert!((1..=2).contains(&ttl_of(&touched[0])), "{touched:?}");
+    assert_eq!(raw(proxy.port, "ma c N300\r\n", "")[0], failed);
+    let created = raw(proxy.port, "mg c t v\r\nmn\r\n", "MN");
+    assert!(
+        created[0].starts_with("VA ") && (1..=2).contains(&ttl_of(&created[0])),
+        "{created:?}"
+    );
     assert_eq!(conn.delete("k1").expect("delete"), failed);
     assert_eq!(
         conn.get("k1").expect("get"),

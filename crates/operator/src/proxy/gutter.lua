@@ -15,8 +15,9 @@
 --                  gutter, so it never holds a value older than the pool's.
 -- A write always answers with the pool's result: one the pool did not take is an error
 -- for the client, as without a gutter, and a pod that comes back without restarting
--- serves what it held, as without a gutter. `meta = true` marks meta commands (base64
--- keys are dropped with their flag).
+-- serves what it held, as without a gutter. `meta = true` marks meta commands: their
+-- own TTL flags (`T`, and `N` for a key they create) are set to N on the way to the
+-- gutter, so nothing lives there longer; base64 keys are dropped with their flag.
 --
 -- Must never raise an error while loading: a start file that fails stops memcached.
 register_route_handlers({ "gutter" })
@@ -26,11 +27,22 @@ function route_gutter_conf(t, ctx)
 end
 
 local function route_gutter_f(rctx, o)
+    -- A meta request's TTL flags, held to the gutter's TTL.
+    local function hold_ttl(r)
+        for _, flag in ipairs({ "T", "N" }) do
+            if r:has_flag(flag) then
+                r:flag_set(flag, o.ttl)
+            end
+        end
+    end
     return function(r)
         local res = rctx:enqueue_and_wait(r, o.pool)
         if o.mode == "read" then
             if res:ok() then
                 return res
+            end
+            if o.is_meta then
+                hold_ttl(r)
             end
             return rctx:enqueue_and_wait(r, o.gutter) or res
         end
@@ -42,12 +54,13 @@ local function route_gutter_f(rctx, o)
             rctx:enqueue_and_wait(mcp.request("md " .. r:key() .. b .. "\r\n"), o.gutter)
             return res
         end
-        if o.mode == "store" then
-            if o.is_meta then
+        if o.is_meta then
+            hold_ttl(r)
+            if o.mode == "store" then
                 r:flag_set("T", o.ttl)
-            else
-                r:token(4, o.ttl)
             end
+        elseif o.mode == "store" then
+            r:token(4, o.ttl)
         end
         rctx:enqueue_and_wait(r, o.gutter)
         return res

@@ -68,7 +68,8 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
 /// answered from it; a write the pod fails (`set`, `add`, `cas`, `replace`, `ms`) is kept
 /// there with the TTL `gutter_ttl`, a change (`delete`, `md`, `incr`, `decr`, `append`,
 /// `prepend`, `ma`) is made there, and the client still gets the pod's error; a write the
-/// pod takes drops the key from the gutter. `touch`, `gat` and `gats` never reach it.
+/// pod takes drops the key from the gutter. `touch`, `gat` and `gats` never reach it, and
+/// the TTL flags of meta commands are held to `gutter_ttl` there.
 pub fn render_warm(
     owner: &str,
     backends: &[ProxyBackend],
