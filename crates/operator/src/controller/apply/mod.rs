@@ -130,6 +130,8 @@ struct ChildOutcome {
 /// once they are. A proxy pod started before a start file of its command is in its volume
 /// loads no routes and never reloads: memcached logs `Failed to load proxy_startfile`,
 /// keeps running, answers every request with an error, and its TCP probe passes.
+/// So a ConfigMap not applied (refused, or someone else's of that name) holds back the proxy
+/// Deployment: its pods would mount a configuration the operator did not write.
 pub(super) async fn apply_children(
     ctx: &Context,
     mc: &Memcached,
