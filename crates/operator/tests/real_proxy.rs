@@ -1016,13 +1016,6 @@ fn compare_warm_up(what: &str, csv_var: &str, scenario: fn(bool) -> (f64, Tally)
     let (steady_warm, warm) = scenario(true);
     let min = |t: &Tally| t.ratios.iter().copied().fold(1.0, f64::min);
     let mean = |t: &Tally| t.ratios.iter().sum::<f64>() / t.ratios.len() as f64;
-    let curve = |t: &Tally| {
-        t.ratios
-            .iter()
-            .map(|r| format!("{r:.3}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     println!(
         "{what}: hit ratio per {WINDOW} requests, steady {steady_plain:.3}, without warm-up:\n{}",
         curve(&plain)
@@ -1035,17 +1028,7 @@ fn compare_warm_up(what: &str, csv_var: &str, scenario: fn(bool) -> (f64, Tally)
         mean(&plain),
         mean(&warm)
     );
-    if let Some(path) = std::env::var_os(csv_var) {
-        let mut csv = "request,steady_without,without,steady_with,with\n".to_string();
-        for (i, (p, w)) in plain.ratios.iter().zip(&warm.ratios).enumerate() {
-            let _ = writeln!(
-                csv,
-                "{},{steady_plain:.4},{p:.4},{steady_warm:.4},{w:.4}",
-                (i + 1) * WINDOW
-            );
-        }
-        std::fs::write(&path, csv).expect("write the CSV");
-    }
+    write_csv(csv_var, (steady_plain, &plain), (steady_warm, &warm));
     for (run, t) in [("without", &plain), ("with", &warm)] {
         // A write-back that sent less than the value it announced would desynchronize the
         // new pod's connection: its requests time out and the proxy counts the failures.
@@ -1066,6 +1049,34 @@ fn compare_warm_up(what: &str, csv_var: &str, scenario: fn(bool) -> (f64, Tally)
         "{what} without warm-up should cost misses: lowest window {:.3}",
         min(&plain)
     );
+}
+
+/// A run's hit ratios, one per window.
+fn curve(t: &Tally) -> String {
+    t.ratios
+        .iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The hit ratios of a run without and one with, window by window, as CSV in the file
+/// `$var` names, when set (for `hack/memcached/warm-rollout-plot.py`).
+fn write_csv(var: &str, without: (f64, &Tally), with: (f64, &Tally)) {
+    let Some(path) = std::env::var_os(var) else {
+        return;
+    };
+    let mut csv = "request,steady_without,without,steady_with,with\n".to_string();
+    for (i, (p, w)) in without.1.ratios.iter().zip(&with.1.ratios).enumerate() {
+        let _ = writeln!(
+            csv,
+            "{},{:.4},{p:.4},{:.4},{w:.4}",
+            (i + 1) * WINDOW,
+            without.0,
+            with.0
+        );
+    }
+    std::fs::write(&path, csv).expect("write the CSV");
 }
 
 /// One raw request and its answer's lines up to `last` (a line starting with it).
@@ -1326,13 +1337,6 @@ fn failed_pod(gutter: bool) -> (f64, Tally) {
 fn a_failed_pod_with_a_gutter_keeps_the_hit_ratio() {
     let (steady_plain, plain) = failed_pod(false);
     let (steady_gutter, gutter) = failed_pod(true);
-    let curve = |t: &Tally| {
-        t.ratios
-            .iter()
-            .map(|r| format!("{r:.3}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     // The last 10 windows with the pod down.
     let late = |t: &Tally| {
         t.ratios[WINDOWS_FAILED - 10..WINDOWS_FAILED]
@@ -1355,17 +1359,11 @@ fn a_failed_pod_with_a_gutter_keeps_the_hit_ratio() {
         late(&plain),
         late(&gutter)
     );
-    if let Some(path) = std::env::var_os("GUTTER_CSV") {
-        let mut csv = "request,steady_without,without,steady_with,with\n".to_string();
-        for (i, (p, g)) in plain.ratios.iter().zip(&gutter.ratios).enumerate() {
-            let _ = writeln!(
-                csv,
-                "{},{steady_plain:.4},{p:.4},{steady_gutter:.4},{g:.4}",
-                (i + 1) * WINDOW
-            );
-        }
-        std::fs::write(&path, csv).expect("write the CSV");
-    }
+    write_csv(
+        "GUTTER_CSV",
+        (steady_plain, &plain),
+        (steady_gutter, &gutter),
+    );
     assert_eq!(
         steady_plain, steady_gutter,
         "the same load before the failure"
