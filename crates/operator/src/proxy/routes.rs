@@ -176,27 +176,23 @@ pub fn render_warm(
         } else {
             plain.clone()
         };
-        if warming {
-            // The warm-up route where the proxy has it (its command loads the start file),
-            // the plain one where it does not: a proxy started before warm-up was turned on
-            // loads this file until it is replaced, and an unknown route would stop it.
-            let warm = |options: &str| {
-                format!(
-                    "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{options} }} or route_direct{{ child = \"pool\" }}"
-                )
-            };
-            reads(
-                &mut body,
-                &|read| match read {
-                    "get" => warm(""),
-                    "mg" => warm(", meta = true"),
-                    _ => plain.clone(),
-                },
-                gutter_ttl,
-            );
-        } else {
-            reads(&mut body, &|_| plain.clone(), gutter_ttl);
-        }
+        // The warm-up route where the proxy has it (its command loads the start file), the
+        // plain one where it does not: a proxy started before warm-up was turned on loads
+        // this file until it is replaced, and an unknown route would stop it.
+        let warm = |options: &str| {
+            format!(
+                "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{options} }} or route_direct{{ child = \"pool\" }}"
+            )
+        };
+        reads(
+            &mut body,
+            &|read| match read {
+                "get" if warming => warm(""),
+                "mg" if warming => warm(", meta = true"),
+                _ => plain.clone(),
+            },
+            gutter_ttl,
+        );
         if let Some(ttl) = gutter_ttl {
             let stores = ["set", "add", "cas", "replace", "ms"].map(|c| (c, "store"));
             let changes =
