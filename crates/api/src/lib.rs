@@ -340,6 +340,10 @@ pub struct ExporterSpec {
 pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
 /// Most proxy pods accepted.
 pub const MAX_PROXY_REPLICAS: i32 = 32;
+/// The label of a node's zone, which the API server copies onto a pod when the pod is
+/// scheduled (Kubernetes 1.35 and later; 1.33 and 1.34 with the `PodTopologyLabelsAdmission`
+/// feature gate).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Most copies of each key accepted (`spec.proxy.copies`).
 pub const MAX_PROXY_COPIES: i32 = 3;
 /// How long the proxies may take to load a change of their routes, in seconds: the
@@ -382,6 +386,19 @@ pub struct ProxySpec {
     #[serde(default = "default_proxy_copies")]
     #[schemars(range(min = 1, max = 3))]
     pub copies: i32,
+    /// Zones of the copies (as many as `copies`, which must be 2 or 3): copy i lives in the
+    /// i-th zone (`topology.kubernetes.io/zone`). The pool's pods are placed in these zones
+    /// only, evenly (a strict zone spread), each pod holds a slot of its own zone's copy,
+    /// and each proxy pod reads its own zone's copy first, falling over to the other zones
+    /// on a miss or an error; writes still go to every copy. A pod's zone is read from its
+    /// `topology.kubernetes.io/zone` label, which the API server copies from the node when
+    /// the pod is scheduled (Kubernetes 1.35 and later; 1.33 and 1.34 with the
+    /// `PodTopologyLabelsAdmission` feature gate): a pod without it waits outside the
+    /// rings. Unset: copies are not tied to zones. Changing the list moves every pod whose
+    /// zone no longer matches its copy (its keys start cold in their new copy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub zones: Vec<String>,
     /// Warm-up of replaced pods (one copy only): while a pod of the pool stops (a rollout,
     /// a restart on demand, an eviction), the proxies read its slot from the new pod first
     /// and, on a miss there, from the stopping pod, writing the value back to the new pod
@@ -461,6 +478,11 @@ impl ProxySpec {
         self.warm_up.as_ref().is_some_and(|w| w.enabled)
     }
 
+    /// Whether copies are tied to zones (`spec.proxy.zones`, one per copy).
+    pub fn zoned(&self) -> bool {
+        self.copies > 1 && self.zones.len() == self.copies as usize
+    }
+
     /// The gutter, when `spec.proxy.gutter.enabled`.
     pub fn gutter_enabled(&self) -> Option<&GutterSpec> {
         self.gutter.as_ref().filter(|g| g.enabled)
@@ -475,6 +497,7 @@ impl Default for ProxySpec {
             image: None,
             resources: None,
             copies: 1,
+            zones: Vec::new(),
             warm_up: None,
             gutter: None,
         }

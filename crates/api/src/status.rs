@@ -107,6 +107,9 @@ pub struct ProxyBackend {
     pub pod: String,
     /// Its `ip:port`.
     pub address: String,
+    /// The zone of its copy (`spec.proxy.zones`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// While the slot warms up (`spec.proxy.warmUp`): the stopping pod that held it
     /// before, which the proxies read a miss from and write to as well.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -543,6 +543,17 @@ fn validate_quantities(
     errors
 }
 
+/// Whether `value` is a valid label value that is not empty.
+fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
 /// What a proxy pod needs besides its gutter's cache memory, MiB (its default memory limit
 /// without a gutter, 128 MiB, holds the proxy's own 8 MiB and its connections with room).
 const GUTTER_OVERHEAD_MIB: u64 = 64;
@@ -578,6 +589,33 @@ fn validate_proxy(proxy: &crate::ProxySpec, spec: &MemcachedSpec) -> Vec<FieldEr
     }
     if let Some(resources) = &proxy.resources {
         errors.extend(validate_quantities("spec.proxy.resources", resources));
+    }
+    if !proxy.zones.is_empty() && (proxy.copies < 2 || proxy.zones.len() != proxy.copies as usize) {
+        errors.push(FieldError::invalid(
+            "spec.proxy.zones",
+            proxy.zones.join(","),
+            format!(
+                "{} zones for {} copies (spec.proxy.copies): each copy lives in one zone, so list one zone per copy, with 2 or 3 copies",
+                proxy.zones.len(),
+                proxy.copies
+            ),
+        ));
+    }
+    for (i, zone) in proxy.zones.iter().enumerate() {
+        let field = format!("spec.proxy.zones[{i}]");
+        if !is_label_value(zone) {
+            errors.push(FieldError::invalid(
+                field,
+                zone,
+                "must be a zone as nodes carry it in their topology.kubernetes.io/zone label: 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            ));
+        } else if proxy.zones[..i].contains(zone) {
+            errors.push(FieldError::invalid(
+                field,
+                zone,
+                "is listed twice: each copy lives in a zone of its own",
+            ));
+        }
     }
     if proxy.warm_up_enabled() && proxy.copies > 1 {
         errors.push(FieldError::invalid(
@@ -1333,6 +1371,43 @@ mod tests {
         );
     }
 
+    /// Zones: one per copy (2 or 3 copies), each a label value, none twice; each error
+    /// names its field.
+    #[test]
+    fn zones_are_one_label_value_per_copy() {
+        let fields = |m: Memcached| -> Vec<String> {
+            validate(&m)
+                .err()
+                .map(|e| e.0.into_iter().map(|e| e.field).collect())
+                .unwrap_or_default()
+        };
+        let zoned = |copies: i32, zones: &[&str]| {
+            with(|s| {
+                s.proxy = Some(crate::ProxySpec {
+                    copies,
+                    zones: zones.iter().map(|z| z.to_string()).collect(),
+                    ..Default::default()
+                });
+            })
+        };
+        assert_eq!(fields(zoned(2, &["a", "b"])), Vec::<String>::new());
+        assert_eq!(
+            fields(zoned(3, &["eu-west-1a", "eu-west-1b", "eu_1.c"])),
+            Vec::<String>::new()
+        );
+        assert_eq!(fields(zoned(1, &["a"])), ["spec.proxy.zones"]);
+        assert_eq!(fields(zoned(3, &["a", "b"])), ["spec.proxy.zones"]);
+        assert_eq!(fields(zoned(2, &["a", "a"])), ["spec.proxy.zones[1]"]);
+        assert_eq!(
+            fields(zoned(2, &["", "-b"])),
+            ["spec.proxy.zones[0]", "spec.proxy.zones[1]"]
+        );
+        assert_eq!(
+            fields(zoned(2, &["a", &"z".repeat(64)])),
+            ["spec.proxy.zones[1]"]
+        );
+    }
+
     /// A gutter is refused with copies, and with a proxy memory limit it does not fit in
     /// (its cache and 64 MiB more), each naming its field; the proxy's default resources
     /// and a limit with room pass.
@@ -1358,6 +1433,7 @@ mod tests {
                 .unwrap_or_default()
         };
         assert_eq!(fields(gutter(|_| {})), Vec::<String>::new());
+
         assert_eq!(
             fields(gutter(|p| p.copies = 2)),
             ["spec.proxy.gutter.enabled"]

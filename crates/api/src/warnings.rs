@@ -100,6 +100,24 @@ pub fn warnings(mc: &Memcached, default_image: &str) -> Vec<String> {
         ));
     }
     if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.zoned()
+        && proxy.replicas < proxy.copies
+    {
+        out.push(format!(
+            "spec.proxy.replicas: {} proxy pods for {} zones (spec.proxy.zones): clients in a zone without a proxy pod read from another zone's copy, across zones",
+            proxy.replicas, proxy.copies
+        ));
+    }
+    if let Some(proxy) = mc.spec.proxy_enabled()
+        && proxy.zoned()
+        && mc.spec.size % proxy.copies != 0
+    {
+        out.push(format!(
+            "spec.size: {} pods do not share evenly over {} zones (spec.proxy.zones): some zones hold one pod fewer, and their copy's ring is one slot shorter",
+            mc.spec.size, proxy.copies
+        ));
+    }
+    if let Some(proxy) = mc.spec.proxy_enabled()
         && proxy.warm_up_enabled()
     {
         let delay = mc

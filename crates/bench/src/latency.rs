@@ -149,6 +149,7 @@ fn proxy_hop(gets: usize) -> Result<String> {
     let dir = tempdir("proxy-hop")?;
     let file = dir.join("config.lua");
     let backends = [ProxyBackend {
+        zone: None,
         copy: 1,
         slot: 0,
         pod: "cache-0".into(),

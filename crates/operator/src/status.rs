@@ -29,6 +29,9 @@ pub struct ObservedPod {
     pub ip: Option<String>,
     /// The pod's `Ready` condition is `True`.
     pub ready: bool,
+    /// Its `topology.kubernetes.io/zone` label (copied from its node when it was
+    /// scheduled, where the API server does that).
+    pub zone: Option<String>,
 }
 
 impl ObservedPod {
@@ -837,12 +840,14 @@ mod tests {
             deployment: Some(&d),
             pods: vec![
                 ObservedPod {
+                    zone: None,
                     name: "m-abc-3".into(),
                     ip: Some("10.0.0.3".into()),
                     ready: true,
                 },
                 ObservedPod::named("m-abc-1"),
                 ObservedPod {
+                    zone: None,
                     name: "m-abc-2".into(),
                     ip: Some("fd00::2".into()),
                     ready: true,
@@ -917,6 +922,7 @@ mod tests {
         let mut m = mc(3, 1);
         m.spec.proxy = Some(memcached_api::ProxySpec::default());
         let backend = |pod: &str| ProxyBackend {
+            zone: None,
             copy: 1,
             slot: pod.len() as i32 - 1,
             pod: pod.into(),
@@ -929,6 +935,7 @@ mod tests {
                 .iter()
                 .filter(|b| !b.is_vacant())
                 .map(|b| ObservedPod {
+                    zone: None,
                     name: b.pod.clone(),
                     ip: Some("10.0.0.1".into()),
                     ready: !not_ready.contains(&b.pod.as_str()),
@@ -1110,6 +1117,7 @@ mod tests {
         let pods = |n: usize, ready: usize| -> Vec<ObservedPod> {
             (0..n)
                 .map(|i| ObservedPod {
+                    zone: None,
                     name: format!("m-{i}"),
                     ip: Some(format!("10.0.0.{i}")),
                     ready: i < ready,
@@ -1158,6 +1166,7 @@ mod tests {
     fn progress_is_what_only_adds_and_a_turn_or_a_loss_is_not() {
         let m = mc(3, 1);
         let pod = |i: usize, ready: bool| ObservedPod {
+            zone: None,
             name: format!("m-{i}"),
             ip: Some(format!("10.0.0.{i}")),
             ready,

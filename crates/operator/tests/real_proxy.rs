@@ -60,8 +60,14 @@ fn as_root() -> bool {
 
 /// Starts memcached with `args` on 127.0.0.1:`port` and waits until it accepts.
 fn start(args: &[String], port: u16) -> Running {
+    start_with_env(args, port, &[])
+}
+
+/// [`start`], with `env` in memcached's environment.
+fn start_with_env(args: &[String], port: u16, env: &[(&str, &str)]) -> Running {
     let mut cmd = Command::new(binary());
     cmd.args(args).args(["-l", "127.0.0.1"]);
+    cmd.envs(env.iter().copied());
     if as_root() {
         cmd.args(["-u", "nobody"]);
     }
@@ -142,6 +148,7 @@ fn pod(port: u16, ready: bool) -> PoolPod {
         name: format!("cache-{port}"),
         ip: Some("127.0.0.1".into()),
         ready,
+        zone: None,
     }
 }
 
@@ -172,7 +179,7 @@ fn configure_warm(
     size: i32,
     copies: i32,
 ) -> Vec<ProxyBackend> {
-    let mut backends = proxy::membership(previous, pods, &[], size, copies, 0).backends;
+    let mut backends = proxy::membership(previous, pods, &[], size, copies, &[], 0).backends;
     // The backends differ by port only, as pods differ by IP in a cluster.
     for b in backends.iter_mut().filter(|b| !b.is_vacant()) {
         b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
@@ -1121,6 +1128,7 @@ fn a_warming_slot_answers_a_miss_from_the_old_pod_and_adds_it_to_the_new_one() {
     raw(old.port, "set k4 0 0 5\r\nold-4\r\n", "STORED");
     let dir = ConfigDir::new();
     let predecessor = ProxyBackend {
+        zone: None,
         copy: 1,
         slot: 0,
         pod: format!("cache-{}", old.port),
@@ -1394,6 +1402,7 @@ fn warm_up_and_the_gutter_work_together() {
     raw(old.port, "set k1 0 0 5\r\nold-1\r\n", "STORED");
     let dir = ConfigDir::new();
     let predecessor = ProxyBackend {
+        zone: None,
         copy: 1,
         slot: 0,
         pod: format!("cache-{}", old.port),
@@ -1425,4 +1434,211 @@ fn warm_up_and_the_gutter_work_together() {
     );
     assert_eq!(conn.get("k2").expect("get"), Reply::Hit("gutter".into()));
     assert_eq!(stat(proxy.port, "proxy_config_reload_fails"), 0);
+}
+
+/// The zones of the zone-loss runs; the proxy is in the first.
+const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+/// Pods per zone in the zone-loss runs.
+const PODS_PER_ZONE: usize = 4;
+
+/// How a zone-loss run went: the steady hit ratio, the tally while the zone is lost, and
+/// at steady state the reads that reached another zone's pods and the client's misses
+/// over the same windows.
+struct ZoneLoss {
+    steady: f64,
+    lost: Tally,
+    reads_elsewhere: u64,
+    misses: usize,
+}
+
+/// A pool of 12 pods, 4 in each of 3 zones, behind a proxy in zone-a, under the
+/// cache-aside load; then every pod of zone-a is killed (a lost zone: the pods are still
+/// in the rings, as they are until Kubernetes deletes them). With `zoned`, 3 copies, one
+/// per zone (`spec.proxy.zones`); without, one copy sharded over the 12 pods.
+fn zone_loss(zoned: bool) -> ZoneLoss {
+    let mut pods: Vec<Running> = (0..ZONES.len() * PODS_PER_ZONE)
+        .map(|_| backend(free_port()))
+        .collect();
+    let zone_of = |i: usize| ZONES[i % ZONES.len()];
+    let members: Vec<PoolPod> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PoolPod {
+            zone: Some(zone_of(i).to_string()),
+            ..pod(p.port, true)
+        })
+        .collect();
+    let (copies, zones): (i32, Vec<String>) = if zoned {
+        (3, ZONES.iter().map(|z| z.to_string()).collect())
+    } else {
+        (1, Vec::new())
+    };
+    let size = members.len() as i32;
+    let mut backends = proxy::membership(&[], &members, &[], size, copies, &zones, 0).backends;
+    for b in &mut backends {
+        b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
+    }
+    if zoned {
+        for (copy, zone) in ZONES.iter().enumerate() {
+            let ring: Vec<&ProxyBackend> = backends
+                .iter()
+                .filter(|b| b.copy == copy as i32 + 1)
+                .collect();
+            assert_eq!(ring.len(), PODS_PER_ZONE, "{backends:?}");
+            assert!(ring.iter().all(|b| b.zone.as_deref() == Some(zone)));
+        }
+    }
+    let dir = ConfigDir::new();
+    let file = dir.file();
+    let (text, _) = proxy::render("test/pool", &backends, copies, &file.to_string_lossy());
+    dir.write(&text);
+    let port = free_port();
+    let args = proxy::proxy_args(i32::from(port), &file.to_string_lossy());
+    let proxy = start_with_env(&args[1..], port, &[(proxy::ZONE_ENV, ZONES[0])]);
+
+    let mut conn = Conn::open(proxy.port);
+    let mut zipf = Zipf::new(0x5eed);
+    let mut steady = Tally::default();
+    steady.run(&mut conn, &mut zipf, WINDOWS_STEADY);
+    let last = &steady.ratios[WINDOWS_STEADY - 5..];
+    let steady = last.iter().sum::<f64>() / last.len() as f64;
+
+    // Where the reads go at steady state: the gets each pod outside zone-a answers.
+    let elsewhere = |pods: &[Running]| -> u64 {
+        pods.iter()
+            .enumerate()
+            .filter(|(i, _)| zone_of(*i) != ZONES[0])
+            .map(|(_, p)| stat(p.port, "cmd_get"))
+            .sum()
+    };
+    let before = elsewhere(&pods);
+    let mut local = Tally::default();
+    local.run(&mut conn, &mut zipf, 5);
+    let reads_elsewhere = elsewhere(&pods) - before;
+    let misses = local
+        .ratios
+        .iter()
+        .map(|r| WINDOW - (r * WINDOW as f64).round() as usize)
+        .sum();
+
+    // Zone-a is lost.
+    let mut i = 0;
+    pods.retain(|_| {
+        i += 1;
+        zone_of(i - 1) != ZONES[0]
+    });
+    let mut lost = Tally::default();
+    lost.run(&mut conn, &mut zipf, WINDOWS_FAILED);
+    lost.backend_failures =
+        stat(proxy.port, "proxy_backend_failed") + stat(proxy.port, "proxy_backend_marked_bad");
+    ZoneLoss {
+        steady,
+        lost,
+        reads_elsewhere,
+        misses,
+    }
+}
+
+/// Zone-aware copies, with real memcached and the real proxy: a proxy reads its own zone's
+/// copy (the other zones' pods see only the reads that missed there), and when its whole
+/// zone is lost, every key keeps being read from the other zones' copies, with no miss and
+/// no failed write; with one copy sharded over the same 12 pods, the lost zone's third of
+/// the keys miss and their writes fail.
+#[test]
+fn with_zone_copies_losing_a_zone_costs_no_misses() {
+    let plain = zone_loss(false);
+    let zoned = zone_loss(true);
+    let mean = |t: &Tally| t.ratios.iter().sum::<f64>() / t.ratios.len() as f64;
+    let min = |t: &Tally| t.ratios.iter().copied().fold(1.0, f64::min);
+    println!(
+        "zone-a lost: hit ratio per {WINDOW} requests, steady {:.3}, one copy ({} errors):\n{}",
+        plain.steady,
+        plain.lost.errors,
+        curve(&plain.lost)
+    );
+    println!(
+        "steady {:.3}, a copy per zone ({} errors):\n{}",
+        zoned.steady,
+        zoned.lost.errors,
+        curve(&zoned.lost)
+    );
+    println!(
+        "zone-a lost: mean {:.3} one copy, {:.3} zone copies; lowest window {:.3}, {:.3}; at steady state the zone copies' proxy sent {} reads to other zones for {} misses in {} requests",
+        mean(&plain.lost),
+        mean(&zoned.lost),
+        min(&plain.lost),
+        min(&zoned.lost),
+        zoned.reads_elsewhere,
+        zoned.misses,
+        5 * WINDOW
+    );
+    write_csv(
+        "ZONES_CSV",
+        (plain.steady, &plain.lost),
+        (zoned.steady, &zoned.lost),
+    );
+    assert_eq!(
+        (plain.lost.wrong, zoned.lost.wrong),
+        (0, 0),
+        "wrong values read"
+    );
+    // Reads stay in the proxy's zone: another zone is asked only after a miss there (at
+    // most once per other zone).
+    assert!(
+        zoned.reads_elsewhere <= 2 * zoned.misses as u64,
+        "{} reads reached other zones for {} misses",
+        zoned.reads_elsewhere,
+        zoned.misses
+    );
+    assert!(zoned.lost.backend_failures > 0, "zone-a's pods failed");
+    assert_eq!(zoned.lost.errors, 0, "with zone copies no write failed");
+    assert!(
+        min(&zoned.lost) >= 0.95 * zoned.steady,
+        "with zone copies a window fell to {:.3}, under 95 % of {:.3}",
+        min(&zoned.lost),
+        zoned.steady
+    );
+    assert!(
+        plain.lost.errors > 0 && mean(&plain.lost) < 0.9 * plain.steady,
+        "with one copy the lost zone costs misses and failed writes: mean {:.3}, {} errors",
+        mean(&plain.lost),
+        plain.lost.errors
+    );
+}
+
+/// A proxy pod whose zone is unknown (its environment variable empty: the pod has no zone
+/// label) loads the zoned routes and serves from every zone's copy.
+#[test]
+fn zoned_routes_load_without_a_zone() {
+    let pods: Vec<Running> = (0..3).map(|_| backend(free_port())).collect();
+    let members: Vec<PoolPod> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PoolPod {
+            zone: Some(ZONES[i].to_string()),
+            ..pod(p.port, true)
+        })
+        .collect();
+    let zones: Vec<String> = ZONES.iter().map(|z| z.to_string()).collect();
+    let mut backends = proxy::membership(&[], &members, &[], 3, 3, &zones, 0).backends;
+    for b in &mut backends {
+        b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
+    }
+    let dir = ConfigDir::new();
+    let file = dir.file();
+    let (text, _) = proxy::render("test/pool", &backends, 3, &file.to_string_lossy());
+    assert!(text.contains("set_zones"), "{text}");
+    dir.write(&text);
+    let port = free_port();
+    let args = proxy::proxy_args(i32::from(port), &file.to_string_lossy());
+    let proxy = start_with_env(&args[1..], port, &[(proxy::ZONE_ENV, "")]);
+    let mut conn = Conn::open(proxy.port);
+    assert_eq!(conn.set("k", "v").expect("set"), "STORED");
+    assert_eq!(conn.get("k").expect("get"), Reply::Hit("v".into()));
+    // Written to every zone's pod.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pods.iter().map(|p| stat(p.port, "curr_items")).sum::<u64>() < 3 {
+        assert!(Instant::now() < deadline, "the key reaches every zone");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

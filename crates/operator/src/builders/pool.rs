@@ -9,13 +9,13 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile,
+    Affinity, Capabilities, Container, ContainerPort, DownwardAPIProjection, DownwardAPIVolumeFile,
     EmptyDirVolumeSource, EnvVar, EphemeralVolumeSource, KeyToPath, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource,
-    ResourceRequirements, SeccompProfile, SecretProjection, SecretVolumeSource, SecurityContext,
-    SleepAction, TCPSocketAction, TopologySpreadConstraint, Volume, VolumeMount, VolumeProjection,
-    VolumeResourceRequirements,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    SecretProjection, SecretVolumeSource, SecurityContext, SleepAction, TCPSocketAction,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeProjection, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -208,20 +208,26 @@ pub(crate) fn restricted(uid: i64) -> SecurityContext {
     }
 }
 
-/// Topology spread of the pods selected by `selector` under `policy`.
+/// Topology spread of the pods selected by `selector` under `policy`; with `strict_zones`
+/// (the pool's pods under `spec.proxy.zones`), an even spread over zones is required
+/// whatever the policy.
 pub(crate) fn spread_constraints(
     selector: &BTreeMap<String, String>,
     policy: TopologySpread,
+    strict_zones: bool,
 ) -> Option<Vec<TopologySpreadConstraint>> {
     // (across nodes, across zones)
     let (nodes, zones) = match policy {
+        TopologySpread::Disabled if strict_zones => (None, "DoNotSchedule"),
         TopologySpread::Disabled => return None,
-        TopologySpread::Preferred => ("ScheduleAnyway", "ScheduleAnyway"),
+        TopologySpread::Preferred => (Some("ScheduleAnyway"), "ScheduleAnyway"),
         // The scheduler never places a pod under a `DoNotSchedule` rule on a node that lacks
         // the rule's key: a strict zone rule would leave every pod Pending on a cluster
         // whose nodes carry no zone label.
-        TopologySpread::Required => ("DoNotSchedule", "ScheduleAnyway"),
+        TopologySpread::Required => (Some("DoNotSchedule"), "ScheduleAnyway"),
     };
+    // Zones named in `spec.proxy.zones` are on nodes with the label.
+    let zones = if strict_zones { "DoNotSchedule" } else { zones };
     let constraint = |key: &str, when: &str| TopologySpreadConstraint {
         max_skew: 1,
         topology_key: key.to_string(),
@@ -235,10 +241,45 @@ pub(crate) fn spread_constraints(
         match_label_keys: Some(vec!["pod-template-hash".to_string()]),
         ..TopologySpreadConstraint::default()
     };
-    Some(vec![
-        constraint("kubernetes.io/hostname", nodes),
-        constraint("topology.kubernetes.io/zone", zones),
-    ])
+    Some(
+        nodes
+            .map(|nodes| constraint("kubernetes.io/hostname", nodes))
+            .into_iter()
+            .chain([constraint(memcached_api::ZONE_LABEL, zones)])
+            .collect(),
+    )
+}
+
+/// The pool pods' affinity: the user's (`spec.affinity`), and with `zones`
+/// (`spec.proxy.zones`) a node in one of them required, in every one of the user's node
+/// selector terms (which are alternatives).
+pub(crate) fn pool_affinity(user: Option<&Affinity>, zones: &[String]) -> Option<Affinity> {
+    if zones.is_empty() {
+        return user.cloned();
+    }
+    let in_zones = NodeSelectorRequirement {
+        key: memcached_api::ZONE_LABEL.to_string(),
+        operator: "In".to_string(),
+        values: Some(zones.to_vec()),
+    };
+    let mut affinity = user.cloned().unwrap_or_default();
+    let node = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    let required = node
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(NodeSelector::default);
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(in_zones.clone());
+    }
+    Some(affinity)
 }
 
 fn exporter_container(mc: &Memcached, settings: &BuildSettings) -> Container {
@@ -328,6 +369,11 @@ pub fn desired_deployment_with(
     let spec = &mc.spec;
     let port = spec.container_port;
     let args = pool_args(spec);
+    // The zones the copies live in (`spec.proxy.zones`).
+    let zones: &[String] = spec
+        .proxy_enabled()
+        .filter(|p| p.zoned())
+        .map_or(&[], |p| p.zones.as_slice());
 
     let mut volumes = Vec::new();
     let mut mounts = Vec::new();
@@ -461,12 +507,13 @@ pub fn desired_deployment_with(
                         }),
                         node_selector: spec.node_selector.clone(),
                         tolerations: spec.tolerations.clone(),
-                        affinity: spec.affinity.clone(),
+                        affinity: pool_affinity(spec.affinity.as_ref(), zones),
                         priority_class_name: spec.priority_class_name.clone(),
                         image_pull_secrets: spec.image_pull_secrets.clone(),
                         topology_spread_constraints: spread_constraints(
                             &selector_labels(name),
                             spec.topology_spread.unwrap_or_default(),
+                            !zones.is_empty(),
                         ),
                         volumes: (!volumes.is_empty()).then_some(volumes),
                         ..PodSpec::default()

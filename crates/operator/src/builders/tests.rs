@@ -1689,3 +1689,156 @@ fn the_autoscaler_targets_the_memcached_on_the_memcached_containers_use() {
         [("Pods", 1, 60)]
     );
 }
+
+/// `spec.proxy.zones`: the pool's pods are required in the zones (inside each of the
+/// user's node selector terms) and spread over them strictly, whatever the policy; each
+/// proxy pod gets its zone label in its environment and its Service keeps clients in
+/// their zone. Without zones (or the proxy), nothing of it.
+#[test]
+fn zones_place_the_pool_and_tell_each_proxy_pod_its_zone() {
+    use k8s_openapi::api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    };
+    let zones = vec!["za".to_string(), "zb".to_string()];
+    let user_term = |key: &str| NodeSelectorTerm {
+        match_expressions: Some(vec![NodeSelectorRequirement {
+            key: key.to_string(),
+            operator: "Exists".to_string(),
+            values: None,
+        }]),
+        match_fields: None,
+    };
+    let zoned = |policy: Option<TopologySpread>, affinity: Option<Affinity>| {
+        with_spec(|s| {
+            s.topology_spread = policy;
+            s.affinity = affinity;
+            s.proxy = Some(memcached_api::ProxySpec {
+                copies: 2,
+                zones: zones.clone(),
+                ..memcached_api::ProxySpec::default()
+            });
+        })
+    };
+    let terms = |d: &Deployment| -> Vec<Vec<(String, Option<Vec<String>>)>> {
+        pod_spec(d)
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|r| {
+                r.node_selector_terms
+                    .iter()
+                    .map(|t| {
+                        t.match_expressions
+                            .iter()
+                            .flatten()
+                            .map(|e| (e.key.clone(), e.values.clone()))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let in_zones = (ZONE.to_string(), Some(zones.clone()));
+    const ZONE: &str = "topology.kubernetes.io/zone";
+
+    let d = deployment(&zoned(None, None));
+    assert_eq!(terms(&d), [vec![in_zones.clone()]]);
+    let user = Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![user_term("ssd"), user_term("nvme")],
+            }),
+            ..NodeAffinity::default()
+        }),
+        ..Affinity::default()
+    };
+    let d = deployment(&zoned(None, Some(user.clone())));
+    assert_eq!(
+        terms(&d),
+        [
+            vec![("ssd".to_string(), None), in_zones.clone()],
+            vec![("nvme".to_string(), None), in_zones.clone()]
+        ]
+    );
+    let rules = |d: &Deployment| -> Vec<(String, String)> {
+        pod_spec(d)
+            .topology_spread_constraints
+            .iter()
+            .flatten()
+            .map(|c| (c.topology_key.clone(), c.when_unsatisfiable.clone()))
+            .collect()
+    };
+    let strict = (ZONE.to_string(), "DoNotSchedule".to_string());
+    for (policy, hosts) in [
+        (None, Some("ScheduleAnyway")),
+        (Some(TopologySpread::Required), Some("DoNotSchedule")),
+        (Some(TopologySpread::Disabled), None),
+    ] {
+        let mut want: Vec<(String, String)> = hosts
+            .map(|h| ("kubernetes.io/hostname".to_string(), h.to_string()))
+            .into_iter()
+            .collect();
+        want.push(strict.clone());
+        assert_eq!(rules(&deployment(&zoned(policy, None))), want, "{policy:?}");
+    }
+
+    let mc = zoned(None, None);
+    let proxy = crate::proxy::desired_proxy_deployment(&mc, &BuildSettings::default())
+        .expect("builds")
+        .expect("the proxy");
+    let env = pod_spec(&proxy).containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(env.len(), 1);
+    assert_eq!(env[0].name, crate::proxy::ZONE_ENV);
+    assert_eq!(
+        env[0]
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("metadata.labels['topology.kubernetes.io/zone']")
+    );
+    let service = crate::proxy::desired_proxy_service(&mc)
+        .expect("builds")
+        .expect("the proxy Service");
+    assert_eq!(
+        service.spec.and_then(|s| s.traffic_distribution).as_deref(),
+        Some("PreferClose")
+    );
+
+    // Without zones: the user's affinity as given, no strict zone rule, no environment.
+    let plain = with_spec(|s| {
+        s.affinity = Some(user.clone());
+        s.proxy = Some(memcached_api::ProxySpec {
+            copies: 2,
+            ..memcached_api::ProxySpec::default()
+        });
+    });
+    let d = deployment(&plain);
+    assert_eq!(pod_spec(&d).affinity, Some(user));
+    assert!(!rules(&d).contains(&strict));
+    let proxy = crate::proxy::desired_proxy_deployment(&plain, &BuildSettings::default())
+        .expect("builds")
+        .expect("the proxy");
+    assert_eq!(pod_spec(&proxy).containers[0].env, None);
+    let service = crate::proxy::desired_proxy_service(&plain)
+        .expect("builds")
+        .expect("the proxy Service");
+    assert_eq!(service.spec.and_then(|s| s.traffic_distribution), None);
+    // Zones with the proxy off: no placement (the copies are the proxy's).
+    let off = with_spec(|s| {
+        s.proxy = Some(memcached_api::ProxySpec {
+            enabled: false,
+            copies: 2,
+            zones: zones.clone(),
+            ..memcached_api::ProxySpec::default()
+        });
+    });
+    assert_eq!(terms(&deployment(&off)), Vec::<Vec<_>>::new());
+}

@@ -41,6 +41,8 @@ pub struct CachedPod {
     /// What the TLS reload agent reported when it last ended: its exit code
     /// ([`TLS_AGENT_RELOAD_FAILED`] or [`TLS_AGENT_CERTIFICATE_INVALID`]) and reason.
     pub tls_reload_failure: Option<(i32, String)>,
+    /// Its `topology.kubernetes.io/zone` label (see [`memcached_api::ZONE_LABEL`]).
+    pub zone: Option<String>,
 }
 
 resource_as!(CachedPod, Pod);
@@ -167,6 +169,11 @@ impl From<WirePod> for CachedPod {
         let m = pod.metadata;
         // A proxy pod carries its Memcached's instance label too, but is not a pool member.
         let owners = m.owner_references;
+        let zone = m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(memcached_api::ZONE_LABEL))
+            .cloned();
         let instance = m
             .labels
             .filter(|l| l.get(LABEL_NAME).map(String::as_str) != Some(PROXY_APP_NAME))
@@ -206,6 +213,7 @@ impl From<WirePod> for CachedPod {
             ended,
             deletion_cost,
             tls_reload_failure: tls_reload_failure(statuses),
+            zone,
         }
     }
 }

@@ -228,6 +228,7 @@ mod tests {
 
     fn pod(name: &str, ready: bool) -> ObservedPod {
         ObservedPod {
+            zone: None,
             name: name.into(),
             ip: Some(format!("10.0.0.{}", name.len())),
             ready,

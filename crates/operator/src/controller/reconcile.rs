@@ -291,6 +291,7 @@ fn cached_pods(
             name: p.name_any(),
             ip: p.ip.clone(),
             ready: p.ready,
+            zone: p.zone.clone(),
         })
         .collect()
 }
@@ -341,6 +342,7 @@ fn proxy_backends(
         &leaving,
         mc.spec.size,
         spec.copies,
+        &spec.zones,
         mc.spec.container_port,
     )
 }

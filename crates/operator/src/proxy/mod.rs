@@ -49,9 +49,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PodSecurityContext, PodSpec,
-    PodTemplateSpec, ResourceRequirements, SeccompProfile, Service, ServicePort, ServiceSpec,
-    Volume,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, Service, ServicePort, ServiceSpec, Volume,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -95,6 +95,10 @@ pub const GUTTER_KEY: &str = "gutter.lua";
 pub const GUTTER_ROUTE: &str = include_str!("gutter.lua");
 /// How often the proxy looks at its configuration file.
 pub const RELOAD_CHECK_SECONDS: u32 = 1;
+/// The proxy pods' environment variable holding their own zone (their
+/// `topology.kubernetes.io/zone` label through the downward API; empty without it): the
+/// routes read that zone's copy first (`spec.proxy.zones`).
+pub const ZONE_ENV: &str = "MEMCACHED_PROXY_ZONE";
 /// How long after a change of the backends the proxies are reported as still loading it.
 /// The kubelet (its defaults: `configMapAndSecretChangeDetectionStrategy: Watch`, so its
 /// copy of the ConfigMap is current and no cache TTL adds to it) rewrites a mounted
@@ -238,6 +242,20 @@ pub fn desired_proxy_deployment(
         ),
         security_context: Some(builders::restricted(MEMCACHED_UID)),
         volume_mounts: Some(vec![builders::mount("config", CONFIG_DIR)]),
+        // With zones, the pod's own zone, which its routes read first.
+        env: proxy.zoned().then(|| {
+            vec![EnvVar {
+                name: ZONE_ENV.to_string(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.labels['{}']", memcached_api::ZONE_LABEL),
+                        api_version: None,
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                value: None,
+            }]
+        }),
         ..Container::default()
     };
     let selector = proxy_selector_labels(name);
@@ -279,6 +297,7 @@ pub fn desired_proxy_deployment(
                         topology_spread_constraints: builders::spread_constraints(
                             &selector,
                             spec.topology_spread.unwrap_or_default(),
+                            false,
                         ),
                         volumes: Some(vec![Volume {
                             name: "config".to_string(),
@@ -301,9 +320,9 @@ pub fn desired_proxy_deployment(
 
 /// The Service `NAME-proxy` in front of the proxy pods, on `spec.containerPort`.
 pub fn desired_proxy_service(mc: &Memcached) -> Result<Option<Service>, BuildError> {
-    if mc.spec.proxy_enabled().is_none() {
+    let Some(proxy) = mc.spec.proxy_enabled() else {
         return Ok(None);
-    }
+    };
     let name = builders::name_of(mc)?;
     Ok(Some(Service {
         metadata: builders::service_metadata(mc, &proxy_name(name), proxy_labels(name))?,
@@ -317,6 +336,9 @@ pub fn desired_proxy_service(mc: &Memcached) -> Result<Option<Service>, BuildErr
                 protocol: Some("TCP".to_string()),
                 ..ServicePort::default()
             }]),
+            // With zones, clients are sent to a proxy in their own zone where there is
+            // one, which reads that zone's copy first.
+            traffic_distribution: proxy.zoned().then(|| "PreferClose".to_string()),
             ..ServiceSpec::default()
         }),
         status: None,
@@ -389,6 +411,7 @@ pub fn desired_proxy_config_map(
             .map(|b| {
                 let from = b.warm_from.clone().unwrap_or_default();
                 ProxyBackend {
+                    zone: None,
                     copy: b.copy,
                     slot: b.slot,
                     pod: from.pod,
@@ -528,6 +551,7 @@ mod tests {
     #[test]
     fn warm_up_adds_its_route_and_reads_a_warming_slot_from_its_former_pod() {
         let backend = |slot: i32, pod: &str, from: Option<&str>| ProxyBackend {
+            zone: None,
             copy: 1,
             slot,
             pod: pod.into(),

@@ -208,25 +208,58 @@ pub fn render_warm(
         }
         let _ = writeln!(body, "    }},\n    default = {writes},\n}}");
     } else {
-        body.push_str("    set_copies = {\n");
-        for (copy, ring) in &groups {
-            body.push_str("        {\n");
+        // Each copy's zone (`spec.proxy.zones`, recorded on every slot of its ring), when
+        // every copy has one of its own.
+        let zones: Vec<&str> = groups
+            .iter()
+            .filter_map(|(copy, _)| {
+                backends
+                    .iter()
+                    .find(|b| b.copy == *copy)
+                    .and_then(|b| b.zone.as_deref())
+            })
+            .collect();
+        let zoned = zones.len() == groups.len()
+            && zones
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                == zones.len();
+        let set = if zoned { "set_zones" } else { "set_copies" };
+        let _ = writeln!(body, "    {set} = {{");
+        for (i, (copy, ring)) in groups.iter().enumerate() {
+            match zones.get(i).filter(|_| zoned) {
+                Some(zone) => {
+                    let _ = writeln!(body, "        [{}] = {{", lua_string(zone));
+                }
+                None => body.push_str("        {\n"),
+            }
             pool(&mut body, "            ", *copy, ring, "vacant");
             body.push_str("        },\n");
         }
-        body.push_str("    },\n}\nroutes{\n    cmap = {\n");
-        // One copy answers; a miss or an error there asks the next.
-        reads(
-            &mut body,
-            &|_| {
-                "route_failover{ children = \"set_copies\", miss = true, shuffle = true }"
-                    .to_string()
-            },
-            None,
-        );
+        body.push_str("    },\n}\n");
+        // One copy answers; a miss or an error there asks the next. With zones, the proxy
+        // pod's own zone first (from its environment: the pod's zone label, set when it was
+        // scheduled), passed to the route itself (the route library's global local zone
+        // is not read by `route_failover`); without it, in a random order per worker.
+        let read = if zoned {
+            let _ = writeln!(
+                body,
+                "local zone = os.getenv({})\nif zone == \"\" then zone = nil end",
+                lua_string(super::ZONE_ENV)
+            );
+            "route_failover{ children = \"set_zones\", miss = true, local_zone = zone, shuffle = zone == nil }"
+        } else {
+            "route_failover{ children = \"set_copies\", miss = true, shuffle = true }"
+        };
+        body.push_str("routes{\n    cmap = {\n");
+        reads(&mut body, &|_| read.to_string(), None);
         body.push_str("    },\n");
         // Writes go to every copy and answer with the first success.
-        body.push_str("    default = route_allfastest{ children = \"set_copies\" },\n}\n");
+        let _ = writeln!(
+            body,
+            "    default = route_allfastest{{ children = \"{set}\" }},\n}}"
+        );
     }
     let version = version_of(&body);
     let _ = write!(
@@ -329,6 +362,7 @@ mod tests {
     fn a_slot_warms_up_from_its_predecessor() {
         let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
         let old = ProxyBackend {
+            zone: None,
             copy: 1,
             slot: 1,
             pod: "old-b".into(),
@@ -471,6 +505,7 @@ mod tests {
         assert!(text.contains(&format!("default = {pool},")), "{text}");
         // Warming too: the gutter behind the warm-up reads and the writes to both pods.
         let old = ProxyBackend {
+            zone: None,
             copy: 1,
             slot: 0,
             pod: "old-a".into(),
@@ -486,6 +521,60 @@ mod tests {
             render_warm("ns/x", &two.backends, &[], 2, Some(7), "/f"),
             render("ns/x", &two.backends, 2, "/f")
         );
+    }
+
+    /// With zones, the copies are one pool set keyed by zone; reads ask the proxy pod's own
+    /// zone first (read from its environment, passed to the route) and shuffle only
+    /// without one; writes go to every zone. Copies without zones render as before.
+    #[test]
+    fn zoned_copies_are_read_from_the_proxys_own_zone_first() {
+        let mut m = next(
+            &Membership::default(),
+            &ready(&["a", "b", "c", "d", "e", "f"]),
+            6,
+            3,
+        );
+        let plain = render("ns/x", &m.backends, 3, "/f");
+        assert!(
+            plain.0.contains("set_copies") && !plain.0.contains("zone"),
+            "{}",
+            plain.0
+        );
+        for b in &mut m.backends {
+            b.zone = Some(["eu-1a", "eu-1b", "eu-1c"][(b.copy - 1) as usize].to_string());
+        }
+        let (text, version) = render("ns/x", &m.backends, 3, "/f");
+        assert_ne!(version, plain.1);
+        for zone in ["eu-1a", "eu-1b", "eu-1c"] {
+            assert_eq!(
+                text.matches(&format!("        [\"{zone}\"] = {{\n"))
+                    .count(),
+                1,
+                "{text}"
+            );
+        }
+        assert!(
+            text.contains("local zone = os.getenv(\"MEMCACHED_PROXY_ZONE\")\nif zone == \"\" then zone = nil end\nroutes{"),
+            "{text}"
+        );
+        for read in ["get", "gets", "gat", "gats", "mg"] {
+            assert!(
+                text.contains(&format!("        {read} = route_failover{{ children = {{ route_failover{{ children = \"set_zones\", miss = true, local_zone = zone, shuffle = zone == nil }}, route_null{{}} }} }},\n")),
+                "{read}: {text}"
+            );
+        }
+        assert!(
+            text.contains("default = route_allfastest{ children = \"set_zones\" },"),
+            "{text}"
+        );
+        assert!(!text.contains("set_copies"), "{text}");
+        // A zone missing on one copy, or one zone twice: plain copies.
+        let mut partial = m.backends.clone();
+        partial
+            .iter_mut()
+            .filter(|b| b.copy == 3)
+            .for_each(|b| b.zone = None);
+        assert_eq!(render("ns/x", &partial, 3, "/f"), plain);
     }
 
     #[test]

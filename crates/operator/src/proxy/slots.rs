@@ -68,6 +68,12 @@ pub fn rank(copy: i32, slot: i32, copies: i32) -> i32 {
 /// records it as [`ProxyBackend::warm_from`], vacant or taken by a newcomer, until it has
 /// gone, so the proxies read the slot's misses from it (see [`super::render_warm`]).
 ///
+/// With `zones` (`spec.proxy.zones`, one per copy), copy i is the i-th zone's: a pod
+/// holds a slot of its own zone's copy only (a pod whose zone is unknown waits), and every
+/// copy can hold as many pods as the largest share of `size` a zone gets under the pool's
+/// strict zone spread (when the zones cannot share `size` evenly, some rings are one slot
+/// shorter). A pod is never moved across copies.
+///
 /// The deletion costs make the ReplicaSet remove the pod of highest rank first.
 pub fn membership(
     recorded: &[ProxyBackend],
@@ -75,11 +81,30 @@ pub fn membership(
     leaving: &[PoolPod],
     size: i32,
     copies: i32,
+    zones: &[String],
     port: i32,
 ) -> Membership {
     let copies = copies.clamp(1, memcached_api::MAX_PROXY_COPIES);
     let size = size.clamp(0, memcached_api::MAX_SIZE);
-    let caps: Vec<i32> = (1..=copies).map(|c| capacity(size, copies, c)).collect();
+    // Zones count only as one per copy (anything else is refused by validation).
+    let zones = if zones.len() == copies as usize && copies > 1 {
+        zones
+    } else {
+        &[]
+    };
+    let zoned = !zones.is_empty();
+    let zone_of = |copy: i32| zones.get((copy - 1) as usize);
+    // Whether `pod` may hold a slot of `copy`.
+    let fits = |pod: &PoolPod, copy: i32| !zoned || pod.zone.as_ref() == zone_of(copy);
+    let caps: Vec<i32> = (1..=copies)
+        .map(|c| {
+            if zoned {
+                (size + copies - 1) / copies
+            } else {
+                capacity(size, copies, c)
+            }
+        })
+        .collect();
     let cap = |copy: i32| caps.get((copy - 1) as usize).copied().unwrap_or(0);
     let mut live: BTreeMap<&str, &PoolPod> = BTreeMap::new();
     for pod in pods {
@@ -103,6 +128,9 @@ pub fn membership(
         let Some(pod) = live.get(b.pod.as_str()) else {
             continue;
         };
+        if !fits(pod, b.copy) {
+            continue;
+        }
         if placed.contains(pod.name.as_str()) || slots.contains_key(&(b.copy, b.slot)) {
             continue;
         }
@@ -132,9 +160,19 @@ pub fn membership(
             .filter(|&(c, s)| c > copies || s >= cap(c))
             .collect();
         beyond.sort_by_key(|&(c, s)| std::cmp::Reverse(rank(c, s, copies)));
-        for (hole, from) in holes(&slots).into_iter().zip(beyond) {
-            if let Some(member) = slots.remove(&from) {
-                slots.insert(hole, member);
+        // With zones, within each copy only.
+        let group = |copy: i32| if zoned { copy } else { 0 };
+        for g in (1..=copies).map(group).collect::<BTreeSet<i32>>() {
+            let to = holes(&slots).into_iter().filter(|&(c, _)| group(c) == g);
+            let from: Vec<(i32, i32)> = beyond
+                .iter()
+                .copied()
+                .filter(|&(c, _)| group(c) == g)
+                .collect();
+            for (hole, from) in to.zip(from) {
+                if let Some(member) = slots.remove(&from) {
+                    slots.insert(hole, member);
+                }
             }
         }
     }
@@ -153,7 +191,12 @@ pub fn membership(
         .filter(|p| p.ready && p.ip.is_some() && !placed.contains(p.name.as_str()))
         .copied()
         .collect();
-    for (hole, pod) in holes(&slots).into_iter().zip(newcomers) {
+    let mut free = holes(&slots);
+    for pod in newcomers {
+        let Some(at) = free.iter().position(|&(c, _)| fits(pod, c)) else {
+            continue;
+        };
+        let hole = free.remove(at);
         let ip = pod.ip.as_deref().unwrap_or_default();
         slots.insert(hole, (pod.name.as_str(), crate::status::endpoint(ip, port)));
     }
@@ -203,12 +246,14 @@ pub fn membership(
                         slot,
                         pod: pod.to_string(),
                         address: address.clone(),
+                        zone: zone_of(copy).cloned(),
                         warm_from: warm.remove(&(copy, slot)),
                     });
                 }
                 None => backends.push(ProxyBackend {
                     copy,
                     slot,
+                    zone: zone_of(copy).cloned(),
                     warm_from: warm.remove(&(copy, slot)),
                     ..ProxyBackend::default()
                 }),
@@ -230,6 +275,8 @@ struct Recorded {
     pod: String,
     #[serde(default)]
     address: String,
+    #[serde(default)]
+    zone: Option<String>,
     #[serde(default, rename = "warmFrom")]
     warm_from: Option<WarmFrom>,
 }
@@ -256,6 +303,7 @@ pub fn recorded_backends(data_json: &str) -> Vec<ProxyBackend> {
                 slot,
                 pod: r.pod,
                 address: r.address,
+                zone: r.zone,
                 warm_from: r.warm_from,
             }
         })
@@ -272,6 +320,7 @@ pub(super) mod tests {
     fn pod(name: &str, ready: bool) -> PoolPod {
         let n: u32 = name.bytes().map(u32::from).sum();
         PoolPod {
+            zone: None,
             name: name.to_string(),
             ip: Some(format!("10.0.{}.{}", n / 250, n % 250 + 1)),
             ready,
@@ -309,9 +358,9 @@ pub(super) mod tests {
         size: i32,
         copies: i32,
     ) -> Membership {
-        let next = membership(&m.backends, pods, &[], size, copies, PORT);
+        let next = membership(&m.backends, pods, &[], size, copies, &[], PORT);
         assert_eq!(
-            membership(&next.backends, pods, &[], size, copies, PORT),
+            membership(&next.backends, pods, &[], size, copies, &[], PORT),
             next,
             "stable"
         );
@@ -398,9 +447,9 @@ pub(super) mod tests {
 
     /// The next membership with warm-up, `leaving` stopping; stable like [`next`].
     fn next_warm(m: &Membership, pods: &[PoolPod], leaving: &[PoolPod], size: i32) -> Membership {
-        let next = membership(&m.backends, pods, leaving, size, 1, PORT);
+        let next = membership(&m.backends, pods, leaving, size, 1, &[], PORT);
         assert_eq!(
-            membership(&next.backends, pods, leaving, size, 1, PORT),
+            membership(&next.backends, pods, leaving, size, 1, &[], PORT),
             next,
             "stable"
         );
@@ -507,6 +556,123 @@ pub(super) mod tests {
         // More copies than pods: the empty copies have no ring.
         let thin = next(&Membership::default(), &ready(&["a"]), 1, 3);
         assert_eq!((ring(&thin, 1), ring(&thin, 2)), (vec!["a"], vec![]));
+    }
+
+    /// A pod in `zone`.
+    fn zoned(name: &str, zone: &str) -> PoolPod {
+        PoolPod {
+            zone: Some(zone.to_string()),
+            ..pod(name, true)
+        }
+    }
+
+    fn next_zoned(m: &Membership, pods: &[PoolPod], size: i32, zones: &[&str]) -> Membership {
+        let zones: Vec<String> = zones.iter().map(|z| z.to_string()).collect();
+        let copies = zones.len() as i32;
+        let next = membership(&m.backends, pods, &[], size, copies, &zones, PORT);
+        assert_eq!(
+            membership(&next.backends, pods, &[], size, copies, &zones, PORT),
+            next,
+            "stable"
+        );
+        next
+    }
+
+    #[test]
+    fn with_zones_each_copy_holds_its_own_zones_pods_only() {
+        let zones = ["za", "zb", "zc"];
+        // Names that would deal a, b, c to copies 1, 2, 3 without zones.
+        let pods = [
+            zoned("a", "zc"),
+            zoned("b", "za"),
+            zoned("c", "zb"),
+            zoned("d", "zc"),
+            zoned("e", "za"),
+            zoned("f", "zb"),
+        ];
+        let m = next_zoned(&Membership::default(), &pods, 6, &zones);
+        assert_eq!(ring(&m, 1), ["b", "e"]);
+        assert_eq!(ring(&m, 2), ["c", "f"]);
+        assert_eq!(ring(&m, 3), ["a", "d"]);
+        for b in &m.backends {
+            assert_eq!(
+                b.zone.as_deref(),
+                Some(zones[(b.copy - 1) as usize]),
+                "{b:?}"
+            );
+        }
+        // The ReplicaSet removes one pod per zone first on a scale-down: slot 1 of each.
+        let last: Vec<i32> = ["a", "d", "e", "f"]
+            .iter()
+            .map(|p| cost(&m, p).unwrap_or(0))
+            .collect();
+        assert!(
+            last[1] < last[0] && last[2] < last[0] && last[3] < last[0],
+            "{m:?}"
+        );
+
+        // A pod whose zone is unknown (no label yet), or in a zone not listed, waits even
+        // where a slot is free; a third pod in za waits too: its copy is full.
+        let mut more = pods.to_vec();
+        more.remove(0); // a (zc, slot 0) is gone: zc's slot 0 is vacant
+        more.push(PoolPod {
+            zone: None,
+            ..pod("g", true)
+        });
+        more.push(zoned("h", "zd"));
+        more.push(zoned("i", "za"));
+        let gone = next_zoned(&m, &more, 6, &zones);
+        assert_eq!(ring(&gone, 3), ["", "d"], "{gone:?}");
+        assert_eq!(ring(&gone, 1), ["b", "e"]);
+        // The replacement in zc takes it.
+        more.push(zoned("j", "zc"));
+        let back = next_zoned(&gone, &more, 6, &zones);
+        assert_eq!(ring(&back, 3), ["j", "d"]);
+
+        // Uneven: 5 pods over 3 zones (2, 2, 1): every pod has a slot, the short ring
+        // has one less.
+        let five = next_zoned(&Membership::default(), &pods[..5], 5, &zones);
+        assert_eq!(
+            (
+                ring(&five, 1).len(),
+                ring(&five, 2).len(),
+                ring(&five, 3).len()
+            ),
+            (2, 1, 2),
+            "{five:?}"
+        );
+        assert_eq!(five.deletion_costs.len(), 5);
+
+        // A scale-down that leaves a zone's later pod beside a vacancy of another zone
+        // moves nobody across zones.
+        let shrunk = next_zoned(
+            &m,
+            &[zoned("b", "za"), zoned("f", "zb"), zoned("a", "zc")],
+            3,
+            &zones,
+        );
+        assert_eq!(ring(&shrunk, 1), ["b"]);
+        assert_eq!(
+            ring(&shrunk, 2),
+            ["f"],
+            "within its zone, f moves to slot 0"
+        );
+        assert_eq!(ring(&shrunk, 3), ["a"]);
+
+        // The zones listed in another order: every pod whose zone is not its copy's leaves
+        // and joins its zone's copy.
+        let reordered = next_zoned(&m, &pods, 6, &["zb", "zc", "za"]);
+        assert_eq!(ring(&reordered, 1), ["c", "f"]);
+        assert_eq!(ring(&reordered, 3), ["b", "e"]);
+
+        // Without zones (or with a list that does not match the copies), zones are ignored.
+        let plain = membership(&[], &pods, &[], 6, 3, &[], PORT);
+        assert_eq!(
+            plain.backends.iter().filter(|b| b.zone.is_some()).count(),
+            0
+        );
+        let two = ["za".to_string(), "zb".to_string()];
+        assert_eq!(membership(&[], &pods, &[], 6, 3, &two, PORT), plain);
     }
 
     #[test]

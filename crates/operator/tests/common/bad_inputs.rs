@@ -357,6 +357,21 @@ pub fn schema_passes_operator_refuses() -> Vec<(String, Value, &'static str)> {
             "spec.proxy.gutter.memoryMiB",
         ),
         (
+            "zones-not-one-per-copy".into(),
+            json!({"size": 6, "proxy": {"enabled": true, "copies": 3, "zones": ["zone-a", "zone-b"]}}),
+            "spec.proxy.zones",
+        ),
+        (
+            "zones-twice".into(),
+            json!({"size": 4, "proxy": {"enabled": true, "copies": 2, "zones": ["zone-a", "zone-a"]}}),
+            "spec.proxy.zones[1]",
+        ),
+        (
+            "zone-not-a-label".into(),
+            json!({"size": 4, "proxy": {"enabled": true, "copies": 2, "zones": ["zone a", "zone-b"]}}),
+            "spec.proxy.zones[0]",
+        ),
+        (
             "proxy-with-sasl".into(),
             json!({"size": 2, "proxy": {"enabled": true}, "sasl": {"secretName": "pwdb"}}),
             "spec.proxy.enabled",
