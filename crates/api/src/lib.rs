@@ -341,8 +341,8 @@ pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
 /// Most proxy pods accepted.
 pub const MAX_PROXY_REPLICAS: i32 = 32;
 /// The label of a node's zone, which the API server copies onto a pod when the pod is
-/// scheduled (Kubernetes 1.35 and later; 1.33 and 1.34 with the `PodTopologyLabelsAdmission`
-/// feature gate).
+/// scheduled, from Kubernetes 1.35 on (the alpha admission plugin of 1.33 copies
+/// `topology.k8s.io/zone` instead, a label nodes do not carry).
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// Most copies of each key accepted (`spec.proxy.copies`).
 pub const MAX_PROXY_COPIES: i32 = 3;
@@ -392,10 +392,10 @@ pub struct ProxySpec {
     /// and each proxy pod reads its own zone's copy first, falling over to the other zones
     /// on a miss or an error; writes still go to every copy. A pod's zone is read from its
     /// `topology.kubernetes.io/zone` label, which the API server copies from the node when
-    /// the pod is scheduled (Kubernetes 1.35 and later; 1.33 and 1.34 with the
-    /// `PodTopologyLabelsAdmission` feature gate): a pod without it waits outside the
-    /// rings. Unset: copies are not tied to zones. Changing the list moves every pod whose
-    /// zone no longer matches its copy (its keys start cold in their new copy).
+    /// the pod is scheduled from Kubernetes 1.35 on: a pod without it waits outside the
+    /// rings, and `ProxyReady` says so. Unset: copies are not tied to zones. Changing the
+    /// list moves every pod whose zone no longer matches its copy (its keys start cold in
+    /// their new copy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 3))]
     pub zones: Vec<String>,

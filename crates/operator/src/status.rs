@@ -134,6 +134,22 @@ fn proxy_status(
         .iter()
         .filter(|b| pods.iter().any(|p| p.name == b.pod && p.ready))
         .count();
+    // With zones, Ready pods outside the rings whose zone is not one of them (no zone
+    // label: the API server copies it from the node from Kubernetes 1.35 on).
+    let zoneless = mc
+        .spec
+        .proxy_enabled()
+        .filter(|p| p.zoned())
+        .map_or(0, |p| {
+            pods.iter()
+                .filter(|pod| pod.ready && !members.iter().any(|b| b.pod == pod.name))
+                .filter(|pod| !pod.zone.as_ref().is_some_and(|z| p.zones.contains(z)))
+                .count()
+        });
+    let zoneless_note = format!(
+        "{zoneless} Ready pods wait outside the rings: their {} label is missing or not one of spec.proxy.zones (the API server copies it from the node from Kubernetes 1.35 on)",
+        memcached_api::ZONE_LABEL
+    );
     let version = &observed.version;
     let condition = if ready == 0 {
         cond(
@@ -143,7 +159,11 @@ fn proxy_status(
             format!("0 of {wanted} proxy pods ready"),
         )
     } else if answering == 0 {
-        let message = if n == 0 {
+        let message = if n == 0 && zoneless > 0 {
+            format!(
+                "no memcached pod is in the proxy's routes: {zoneless_note}; the proxy answers every request with an error"
+            )
+        } else if n == 0 {
             "no memcached pod is in the proxy's routes (a pod joins when it is first Ready): the proxy answers every request with an error"
                 .to_string()
         } else {
@@ -179,6 +199,9 @@ fn proxy_status(
                 "; {} slots vacant (their keys miss until a new pod takes them)",
                 vacant.len()
             );
+        }
+        if zoneless > 0 {
+            let _ = write!(message, "; {zoneless_note}");
         }
         let warming = observed
             .backends

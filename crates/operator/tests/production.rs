@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 mod common;
 use common::cluster::{Cluster, Server};
 use common::wait_for;
+use envtest::Kube;
 
 struct Env {
     cluster: Cluster,
@@ -1667,4 +1668,124 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+on_both_versions! {
+/// `spec.proxy.zones` on a real control plane whose (fake) nodes are in zone-a, zone-b
+/// and zone-c: the server copies each pod's zone from its node when it schedules it, the
+/// pool's pods are spread 2, 2, 2 over the zones, each copy's ring holds its own zone's
+/// pods only (in `status.proxy` and the routes), the proxy pods get their zone through the
+/// downward API, and the proxy Service prefers close endpoints. (The in-memory server
+/// schedules no pod, so it is not among the servers here.) Before Kubernetes 1.35 the
+/// server copies no zone label: the pods wait, and `ProxyReady` says why.
+async fn zone_copies_hold_their_own_zones_pods(kube: Kube) {
+    let server = match kube {
+        Kube::Oldest => Server::Oldest,
+        Kube::Newest => Server::Newest,
+    };
+    let env = start(server, "zone_copies_hold_their_own_zone", Duration::from_millis(20), false).await;
+    let zones = ["zone-a", "zone-b", "zone-c"];
+    env.apply(
+        "zoned",
+        json!({"size": 6, "proxy": {"enabled": true, "copies": 3, "replicas": 3, "zones": zones}}),
+    )
+    .await;
+    env.converged("zoned", 6).await;
+    let copies_labels = env
+        .cluster
+        .real
+        .is_some_and(|cp| (cp.version().major, cp.version().minor) >= (1, 35));
+    if !copies_labels {
+        // Kubernetes 1.33 and 1.34 do not copy the node's zone label onto the pod: the
+        // pods wait outside the rings, and ProxyReady says why.
+        let reason = wait_for("ProxyReady naming the missing zone label", || async {
+            let mc = env.api::<Memcached>().get("zoned").await.ok()?;
+            let c = mc.condition(condition::PROXY_READY)?.clone();
+            (c.status == "False"
+                && c.message.contains("6 Ready pods wait outside the rings: their topology.kubernetes.io/zone label is missing"))
+            .then_some(mc)
+        })
+        .await;
+        assert!(reason.status.and_then(|s| s.proxy).is_none_or(|p| p.backends.is_empty()));
+        return;
+    }
+    let pods = env.api::<Pod>();
+    let zone_of = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(memcached_api::ZONE_LABEL).cloned())
+    };
+    let backends = wait_for("6 pods in their zones' rings", || async {
+        let mc = env.api::<Memcached>().get("zoned").await.ok()?;
+        let backends = mc.status?.proxy?.backends;
+        (backends.len() == 6).then_some(backends)
+    })
+    .await;
+    let pool: Vec<Pod> = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=memcached,app.kubernetes.io/instance=zoned"))
+        .await
+        .expect("pods")
+        .items;
+    let mut per_zone = std::collections::BTreeMap::new();
+    for p in &pool {
+        let zone = zone_of(p).unwrap_or_else(|| panic!("pod {:?} has no zone label", p.metadata.name));
+        *per_zone.entry(zone).or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_zone.into_iter().collect::<Vec<_>>(),
+        zones.iter().map(|z| (z.to_string(), 2)).collect::<Vec<_>>(),
+        "the pool spread evenly over the zones"
+    );
+    for b in &backends {
+        let zone = zones[(b.copy - 1) as usize];
+        assert_eq!(b.zone.as_deref(), Some(zone), "{b:?}");
+        let pod = pool
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(b.pod.as_str()))
+            .unwrap_or_else(|| panic!("{b:?} is a pod of the pool"));
+        assert_eq!(zone_of(pod).as_deref(), Some(zone), "{b:?} is in its copy's zone");
+    }
+    let config = env
+        .api::<ConfigMap>()
+        .get("zoned-proxy")
+        .await
+        .expect("the proxy's ConfigMap")
+        .data
+        .and_then(|d| d.get(proxy::CONFIG_KEY).cloned())
+        .unwrap_or_default();
+    for zone in zones {
+        assert!(config.contains(&format!("[\"{zone}\"] = {{")), "{config}");
+    }
+    assert!(config.contains("local_zone = zone"), "{config}");
+
+    let deployment = env.api::<Deployment>().get("zoned-proxy").await.expect("the proxy");
+    let env_var = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.first().cloned())
+        .and_then(|c| c.env)
+        .and_then(|e| e.into_iter().find(|e| e.name == proxy::ZONE_ENV))
+        .and_then(|e| e.value_from?.field_ref)
+        .map(|f| f.field_path);
+    assert_eq!(
+        env_var.as_deref(),
+        Some("metadata.labels['topology.kubernetes.io/zone']")
+    );
+    let proxy_pods = wait_for("3 proxy pods scheduled", || async {
+        let list = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=zoned"))
+            .await
+            .ok()?
+            .items;
+        (list.len() == 3 && list.iter().all(|p| zone_of(p).is_some())).then_some(list)
+    })
+    .await;
+    assert_eq!(proxy_pods.len(), 3, "every proxy pod carries its zone");
+    let service = env.api::<Service>().get("zoned-proxy").await.expect("the proxy Service");
+    assert_eq!(
+        service.spec.and_then(|s| s.traffic_distribution).as_deref(),
+        Some("PreferClose")
+    );
+}
 }
