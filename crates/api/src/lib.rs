@@ -32,7 +32,9 @@ pub mod warnings;
 
 pub use image::{IMAGE_PATTERN, MAX_IMAGE_LENGTH};
 pub use quantity::QUANTITY_PATTERN;
-pub use status::{FlushStatus, MemcachedStatus, ProxyBackend, ProxyStatus, WarmFrom, condition};
+pub use status::{
+    FlushStatus, GrownFrom, MemcachedStatus, ProxyBackend, ProxyStatus, WarmFrom, condition,
+};
 
 /// API group of the Memcached kind (Kubebuilder: `--group memcached --domain cache.example.com`).
 pub const GROUP: &str = "memcached.cache.example.com";
@@ -403,7 +405,9 @@ pub struct ProxySpec {
     /// a restart on demand, an eviction), the proxies read its slot from the new pod first
     /// and, on a miss there, from the stopping pod, writing the value back to the new pod
     /// as an add (`ms ... ME`, so a newer value is never overwritten); writes and deletes
-    /// reach both. It lasts as long as the old pod serves: its
+    /// reach both. The slots a scale-out adds warm up the same way from the ring before it
+    /// (the keys that moved only), for the proxies' loading of the change and a minute
+    /// more. A replaced pod's warm-up lasts as long as the old pod serves: its
     /// `spec.gracefulShutdown.preStopDelaySeconds`, of which the proxies' loading of the
     /// change takes up to 100 s. Off by default: turning it on or off restarts the proxy
     /// pods (not the pool's), and needs `image` set to a memcached whose proxy copies

@@ -114,6 +114,23 @@ pub struct ProxyBackend {
     /// before, which the proxies read a miss from and write to as well.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_from: Option<WarmFrom>,
+    /// While a slot added by a scale-out warms up (`spec.proxy.warmUp`): the ring as it was
+    /// before it grew, which the proxies read the slot's misses from and write its keys to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grown_from: Option<GrownFrom>,
+}
+
+/// The ring a slot added by a scale-out warms up from.
+#[derive(
+    Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GrownFrom {
+    /// How many slots the ring had before it grew (its first slots, whose pods are the
+    /// same).
+    pub slots: i32,
+    /// Until when, RFC 3339: the proxies' loading of the change and a minute more.
+    pub until: String,
 }
 
 /// The pod a slot warms up from.

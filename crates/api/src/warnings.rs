@@ -276,5 +276,33 @@ mod tests {
             said.iter().any(|w| w.contains("need at least 2 pods")),
             "{said:?}"
         );
+
+        // Zones: fewer proxy pods than zones, and a size the zones do not share evenly.
+        let zoned = |size: i32, replicas: i32| {
+            let mut m = mc("x", size);
+            m.spec.proxy = Some(crate::ProxySpec {
+                copies: 3,
+                replicas,
+                zones: vec!["a".into(), "b".into(), "c".into()],
+                ..crate::ProxySpec::default()
+            });
+            warnings(&m, crate::DEFAULT_IMAGE)
+        };
+        let about = |said: &[String], field: &str| said.iter().any(|w| w.starts_with(field));
+        let even = zoned(6, 3);
+        assert!(
+            !about(&even, "spec.proxy.replicas") && !about(&even, "spec.size"),
+            "{even:?}"
+        );
+        let few = zoned(6, 2);
+        assert!(
+            about(&few, "spec.proxy.replicas: 2 proxy pods for 3 zones"),
+            "{few:?}"
+        );
+        let uneven = zoned(7, 3);
+        assert!(
+            about(&uneven, "spec.size: 7 pods do not share evenly"),
+            "{uneven:?}"
+        );
     }
 }

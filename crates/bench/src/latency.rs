@@ -155,6 +155,7 @@ fn proxy_hop(gets: usize) -> Result<String> {
         pod: "cache-0".into(),
         address: format!("127.0.0.1:{backend_port}"),
         warm_from: None,
+        grown_from: None,
     }];
     let (text, _) = proxy::render("bench/pool", &backends, 1, &file.to_string_lossy());
     std::fs::write(&file, text)?;

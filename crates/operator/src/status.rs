@@ -32,6 +32,8 @@ pub struct ObservedPod {
     /// Its `topology.kubernetes.io/zone` label (copied from its node when it was
     /// scheduled, where the API server does that).
     pub zone: Option<String>,
+    /// Its `creationTimestamp`.
+    pub created: Option<jiff::Timestamp>,
 }
 
 impl ObservedPod {
@@ -212,6 +214,20 @@ fn proxy_status(
             let _ = write!(
                 message,
                 "; {warming} slots warming up (their misses read from the stopping pods they replace)"
+            );
+        }
+        let grown: Vec<&memcached_api::GrownFrom> = observed
+            .backends
+            .iter()
+            .filter_map(|b| b.grown_from.as_ref())
+            .collect();
+        if let Some(first) = grown.first() {
+            let _ = write!(
+                message,
+                "; {} slots added by a scale-out warming up until {} (their misses read from the ring of {} slots before it)",
+                grown.len(),
+                first.until,
+                first.slots
             );
         }
         cond(condition::PROXY_READY, true, "Configured", message)
@@ -864,6 +880,7 @@ mod tests {
             pods: vec![
                 ObservedPod {
                     zone: None,
+                    created: None,
                     name: "m-abc-3".into(),
                     ip: Some("10.0.0.3".into()),
                     ready: true,
@@ -871,6 +888,7 @@ mod tests {
                 ObservedPod::named("m-abc-1"),
                 ObservedPod {
                     zone: None,
+                    created: None,
                     name: "m-abc-2".into(),
                     ip: Some("fd00::2".into()),
                     ready: true,
@@ -951,6 +969,7 @@ mod tests {
             pod: pod.into(),
             address: format!("10.0.0.{}:11211", pod.len()),
             warm_from: None,
+            grown_from: None,
         };
         // The pods of the backends, Ready unless named in `not_ready`.
         let pods_of = |backends: &[ProxyBackend], not_ready: &[&str]| -> Vec<ObservedPod> {
@@ -959,6 +978,7 @@ mod tests {
                 .filter(|b| !b.is_vacant())
                 .map(|b| ObservedPod {
                     zone: None,
+                    created: None,
                     name: b.pod.clone(),
                     ip: Some("10.0.0.1".into()),
                     ready: !not_ready.contains(&b.pod.as_str()),
@@ -1141,6 +1161,7 @@ mod tests {
             (0..n)
                 .map(|i| ObservedPod {
                     zone: None,
+                    created: None,
                     name: format!("m-{i}"),
                     ip: Some(format!("10.0.0.{i}")),
                     ready: i < ready,
@@ -1190,6 +1211,7 @@ mod tests {
         let m = mc(3, 1);
         let pod = |i: usize, ready: bool| ObservedPod {
             zone: None,
+            created: None,
             name: format!("m-{i}"),
             ip: Some(format!("10.0.0.{i}")),
             ready,

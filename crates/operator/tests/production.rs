@@ -1202,6 +1202,88 @@ async fn a_replaced_pods_slot_warms_up_from_it_while_it_stops(server: Server) {
 }
 
 on_every_server! {
+/// With `spec.proxy.warmUp`, the slot a scale-out adds warms up from the ring before it:
+/// `status.proxy` and the recorded rings mark it `grownFrom` the 2 slots before, the
+/// routes read and write its moved keys through the warm-up routes, and once the window is
+/// over (here 1 s of propagation and 15 s more) the routes are plain again. No pod is
+/// replaced for any of it.
+async fn a_scale_out_warms_the_new_slot_from_the_ring_before(server: Server) {
+    let config = ControllerConfig {
+        proxy_propagation: Duration::from_secs(1),
+        proxy_warm_growth: Duration::from_secs(15),
+        ..ControllerConfig::default()
+    };
+    let env = start_with(server, "a_scale_out_warms_the_new_slot", Duration::from_millis(20), false, config).await;
+    let spec = |size: i32| {
+        json!({
+            "size": size,
+            "gracefulShutdown": {"preStopDelaySeconds": 160},
+            "proxy": {"enabled": true, "image": "memcached:1.6.38", "warmUp": {"enabled": true}},
+        })
+    };
+    env.apply("grown", spec(2)).await;
+    env.converged("grown", 2).await;
+    proxy_routes_to_the_ready_pods(&env, "grown", 2).await;
+    // The pool's pods joined one by one as it was created: no warm-up for that. Once the
+    // proxies have loaded the last change (1 s), a new pod is a scale-out's.
+    let api = env.api::<Memcached>();
+    wait_for("the proxies past loading the pool's creation", || async {
+        let mc = api.get("grown").await.ok()?;
+        let c = mc.condition(condition::PROXY_READY)?;
+        (c.status == "True" && !c.message.contains("scale-out")).then_some(())
+    })
+    .await;
+    let (before, _) = proxy_slots(&env, "grown").await.expect("status.proxy");
+    let config_maps = env.api::<ConfigMap>();
+    let config = || async {
+        config_maps.get("grown-proxy").await.ok()?.data?.get(proxy::CONFIG_KEY).cloned()
+    };
+    assert!(!config().await.unwrap_or_default().contains("route_warm"));
+
+    env.apply("grown", spec(3)).await;
+    let grown = wait_for("slot 2 warming from the ring of 2", || async {
+        let mc = api.get("grown").await.ok()?;
+        let proxy = mc.status.clone()?.proxy?;
+        let b = proxy.backends.iter().find(|b| b.slot == 2)?.clone();
+        let message = mc.condition(condition::PROXY_READY)?.message.clone();
+        (b.grown_from.as_ref()?.slots == 2 && message.contains("1 slots added by a scale-out warming up"))
+            .then_some(proxy)
+    })
+    .await;
+    assert!(
+        grown.backends.iter().filter(|b| b.slot < 2).all(|b| b.grown_from.is_none()),
+        "{:?}",
+        grown.backends
+    );
+    let (slots, _) = proxy_slots(&env, "grown").await.expect("status.proxy");
+    assert_eq!(slots[..2], before[..], "the first slots keep their pods");
+    // Recorded with the rings, for a restarted operator.
+    let recorded = config_maps
+        .get("grown-proxy")
+        .await
+        .ok()
+        .and_then(|c| c.data?.get(proxy::BACKENDS_KEY).cloned())
+        .unwrap_or_default();
+    assert!(recorded.contains("\"grownFrom\":{\"slots\":2,"), "{recorded}");
+    let warming = config().await.unwrap_or_default();
+    assert!(
+        warming.contains("child_moved = \"moved\"") && warming.contains("route_warm_write{"),
+        "{warming}"
+    );
+    wait_for("the routes plain again after the window", || async {
+        let proxy = api.get("grown").await.ok()?.status?.proxy?;
+        let config = config().await?;
+        (proxy.backends.len() == 3
+            && proxy.backends.iter().all(|b| b.grown_from.is_none())
+            && !config.contains("route_warm"))
+        .then_some(())
+    })
+    .await;
+    env.converged("grown", 3).await;
+}
+}
+
+on_every_server! {
 /// `spec.proxy.gutter`: the server fills in its defaults; the proxy pods get the gutter's
 /// memory (`-m`, and their default resources grow by as much) and the routes send a failed
 /// pod's requests on to the proxy's own cache with the gutter's TTL. Turned off again, the
@@ -1691,6 +1773,26 @@ async fn zone_copies_hold_their_own_zones_pods(kube: Kube) {
     )
     .await;
     env.converged("zoned", 6).await;
+    // What the server accepts at every version: the proxy pods' zone from the downward
+    // API, and the Service's traffic distribution.
+    let deployment = env.api::<Deployment>().get("zoned-proxy").await.expect("the proxy");
+    let env_var = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.first().cloned())
+        .and_then(|c| c.env)
+        .and_then(|e| e.into_iter().find(|e| e.name == proxy::ZONE_ENV))
+        .and_then(|e| e.value_from?.field_ref)
+        .map(|f| f.field_path);
+    assert_eq!(
+        env_var.as_deref(),
+        Some("metadata.labels['topology.kubernetes.io/zone']")
+    );
+    let service = env.api::<Service>().get("zoned-proxy").await.expect("the proxy Service");
+    assert_eq!(
+        service.spec.and_then(|s| s.traffic_distribution).as_deref(),
+        Some("PreferClose")
+    );
     let copies_labels = env
         .cluster
         .real
@@ -1759,19 +1861,6 @@ async fn zone_copies_hold_their_own_zones_pods(kube: Kube) {
     }
     assert!(config.contains("local_zone = zone"), "{config}");
 
-    let deployment = env.api::<Deployment>().get("zoned-proxy").await.expect("the proxy");
-    let env_var = deployment
-        .spec
-        .and_then(|s| s.template.spec)
-        .and_then(|s| s.containers.first().cloned())
-        .and_then(|c| c.env)
-        .and_then(|e| e.into_iter().find(|e| e.name == proxy::ZONE_ENV))
-        .and_then(|e| e.value_from?.field_ref)
-        .map(|f| f.field_path);
-    assert_eq!(
-        env_var.as_deref(),
-        Some("metadata.labels['topology.kubernetes.io/zone']")
-    );
     let proxy_pods = wait_for("3 proxy pods scheduled", || async {
         let list = pods
             .list(&ListParams::default().labels("app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=zoned"))
@@ -1782,10 +1871,42 @@ async fn zone_copies_hold_their_own_zones_pods(kube: Kube) {
     })
     .await;
     assert_eq!(proxy_pods.len(), 3, "every proxy pod carries its zone");
-    let service = env.api::<Service>().get("zoned-proxy").await.expect("the proxy Service");
+
+    // Scaled down to 3: the ReplicaSet removes the last slot of every zone (the deletion
+    // costs), so each zone keeps one pod in slot 0 of its copy and no slot is vacant.
+    env.apply(
+        "zoned",
+        json!({"size": 3, "proxy": {"enabled": true, "copies": 3, "replicas": 3, "zones": zones}}),
+    )
+    .await;
+    env.converged("zoned", 3).await;
+    let kept = wait_for("one pod per zone, in slot 0", || async {
+        let mc = env.api::<Memcached>().get("zoned").await.ok()?;
+        let mut kept: Vec<(i32, i32, Option<String>)> = mc
+            .status?
+            .proxy?
+            .backends
+            .iter()
+            .map(|b| (b.copy, b.slot, b.zone.clone()))
+            .collect();
+        kept.sort();
+        (kept.len() == 3).then_some(kept)
+    })
+    .await;
     assert_eq!(
-        service.spec.and_then(|s| s.traffic_distribution).as_deref(),
-        Some("PreferClose")
+        kept,
+        (1..=3)
+            .map(|c| (c, 0, Some(zones[(c - 1) as usize].to_string())))
+            .collect::<Vec<_>>()
     );
+    let config = env
+        .api::<ConfigMap>()
+        .get("zoned-proxy")
+        .await
+        .expect("the proxy's ConfigMap")
+        .data
+        .and_then(|d| d.get(proxy::CONFIG_KEY).cloned())
+        .unwrap_or_default();
+    assert!(!config.contains("vacant"), "{config}");
 }
 }

@@ -149,6 +149,7 @@ fn pod(port: u16, ready: bool) -> PoolPod {
         ip: Some("127.0.0.1".into()),
         ready,
         zone: None,
+        created: None,
     }
 }
 
@@ -185,10 +186,14 @@ fn configure_warm(
         b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
     }
     let file = dir.file();
+    // A shorter warm ring is the ring before a scale-out.
+    let ring = |bs: &[ProxyBackend]| bs.iter().map(|b| b.slot + 1).max().unwrap_or(0);
+    let moved_from = (ring(warm) < ring(&backends)).then(|| ring(warm));
     let (text, _) = proxy::render_warm(
         "test/pool",
         &backends,
         warm,
+        moved_from,
         copies,
         gutter_ttl,
         &file.to_string_lossy(),
@@ -1134,6 +1139,7 @@ fn a_warming_slot_answers_a_miss_from_the_old_pod_and_adds_it_to_the_new_one() {
         pod: format!("cache-{}", old.port),
         address: format!("127.0.0.1:{}", old.port),
         warm_from: None,
+        grown_from: None,
     };
     configure_warm(&dir, &[], &ready(&[new.port]), &[predecessor], None, 1, 1);
     let proxy = start_warm_proxy(&dir);
@@ -1408,6 +1414,7 @@ fn warm_up_and_the_gutter_work_together() {
         pod: format!("cache-{}", old.port),
         address: format!("127.0.0.1:{}", old.port),
         warm_from: None,
+        grown_from: None,
     };
     configure_warm(
         &dir,
@@ -1641,4 +1648,84 @@ fn zoned_routes_load_without_a_zone() {
         assert!(Instant::now() < deadline, "the key reaches every zone");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A scale-out warming up from the ring before it, as the operator renders it (the
+/// previous ring, and the moved ring telling the keys of the new slot apart): every
+/// `incr` and `append` sent through the proxy is applied once, to the moved keys' former
+/// pods and to every other key's own pod, so each key reads back exactly once changed;
+/// a moved key is read from its former pod and written back to the new one.
+#[test]
+fn a_scale_out_changes_every_key_once_while_it_warms_up() {
+    const N: usize = 400;
+    let mut pods: Vec<Running> = (0..4).map(|_| backend(free_port())).collect();
+    let dir = ConfigDir::new();
+    let ports = |pods: &[Running]| pods.iter().map(|p| p.port).collect::<Vec<_>>();
+    let before = configure(&dir, &[], &ready(&ports(&pods)), 4, 1);
+    let proxy = start_warm_proxy(&dir);
+    let mut conn = Conn::open(proxy.port);
+    let command = |conn: &mut Conn, request: String| -> String {
+        conn.writer.write_all(request.as_bytes()).expect("send");
+        conn.line().expect("answer")
+    };
+    for i in 0..N {
+        assert_eq!(conn.set(&format!("n-{i}"), "10").expect("set"), "STORED");
+        assert_eq!(conn.set(&format!("s-{i}"), "v").expect("set"), "STORED");
+    }
+    pods.push(backend(free_port()));
+    let reloads = stat(proxy.port, "proxy_config_reloads");
+    let after = configure_warm(&dir, &before, &ready(&ports(&pods)), &before, None, 5, 1);
+    assert_eq!(after.len(), 5);
+    wait_for_reload(proxy.port, reloads);
+    let new = pods[4].port;
+
+    let (mut not_found, mut not_stored) = (0, 0);
+    for i in 0..N {
+        match command(&mut conn, format!("incr n-{i} 1\r\n")).as_str() {
+            "11" => {}
+            "NOT_FOUND" => not_found += 1,
+            other => panic!("incr n-{i}: {other}"),
+        }
+        match command(&mut conn, format!("append s-{i} 0 0 1\r\nx\r\n")).as_str() {
+            "STORED" => {}
+            "NOT_STORED" => not_stored += 1,
+            other => panic!("append s-{i}: {other}"),
+        }
+    }
+    // The moved keys: on the new pod nothing yet (its answer is the client's), changed on
+    // their former pods.
+    for moved in [not_found, not_stored] {
+        assert!(
+            (N / 10..N / 3).contains(&moved),
+            "{moved} of {N} keys moved to the fifth slot"
+        );
+    }
+    let moved = (not_found + not_stored) as u64;
+    assert_eq!(
+        stat(new, "curr_items"),
+        0,
+        "nothing written to the new pod yet"
+    );
+    for i in 0..N {
+        assert_eq!(
+            conn.get(&format!("n-{i}")).expect("get"),
+            Reply::Hit("11".into()),
+            "n-{i}"
+        );
+        assert_eq!(
+            conn.get(&format!("s-{i}")).expect("get"),
+            Reply::Hit("vx".into()),
+            "s-{i}"
+        );
+    }
+    // Read once, the moved keys were written back to the new pod (not awaited).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stat(new, "curr_items") < moved {
+        assert!(
+            Instant::now() < deadline,
+            "the moved keys are written back to the new pod"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stat(new, "curr_items"), moved);
 }

@@ -24,7 +24,7 @@ use super::*;
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "WirePod")]
 pub struct CachedPod {
-    /// Name, namespace, resourceVersion and deletionTimestamp only.
+    /// Name, namespace, resourceVersion, creationTimestamp and deletionTimestamp only.
     pub metadata: ObjectMeta,
     /// The `app.kubernetes.io/instance` label: the Memcached the pod belongs to.
     pub instance: Option<String>,
@@ -52,6 +52,7 @@ resource_as!(CachedPod, Pod);
 #[serde(rename_all = "camelCase")]
 struct WirePodMeta {
     deletion_timestamp: Option<Time>,
+    creation_timestamp: Option<Time>,
     labels: Option<BTreeMap<String, String>>,
     annotations: Option<BTreeMap<String, String>>,
     name: Option<String>,
@@ -189,6 +190,7 @@ impl From<WirePod> for CachedPod {
             namespace: m.namespace,
             resource_version: m.resource_version,
             deletion_timestamp: m.deletion_timestamp,
+            creation_timestamp: m.creation_timestamp,
             uid: m.uid,
             ..ObjectMeta::default()
         };

@@ -229,6 +229,7 @@ mod tests {
     fn pod(name: &str, ready: bool) -> ObservedPod {
         ObservedPod {
             zone: None,
+            created: None,
             name: name.into(),
             ip: Some(format!("10.0.0.{}", name.len())),
             ready,

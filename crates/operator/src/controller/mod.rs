@@ -110,6 +110,10 @@ pub struct ControllerConfig {
     /// How long after a change of its backends a proxy is reported as still loading it
     /// ([`crate::proxy::PROPAGATION_WINDOW`]).
     pub proxy_propagation: Duration,
+    /// How long the slots a scale-out adds keep warming up from the ring before it, after
+    /// the proxies have loaded the change (`spec.proxy.warmUp`;
+    /// [`crate::proxy::WARM_GROWTH`]): from the change, `proxy_propagation` and this.
+    pub proxy_warm_growth: Duration,
     /// The budget of pools rolling at once for a new default memcached image
     /// (`--max-concurrent-pool-rollouts`), shared by the controllers of every watched scope:
     /// see [`rollout`].
@@ -137,6 +141,7 @@ impl Default for ControllerConfig {
             telemetry: None,
             secret_recheck: Duration::from_secs(15),
             proxy_propagation: crate::proxy::PROPAGATION_WINDOW,
+            proxy_warm_growth: crate::proxy::WARM_GROWTH,
             rollout_slots: Arc::default(),
             children: children::CHILDREN,
             event_max_hold: events::EVENT_MAX_HOLD,

@@ -146,10 +146,13 @@ async fn reconcile_inner(
 
     // 3. The children, from the list: planned (pure), then applied, unwanted ones deleted.
     let pods = observed_pods(&ctx.pod_index, &namespace, &name);
-    let proxy::Membership {
-        backends,
-        deletion_costs,
-    } = proxy_backends(ctx, mc, &owner, &pods);
+    let (
+        proxy::Membership {
+            backends,
+            deletion_costs,
+        },
+        warm_until,
+    ) = proxy_backends(ctx, mc, &owner, &pods);
     let inputs = Inputs {
         settings: &ctx.config.build,
         secrets: &secrets,
@@ -205,6 +208,14 @@ async fn reconcile_inner(
     }
     let recheck = proxy_recheck(&status, now, ctx.config.proxy_propagation);
     let recheck = sooner(recheck, flush_recheck);
+    // The slots a scale-out added stop warming up then.
+    let recheck = sooner(
+        recheck,
+        warm_until.map(|until| {
+            Duration::try_from(until.duration_since(now)).unwrap_or_default()
+                + Duration::from_secs(1)
+        }),
+    );
     // Progress only (pods listed, counts) waits for the pool's interval; a look again then
     // writes it, unless a change of meaning comes first.
     let held = ctx
@@ -292,6 +303,7 @@ fn cached_pods(
             ip: p.ip.clone(),
             ready: p.ready,
             zone: p.zone.clone(),
+            created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
         })
         .collect()
 }
@@ -313,15 +325,17 @@ fn live_services(ctx: &Context, owner: &Owner, namespace: &str, name: &str) -> L
 
 /// The proxy's rings: the live pods of `pods` in their slots, as the configuration in place
 /// (our ConfigMap) records them, newcomers joining once Ready (see [`proxy::membership`]);
-/// and the deletion cost each pod in them should carry. None without the proxy.
+/// and the deletion cost each pod in them should carry. None without the proxy. With
+/// warm-up, the slots a scale-out added warm up from the ring before it
+/// ([`proxy::warm_growth`]) until the time returned.
 fn proxy_backends(
     ctx: &Context,
     mc: &Memcached,
     owner: &Owner,
     pods: &[ObservedPod],
-) -> proxy::Membership {
+) -> (proxy::Membership, Option<jiff::Timestamp>) {
     let Some(spec) = mc.spec.proxy_enabled() else {
-        return proxy::Membership::default();
+        return (proxy::Membership::default(), None);
     };
     let namespace = mc.namespace().unwrap_or_default();
     let recorded = ctx
@@ -336,7 +350,7 @@ fn proxy_backends(
     } else {
         Vec::new()
     };
-    proxy::membership(
+    let mut next = proxy::membership(
         &recorded,
         pods,
         &leaving,
@@ -344,7 +358,20 @@ fn proxy_backends(
         spec.copies,
         &spec.zones,
         mc.spec.container_port,
-    )
+    );
+    let warm_until = if spec.warm_up_enabled() && spec.copies == 1 {
+        proxy::warm_growth(
+            &recorded,
+            &mut next,
+            pods,
+            jiff::Timestamp::now(),
+            ctx.config.proxy_propagation,
+            ctx.config.proxy_warm_growth,
+        )
+    } else {
+        None
+    };
+    (next, warm_until)
 }
 
 /// When to look again so that `ProxyReady` leaves `Propagating` on time.

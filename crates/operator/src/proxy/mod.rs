@@ -67,6 +67,7 @@ use crate::builders::{
 pub use routes::{render, render_warm};
 pub use slots::{
     DELETION_COST_ANNOTATION, Membership, PoolPod, capacity, membership, rank, recorded_backends,
+    warm_growth,
 };
 
 /// Suffix of the proxy's Deployment, Service, PodDisruptionBudget and ConfigMap.
@@ -95,6 +96,13 @@ pub const GUTTER_KEY: &str = "gutter.lua";
 pub const GUTTER_ROUTE: &str = include_str!("gutter.lua");
 /// How often the proxy looks at its configuration file.
 pub const RELOAD_CHECK_SECONDS: u32 = 1;
+/// How long the slots a scale-out adds warm up from the ring before it once the proxies
+/// have loaded the change (`spec.proxy.warmUp`, [`warm_growth`]): a minute, as a replaced
+/// pod's slot does with the advised `preStopDelaySeconds`
+/// ([`memcached_api::WARM_UP_PRE_STOP_SECONDS`]).
+pub const WARM_GROWTH: Duration = Duration::from_secs(
+    (memcached_api::WARM_UP_PRE_STOP_SECONDS - memcached_api::PROXY_PROPAGATION_SECONDS) as u64,
+);
 /// The proxy pods' environment variable holding their own zone (their
 /// `topology.kubernetes.io/zone` label through the downward API; empty without it): the
 /// routes read that zone's copy first (`spec.proxy.zones`).
@@ -388,8 +396,10 @@ pub fn desired_proxy_pdb(mc: &Memcached) -> Result<Option<PodDisruptionBudget>, 
 }
 
 /// The ConfigMap `NAME-proxy` holding the rendered routes for `backends`, and its version.
-/// With warm-up, also the warm-up route ([`WARM_KEY`]), and each slot warming up
-/// ([`ProxyBackend::warm_from`]) reads its misses from its former pod ([`render_warm`]).
+/// With warm-up, also the warm-up route ([`WARM_KEY`]), and each slot warming up reads its
+/// misses from its former pod ([`ProxyBackend::warm_from`]), or from the ring before a
+/// scale-out ([`ProxyBackend::grown_from`]: its first slots, whose pods are the same;
+/// [`render_warm`]).
 pub fn desired_proxy_config_map(
     mc: &Memcached,
     backends: &[ProxyBackend],
@@ -405,6 +415,11 @@ pub fn desired_proxy_config_map(
     let warm_up = proxy.warm_up_enabled();
     // The ring keys warm up from: each warming slot's former pod in its slot, every other
     // slot vacant, so that it is as long as the ring and hashes each key to the same slot.
+    let grown_from = backends
+        .iter()
+        .filter(|_| warm_up)
+        .filter_map(|b| b.grown_from.as_ref().map(|g| g.slots))
+        .min();
     let warm: Vec<ProxyBackend> = if warm_up && backends.iter().any(|b| b.warm_from.is_some()) {
         backends
             .iter()
@@ -417,7 +432,17 @@ pub fn desired_proxy_config_map(
                     pod: from.pod,
                     address: from.address,
                     warm_from: None,
+                    grown_from: None,
                 }
+            })
+            .collect()
+    } else if let Some(from) = grown_from {
+        backends
+            .iter()
+            .filter(|b| b.copy == 1 && b.slot < from)
+            .map(|b| ProxyBackend {
+                grown_from: None,
+                ..b.clone()
             })
             .collect()
     } else {
@@ -427,6 +452,7 @@ pub fn desired_proxy_config_map(
         &owner,
         backends,
         &warm,
+        grown_from.filter(|_| backends.iter().all(|b| b.warm_from.is_none())),
         proxy.copies,
         proxy.gutter_enabled().map(|g| g.ttl_seconds),
         &format!("{CONFIG_DIR}/{CONFIG_KEY}"),
@@ -560,6 +586,7 @@ mod tests {
                 pod: p.into(),
                 address: "10.0.9.9:11211".into(),
             }),
+            grown_from: None,
         };
         let steady = [
             backend(0, "a", None),

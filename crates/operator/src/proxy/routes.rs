@@ -45,7 +45,7 @@ fn lua_string(s: &str) -> String {
 /// as its own path for the reload check, and its version (a hash of everything else in
 /// it). The first line carries the version.
 pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -> (String, String) {
-    render_warm(owner, backends, &[], copies, None, file)
+    render_warm(owner, backends, &[], None, copies, None, file)
 }
 
 /// [`render`], with keys warming up from the ring `warm` (one copy only; entries in the
@@ -57,10 +57,15 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
 /// value it still holds is never older than the new pod's. With no pod in `warm` the text
 /// is exactly [`render`]'s. Ignored with more than one copy.
 ///
-/// The operator warms replacements only (`spec.proxy.warmUp`, [`super::membership`]'s
-/// `warm_from`): there a key's two pods are always two pods. With a previous ring, a key
-/// that did not move has the same pod in both, so a write reaches it twice: harmless for
-/// `set` and `delete`, not for `incr`, `decr`, `append` or `prepend`.
+/// For a replacement (`spec.proxy.warmUp`, [`super::membership`]'s `warm_from`) a key's
+/// two pods are always two pods. With `moved_from`, `warm` is the ring before a scale-out
+/// ([`super::warm_growth`]), that many slots long: then only the keys of the slots from
+/// there on moved, and
+/// only those are read from `warm` and written to it, known by a ring of the current
+/// length whose earlier slots are down (`moved`); a key that did not move has the same
+/// pod in both rings and is written once (twice would apply an `incr`, a `decr`, an
+/// `append` or a `prepend` twice). Its writes reach the previous pod first, then the new
+/// one (the warm-up write route).
 ///
 /// With `gutter_ttl` (`spec.proxy.gutter`, one copy only), the proxy's own cache is a
 /// gutter through the gutter route ([`super::GUTTER_ROUTE`], a start file of its own): a
@@ -74,6 +79,7 @@ pub fn render_warm(
     owner: &str,
     backends: &[ProxyBackend],
     warm: &[ProxyBackend],
+    moved_from: Option<i32>,
     copies: i32,
     gutter_ttl: Option<i32>,
     file: &str,
@@ -161,17 +167,40 @@ pub fn render_warm(
         // The ring keys are warmed from (a vacant position is rendered down).
         let predecessors = ring_of(warm, copy);
         let warming = predecessors.iter().any(Option::is_some);
+        // With a previous ring: the current ring with the slots it had down.
+        let moved_from = moved_from
+            .and_then(|from| usize::try_from(from).ok())
+            .filter(|&from| warming && from < ring.len());
         if warming {
             body.push_str("    warm = {\n");
             pool(&mut body, "        ", copy, &predecessors, "cold");
             body.push_str("    },\n");
         }
+        if let Some(from) = moved_from {
+            let moved: Vec<Option<&ProxyBackend>> = ring
+                .iter()
+                .enumerate()
+                .map(|(slot, b)| b.filter(|_| slot >= from))
+                .collect();
+            body.push_str("    moved = {\n");
+            pool(&mut body, "        ", copy, &moved, "unmoved");
+            body.push_str("    },\n");
+        }
+        let moved = if moved_from.is_some() {
+            ", child_moved = \"moved\""
+        } else {
+            ""
+        };
         body.push_str("}\nroutes{\n    cmap = {\n");
         let plain = "route_direct{ child = \"pool\" }".to_string();
         // Writes and deletes reach a warming slot's predecessor as well (its answer is not
         // awaited), so a later read through it cannot bring back a value overwritten or
         // deleted.
-        let writes = if warming {
+        let writes = if moved_from.is_some() {
+            format!(
+                "route_warm_write and route_warm_write{{ child = \"pool\", child_warm = \"warm\"{moved} }} or route_direct{{ child = \"pool\" }}"
+            )
+        } else if warming {
             "route_split{ child_a = \"pool\", child_b = \"warm\" }".to_string()
         } else {
             plain.clone()
@@ -181,7 +210,7 @@ pub fn render_warm(
         // this file until it is replaced, and an unknown route would stop it.
         let warm = |options: &str| {
             format!(
-                "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{options} }} or route_direct{{ child = \"pool\" }}"
+                "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{moved}{options} }} or route_direct{{ child = \"pool\" }}"
             )
         };
         reads(
@@ -368,6 +397,7 @@ mod tests {
             pod: "old-b".into(),
             address: "10.0.0.9:11211".into(),
             warm_from: None,
+            grown_from: None,
         };
         let plain = render("ns/x", &m.backends, 1, "/f");
         // The current ring, the old pod in slot 1, the other slots vacant.
@@ -381,6 +411,7 @@ mod tests {
             "ns/x",
             &m.backends,
             &[vacant(0), old.clone(), vacant(2)],
+            None,
             1,
             None,
             "/f",
@@ -420,13 +451,21 @@ mod tests {
             }],
         ] {
             assert_eq!(
-                render_warm("ns/x", &m.backends, &unused, 1, None, "/f"),
+                render_warm("ns/x", &m.backends, &unused, None, 1, None, "/f"),
                 plain
             );
         }
         // 2 slots grown to 3: the previous ring, both pods in their places, 2 long.
         let before = next(&Membership::default(), &ready(&["a", "b"]), 2, 1);
-        let (text, _) = render_warm("ns/x", &m.backends, &before.backends, 1, None, "/f");
+        let (text, _) = render_warm(
+            "ns/x",
+            &m.backends,
+            &before.backends,
+            Some(2),
+            1,
+            None,
+            "/f",
+        );
         let warm = &text[text
             .find("    warm = {")
             .unwrap_or_else(|| panic!("{text}"))..];
@@ -436,9 +475,32 @@ mod tests {
             warm.find("label = \"a\"") < warm.find("label = \"b\"") && !warm.contains("cold"),
             "{warm}"
         );
+        // Only the keys of slot 2 moved: a ring of 3 with slots 0 and 1 down tells them
+        // apart, and only those are read from the previous ring and written to it.
+        let moved = &text[text
+            .find("    moved = {")
+            .unwrap_or_else(|| panic!("{text}"))..];
+        let moved = &moved[..moved.find("    },").unwrap_or(moved.len())];
+        assert!(
+            moved.contains(
+                "{ label = \"unmoved:1:0\", host = \"127.0.0.1\", port = \"1\", down = true },\n"
+            ) && moved.contains(
+                "{ label = \"unmoved:1:1\", host = \"127.0.0.1\", port = \"1\", down = true },\n"
+            ) && moved.contains("label = \"c\""),
+            "{moved}"
+        );
+        assert!(
+            text.contains("get = route_failover{ children = { route_warm and route_warm{ child = \"pool\", child_warm = \"warm\", child_moved = \"moved\" } or route_direct{ child = \"pool\" }, route_null{} } },"),
+            "{text}"
+        );
+        assert!(
+            text.contains("default = route_warm_write and route_warm_write{ child = \"pool\", child_warm = \"warm\", child_moved = \"moved\" } or route_direct{ child = \"pool\" },"),
+            "{text}"
+        );
+        assert!(!text.contains("route_split"), "{text}");
         let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
         assert_eq!(
-            render_warm("ns/x", &two.backends, &[old], 2, None, "/f"),
+            render_warm("ns/x", &two.backends, &[old], None, 2, None, "/f"),
             render("ns/x", &two.backends, 2, "/f")
         );
     }
@@ -452,7 +514,7 @@ mod tests {
     fn a_failed_pods_requests_go_on_to_the_gutter() {
         let m = next(&Membership::default(), &ready(&["a", "b", "c"]), 3, 1);
         let plain = render("ns/x", &m.backends, 1, "/f");
-        let (text, version) = render_warm("ns/x", &m.backends, &[], 1, Some(7), "/f");
+        let (text, version) = render_warm("ns/x", &m.backends, &[], None, 1, Some(7), "/f");
         assert_ne!(version, plain.1);
         let line = |command: &str| {
             text.lines()
@@ -511,14 +573,15 @@ mod tests {
             pod: "old-a".into(),
             address: "10.0.0.9:11211".into(),
             warm_from: None,
+            grown_from: None,
         };
-        let (text, _) = render_warm("ns/x", &m.backends, &[old], 1, Some(7), "/f");
+        let (text, _) = render_warm("ns/x", &m.backends, &[old], None, 1, Some(7), "/f");
         assert!(text.contains("get = route_failover{ children = { route_gutter and route_gutter{ child = route_warm and route_warm{ child = \"pool\", child_warm = \"warm\" } or route_direct{ child = \"pool\" }, child_gutter"), "{text}");
         assert!(text.contains("set = route_gutter and route_gutter{ child = route_split{ child_a = \"pool\", child_b = \"warm\" }, child_gutter = \"internal\", mode = \"store\", ttl = 7 } or (route_split{ child_a = \"pool\", child_b = \"warm\" }),"), "{text}");
         // Two copies: no gutter.
         let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
         assert_eq!(
-            render_warm("ns/x", &two.backends, &[], 2, Some(7), "/f"),
+            render_warm("ns/x", &two.backends, &[], None, 2, Some(7), "/f"),
             render("ns/x", &two.backends, 2, "/f")
         );
     }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use memcached_api::{ProxyBackend, WarmFrom};
+use memcached_api::{GrownFrom, ProxyBackend, WarmFrom};
 use serde::Deserialize;
 
 use super::BACKENDS_KEY;
@@ -248,6 +248,7 @@ pub fn membership(
                         address: address.clone(),
                         zone: zone_of(copy).cloned(),
                         warm_from: warm.remove(&(copy, slot)),
+                        grown_from: None,
                     });
                 }
                 None => backends.push(ProxyBackend {
@@ -266,6 +267,104 @@ pub fn membership(
     }
 }
 
+/// With warm-up and one copy, the slots a scale-out adds warm up from the ring as it was
+/// before it grew ([`ProxyBackend::grown_from`]): from `now` for `propagation` (the
+/// proxies' loading of the change) and `warm` more, the proxies read those slots' misses
+/// from the pods that held their keys before and write their keys there too (see
+/// [`super::render_warm`]). `recorded` is the rings in place, `next` the rings computed
+/// from them ([`membership`]) for the live `pods`, marked here.
+///
+/// - A ring grows by a scale-out when pods join past the recorded length that were created
+///   at least `propagation` after every pod of the ring before (so not while a pool is
+///   created, its pods joining one by one: there is nothing to warm from).
+/// - A growth while the slots still warm keeps the earlier ring (where the keys were before
+///   both) and starts the window again.
+/// - Nothing is marked while a slot warms up from a replaced pod (those take precedence),
+///   nor once the ring is no longer than the ring it grew from.
+///
+/// Returns when the earliest mark ends, to look again then.
+pub fn warm_growth(
+    recorded: &[ProxyBackend],
+    next: &mut Membership,
+    pods: &[PoolPod],
+    now: jiff::Timestamp,
+    propagation: std::time::Duration,
+    warm: std::time::Duration,
+) -> Option<jiff::Timestamp> {
+    let window = propagation + warm;
+    let ring = |bs: &[ProxyBackend]| -> i32 {
+        bs.iter()
+            .filter(|b| b.copy == 1 && (0..MAX_SLOT).contains(&b.slot))
+            .map(|b| b.slot + 1)
+            .max()
+            .unwrap_or(0)
+    };
+    let before = ring(recorded);
+    let after = ring(&next.backends);
+    if next
+        .backends
+        .iter()
+        .any(|b| b.copy != 1 || b.warm_from.is_some())
+    {
+        return None;
+    }
+    // The marks still running, as recorded.
+    let running: Vec<(i32, jiff::Timestamp)> = recorded
+        .iter()
+        .filter_map(|b| b.grown_from.as_ref())
+        .filter_map(|g| Some((g.slots, g.until.parse::<jiff::Timestamp>().ok()?)))
+        .filter(|(_, until)| *until > now)
+        .collect();
+    // When the pods of the slots before `before` (those from it on) were created: the
+    // newest of the first, the oldest of the others.
+    let created = |earlier: bool| -> Vec<Option<jiff::Timestamp>> {
+        next.backends
+            .iter()
+            .filter(|b| !b.is_vacant() && (b.slot < before) == earlier)
+            .map(|b| {
+                pods.iter()
+                    .find(|p| p.name == b.pod)
+                    .and_then(|p| p.created)
+            })
+            .collect()
+    };
+    let (old, new) = (created(true), created(false));
+    let scale_out = match (
+        old.iter().copied().collect::<Option<Vec<_>>>(),
+        new.iter().copied().collect::<Option<Vec<_>>>(),
+    ) {
+        (Some(old), Some(new)) => match (old.iter().max(), new.iter().min()) {
+            (Some(newest), Some(oldest)) => jiff::SignedDuration::try_from(propagation)
+                .is_ok_and(|gap| oldest.duration_since(*newest) >= gap),
+            _ => false,
+        },
+        _ => false,
+    };
+    let grew = before > 0 && after > before && scale_out;
+    let from = running
+        .iter()
+        .map(|(slots, _)| *slots)
+        .chain(grew.then_some(before))
+        .min()?;
+    let until = if grew {
+        now.checked_add(jiff::SignedDuration::try_from(window).ok()?)
+            .ok()?
+    } else {
+        running.iter().map(|(_, until)| *until).max()?
+    };
+    if from <= 0 || after <= from {
+        return None;
+    }
+    let mark = GrownFrom {
+        slots: from,
+        until: until.to_string(),
+    };
+    for b in next.backends.iter_mut().filter(|b| b.slot >= from) {
+        b.grown_from = Some(mark.clone());
+    }
+    Some(until)
+}
+
 /// A backend as recorded in a ConfigMap: written before slots existed, it has none.
 #[derive(Deserialize)]
 struct Recorded {
@@ -279,6 +378,8 @@ struct Recorded {
     zone: Option<String>,
     #[serde(default, rename = "warmFrom")]
     warm_from: Option<WarmFrom>,
+    #[serde(default, rename = "grownFrom")]
+    grown_from: Option<GrownFrom>,
 }
 
 /// The backends recorded in a ConfigMap's data (its JSON text as cached), or none. A record
@@ -305,6 +406,7 @@ pub fn recorded_backends(data_json: &str) -> Vec<ProxyBackend> {
                 address: r.address,
                 zone: r.zone,
                 warm_from: r.warm_from,
+                grown_from: r.grown_from,
             }
         })
         .collect()
@@ -321,6 +423,7 @@ pub(super) mod tests {
         let n: u32 = name.bytes().map(u32::from).sum();
         PoolPod {
             zone: None,
+            created: None,
             name: name.to_string(),
             ip: Some(format!("10.0.{}.{}", n / 250, n % 250 + 1)),
             ready,
@@ -673,6 +776,105 @@ pub(super) mod tests {
         );
         let two = ["za".to_string(), "zb".to_string()];
         assert_eq!(membership(&[], &pods, &[], 6, 3, &two, PORT), plain);
+    }
+
+    #[test]
+    fn a_scale_out_warms_its_new_slots_for_a_while() {
+        let now: jiff::Timestamp = "2026-11-28T10:00:00Z".parse().unwrap_or_default();
+        let later = |s: i64| now + jiff::SignedDuration::from_secs(s);
+        let (propagation, warm) = (
+            std::time::Duration::from_secs(100),
+            std::time::Duration::from_secs(60),
+        );
+        // When each pod was created: a and b with the pool, long before; c and d by
+        // scale-outs; e a second after a, as a pool's pods are created together.
+        let created = |name: &str| match name {
+            "c" => later(-10),
+            "d" => later(90),
+            "e" => later(-999),
+            _ => later(-1000),
+        };
+        let live = |names: &[&str]| -> Vec<PoolPod> {
+            names
+                .iter()
+                .map(|n| PoolPod {
+                    created: Some(created(n)),
+                    ..pod(n, true)
+                })
+                .collect()
+        };
+        let grow = |recorded: &Membership, names: &[&str], size: i32, at: jiff::Timestamp| {
+            let pods = live(names);
+            let mut m = membership(&recorded.backends, &pods, &[], size, 1, &[], PORT);
+            let until = warm_growth(&recorded.backends, &mut m, &pods, at, propagation, warm);
+            (m, until)
+        };
+        let marks = |m: &Membership| -> Vec<Option<(i32, String)>> {
+            m.backends
+                .iter()
+                .map(|b| b.grown_from.as_ref().map(|g| (g.slots, g.until.clone())))
+                .collect()
+        };
+        // A new pool grows from nothing, its pods joining one by one: nothing to warm from.
+        let (one, until) = grow(&Membership::default(), &["a"], 2, now);
+        assert_eq!((until, marks(&one)), (None, vec![None]));
+        let (two, until) = grow(&one, &["a", "e"], 2, now);
+        assert_eq!((until, marks(&two)), (None, vec![None, None]));
+        let two = grow(&Membership::default(), &["a", "b"], 2, now).0;
+        // 2 → 3: slot 2 warms from the ring of 2 for the window.
+        let (three, until) = grow(&two, &["a", "b", "c"], 3, now);
+        let end = later(160);
+        assert_eq!(until, Some(end));
+        assert_eq!(marks(&three), [None, None, Some((2, end.to_string()))]);
+        // Nothing changes meanwhile: the mark stays, with its end.
+        assert_eq!(
+            grow(&three, &["a", "b", "c"], 3, later(100)),
+            (three.clone(), Some(end))
+        );
+        // 3 → 4 within the window: both new slots warm from the ring of 2, for a new window
+        // (d was created 100 s after c).
+        let (four, until) = grow(&three, &["a", "b", "c", "d"], 4, later(100));
+        let end = later(260);
+        assert_eq!(until, Some(end));
+        assert_eq!(
+            marks(&four),
+            [
+                None,
+                None,
+                Some((2, end.to_string())),
+                Some((2, end.to_string()))
+            ]
+        );
+        // Over: plain again.
+        let (over, until) = grow(&four, &["a", "b", "c", "d"], 4, later(260));
+        assert_eq!((until, marks(&over)), (None, vec![None; 4]));
+        // A pod created with the ring's last one does not start a warm-up.
+        let (late, until) = grow(&two, &["a", "b", "e"], 3, now);
+        assert_eq!((until, marks(&late)), (None, vec![None; 3]));
+        // Shrunk back to the ring it grew from within the window: nothing to warm.
+        let (back, until) = grow(&three, &["a", "b"], 2, later(10));
+        assert_eq!((until, marks(&back)), (None, vec![None, None]));
+        // A slot warming from a replaced pod takes precedence.
+        let pods = live(&["a", "b", "c", "d"]);
+        let mut replacing = membership(&three.backends, &pods, &[], 4, 1, &[], PORT);
+        replacing.backends[0].warm_from = Some(WarmFrom::default());
+        let marked = warm_growth(
+            &three.backends,
+            &mut replacing,
+            &pods,
+            later(10),
+            propagation,
+            warm,
+        );
+        assert_eq!(marked, None);
+        assert!(replacing.backends.iter().all(|b| b.grown_from.is_none()));
+        // Copies: never.
+        let copies = next(&Membership::default(), &live(&["a", "b"]), 2, 2);
+        let mut grown = membership(&copies.backends, &pods, &[], 4, 2, &[], PORT);
+        assert_eq!(
+            warm_growth(&copies.backends, &mut grown, &pods, now, propagation, warm),
+            None
+        );
     }
 
     #[test]

@@ -10,8 +10,21 @@
 -- is not awaited. `meta = true` marks the route of meta reads (`mg`): those with base64
 -- keys are not warmed.
 --
+-- With `child_moved` (a scale-out: "warm" is the ring as it was before it grew), only the
+-- keys that moved to a new slot are warmed: "moved" is the current ring with every slot
+-- that existed before down, so a key that did not move gets an error from it at once,
+-- without a request, and is read from "pool" alone. A moved key's read through "moved" is
+-- its read from its new pod.
+--
+-- route_warm_write{ child = "pool", child_warm = "warm", child_moved = "moved" } sends a
+-- write of a key that moved (known by a meta no-op read of it through "moved") to the pod
+-- that held it before first, then to its new pod, whose answer the client gets; a key that
+-- did not move is written to "pool" once (were it written through both rings, its pod
+-- would apply an incr, a decr, an append or a prepend twice). Old pod first: a read that
+-- misses on the new pod meanwhile can only find the old pod's value already changed.
+--
 -- Must never raise an error while loading: a start file that fails stops memcached.
-register_route_handlers({ "warm" })
+register_route_handlers({ "warm", "warm_write" })
 
 function route_warm_conf(t, ctx)
     return t
@@ -19,7 +32,16 @@ end
 
 local function route_warm_f(rctx, o)
     return function(r)
-        local res = rctx:enqueue_and_wait(r, o.new)
+        local res
+        if o.moved then
+            res = rctx:enqueue_and_wait(r, o.moved)
+            if res == nil or not res:ok() then
+                -- Not moved (or its new pod failed): the pool alone.
+                return rctx:enqueue_and_wait(r, o.new)
+            end
+        else
+            res = rctx:enqueue_and_wait(r, o.new)
+        end
         if res:hit() or (o.is_meta and r:has_flag("b")) then
             return res
         end
@@ -60,5 +82,35 @@ function route_warm_start(a, ctx, fgen)
         peek = fgen:new_handle(a.child_warm),
         is_meta = a.meta,
     }
+    if a.child_moved then
+        o.moved = fgen:new_handle(a.child_moved)
+    end
     fgen:ready({ a = o, n = ctx:label(), f = route_warm_f })
+end
+
+function route_warm_write_conf(t, ctx)
+    return t
+end
+
+local function route_warm_write_f(rctx, o)
+    return function(r)
+        if o.moved then
+            local probe = rctx:enqueue_and_wait(mcp.request("mg " .. r:key() .. "\r\n"), o.moved)
+            if probe ~= nil and probe:ok() then
+                rctx:enqueue_and_wait(r, o.old)
+            end
+        end
+        return rctx:enqueue_and_wait(r, o.new)
+    end
+end
+
+function route_warm_write_start(a, ctx, fgen)
+    local o = {
+        new = fgen:new_handle(a.child),
+        old = fgen:new_handle(a.child_warm),
+    }
+    if a.child_moved then
+        o.moved = fgen:new_handle(a.child_moved)
+    end
+    fgen:ready({ a = o, n = ctx:label(), f = route_warm_write_f })
 end
