@@ -1267,7 +1267,7 @@ async fn a_scale_out_warms_the_new_slot_from_the_ring_before(server: Server) {
     assert!(recorded.contains("\"grownFrom\":{\"slots\":2,"), "{recorded}");
     let warming = config().await.unwrap_or_default();
     assert!(
-        warming.contains("child_moved = \"moved\"") && warming.contains("route_warm_write{"),
+        warming.contains("child_unmoved = \"unmoved\"") && warming.contains("route_warm_write{"),
         "{warming}"
     );
     wait_for("the routes plain again after the window", || async {

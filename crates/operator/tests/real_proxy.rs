@@ -1614,7 +1614,7 @@ fn with_zone_copies_losing_a_zone_costs_no_misses() {
 }
 
 /// A proxy pod whose zone is unknown (its environment variable empty: the pod has no zone
-/// label) loads the zoned routes and serves from every zone's copy.
+/// label), or none of the copies', loads the zoned routes and serves from every zone's copy.
 #[test]
 fn zoned_routes_load_without_a_zone() {
     let pods: Vec<Running> = (0..3).map(|_| backend(free_port())).collect();
@@ -1642,6 +1642,14 @@ fn zoned_routes_load_without_a_zone() {
     let mut conn = Conn::open(proxy.port);
     assert_eq!(conn.set("k", "v").expect("set"), "STORED");
     assert_eq!(conn.get("k").expect("get"), Reply::Hit("v".into()));
+    // Nor does a zone that is none of the copies'.
+    let elsewhere = free_port();
+    let args = proxy::proxy_args(i32::from(elsewhere), &file.to_string_lossy());
+    let other = start_with_env(&args[1..], elsewhere, &[(proxy::ZONE_ENV, "zone-x")]);
+    assert_eq!(
+        Conn::open(other.port).get("k").expect("get"),
+        Reply::Hit("v".into())
+    );
     // Written to every zone's pod.
     let deadline = Instant::now() + Duration::from_secs(10);
     while pods.iter().map(|p| stat(p.port, "curr_items")).sum::<u64>() < 3 {

@@ -413,13 +413,15 @@ pub fn desired_proxy_config_map(
         mc.metadata.namespace.as_deref().unwrap_or_default()
     );
     let warm_up = proxy.warm_up_enabled();
-    // The ring keys warm up from: each warming slot's former pod in its slot, every other
-    // slot vacant, so that it is as long as the ring and hashes each key to the same slot.
+    // The length of the ring before a scale-out whose slots still warm up.
     let grown_from = backends
         .iter()
         .filter(|_| warm_up)
         .filter_map(|b| b.grown_from.as_ref().map(|g| g.slots))
         .min();
+    // The ring keys warm up from: each warming slot's former pod in its slot, every other
+    // slot vacant, so that it is as long as the ring and hashes each key to the same slot;
+    // else the ring before a scale-out (its first slots, whose pods are the same).
     let warm: Vec<ProxyBackend> = if warm_up && backends.iter().any(|b| b.warm_from.is_some()) {
         backends
             .iter()

@@ -59,13 +59,13 @@ pub fn render(owner: &str, backends: &[ProxyBackend], copies: i32, file: &str) -
 ///
 /// For a replacement (`spec.proxy.warmUp`, [`super::membership`]'s `warm_from`) a key's
 /// two pods are always two pods. With `moved_from`, `warm` is the ring before a scale-out
-/// ([`super::warm_growth`]), that many slots long: then only the keys of the slots from
-/// there on moved, and
-/// only those are read from `warm` and written to it, known by a ring of the current
-/// length whose earlier slots are down (`moved`); a key that did not move has the same
-/// pod in both rings and is written once (twice would apply an `incr`, a `decr`, an
-/// `append` or a `prepend` twice). Its writes reach the previous pod first, then the new
-/// one (the warm-up write route).
+/// ([`super::warm_growth`]), that many slots long: only the keys of the slots from there on
+/// moved, and only those are read from `warm` and written to it. A ring of the current
+/// length with those slots down (`unmoved`) tells them apart: a key that did not move is
+/// read and written through it, once (twice would apply an `incr`, a `decr`, an `append`
+/// or a `prepend` twice); a moved key's writes reach its former pod first, then the new
+/// one (the warm-up write route). A `moved_from` that is not shorter than the ring
+/// renders no warm-up at all.
 ///
 /// With `gutter_ttl` (`spec.proxy.gutter`, one copy only), the proxy's own cache is a
 /// gutter through the gutter route ([`super::GUTTER_ROUTE`], a start file of its own): a
@@ -164,30 +164,33 @@ pub fn render_warm(
             .map_or((1, &[][..]), |(c, r)| (*c, r.as_slice()));
         pool(&mut body, "        ", copy, ring, "vacant");
         body.push_str("    },\n");
-        // The ring keys are warmed from (a vacant position is rendered down).
-        let predecessors = ring_of(warm, copy);
+        // The ring keys are warmed from (a vacant position is rendered down); a previous
+        // ring no shorter than the ring has nothing to warm.
+        let moved_from = moved_from.map(|from| usize::try_from(from).unwrap_or(usize::MAX));
+        let predecessors = match moved_from {
+            Some(from) if from >= ring.len() => Vec::new(),
+            _ => ring_of(warm, copy),
+        };
         let warming = predecessors.iter().any(Option::is_some);
-        // With a previous ring: the current ring with the slots it had down.
-        let moved_from = moved_from
-            .and_then(|from| usize::try_from(from).ok())
-            .filter(|&from| warming && from < ring.len());
+        let moved_from = moved_from.filter(|_| warming);
         if warming {
             body.push_str("    warm = {\n");
             pool(&mut body, "        ", copy, &predecessors, "cold");
             body.push_str("    },\n");
         }
+        // With a previous ring: the current ring with the slots it did not have down.
         if let Some(from) = moved_from {
-            let moved: Vec<Option<&ProxyBackend>> = ring
+            let unmoved: Vec<Option<&ProxyBackend>> = ring
                 .iter()
                 .enumerate()
-                .map(|(slot, b)| b.filter(|_| slot >= from))
+                .map(|(slot, b)| b.filter(|_| slot < from))
                 .collect();
-            body.push_str("    moved = {\n");
-            pool(&mut body, "        ", copy, &moved, "unmoved");
+            body.push_str("    unmoved = {\n");
+            pool(&mut body, "        ", copy, &unmoved, "moved");
             body.push_str("    },\n");
         }
-        let moved = if moved_from.is_some() {
-            ", child_moved = \"moved\""
+        let unmoved = if moved_from.is_some() {
+            ", child_unmoved = \"unmoved\""
         } else {
             ""
         };
@@ -198,7 +201,7 @@ pub fn render_warm(
         // deleted.
         let writes = if moved_from.is_some() {
             format!(
-                "route_warm_write and route_warm_write{{ child = \"pool\", child_warm = \"warm\"{moved} }} or route_direct{{ child = \"pool\" }}"
+                "route_warm_write and route_warm_write{{ child = \"pool\", child_warm = \"warm\"{unmoved} }} or route_direct{{ child = \"pool\" }}"
             )
         } else if warming {
             "route_split{ child_a = \"pool\", child_b = \"warm\" }".to_string()
@@ -210,7 +213,7 @@ pub fn render_warm(
         // this file until it is replaced, and an unknown route would stop it.
         let warm = |options: &str| {
             format!(
-                "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{moved}{options} }} or route_direct{{ child = \"pool\" }}"
+                "route_warm and route_warm{{ child = \"pool\", child_warm = \"warm\"{unmoved}{options} }} or route_direct{{ child = \"pool\" }}"
             )
         };
         reads(
@@ -272,10 +275,16 @@ pub fn render_warm(
         // scheduled), passed to the route itself (the route library's global local zone
         // is not read by `route_failover`); without it, in a random order per worker.
         let read = if zoned {
+            // A zone that is none of the copies' (or none) reads them in a random order.
+            let known: Vec<String> = zones
+                .iter()
+                .map(|z| format!("[{}] = true", lua_string(z)))
+                .collect();
             let _ = writeln!(
                 body,
-                "local zone = os.getenv({})\nif zone == \"\" then zone = nil end",
-                lua_string(super::ZONE_ENV)
+                "local zone = os.getenv({})\nif ({{ {} }})[zone or \"\"] == nil then zone = nil end",
+                lua_string(super::ZONE_ENV),
+                known.join(", ")
             );
             "route_failover{ children = \"set_zones\", miss = true, local_zone = zone, shuffle = zone == nil }"
         } else {
@@ -475,29 +484,34 @@ mod tests {
             warm.find("label = \"a\"") < warm.find("label = \"b\"") && !warm.contains("cold"),
             "{warm}"
         );
-        // Only the keys of slot 2 moved: a ring of 3 with slots 0 and 1 down tells them
-        // apart, and only those are read from the previous ring and written to it.
-        let moved = &text[text
-            .find("    moved = {")
+        // Only the keys of slot 2 moved: a ring of 3 with slot 2 down tells them apart, and
+        // only those are read from the previous ring and written to it.
+        let unmoved = &text[text
+            .find("    unmoved = {")
             .unwrap_or_else(|| panic!("{text}"))..];
-        let moved = &moved[..moved.find("    },").unwrap_or(moved.len())];
+        let unmoved = &unmoved[..unmoved.find("    },").unwrap_or(unmoved.len())];
         assert!(
-            moved.contains(
-                "{ label = \"unmoved:1:0\", host = \"127.0.0.1\", port = \"1\", down = true },\n"
-            ) && moved.contains(
-                "{ label = \"unmoved:1:1\", host = \"127.0.0.1\", port = \"1\", down = true },\n"
-            ) && moved.contains("label = \"c\""),
-            "{moved}"
+            unmoved.find("label = \"a\"") < unmoved.find("label = \"b\"")
+                && unmoved.contains(
+                    "{ label = \"moved:1:2\", host = \"127.0.0.1\", port = \"1\", down = true },\n"
+                )
+                && !unmoved.contains("label = \"c\""),
+            "{unmoved}"
         );
         assert!(
-            text.contains("get = route_failover{ children = { route_warm and route_warm{ child = \"pool\", child_warm = \"warm\", child_moved = \"moved\" } or route_direct{ child = \"pool\" }, route_null{} } },"),
+            text.contains("get = route_failover{ children = { route_warm and route_warm{ child = \"pool\", child_warm = \"warm\", child_unmoved = \"unmoved\" } or route_direct{ child = \"pool\" }, route_null{} } },"),
             "{text}"
         );
         assert!(
-            text.contains("default = route_warm_write and route_warm_write{ child = \"pool\", child_warm = \"warm\", child_moved = \"moved\" } or route_direct{ child = \"pool\" },"),
+            text.contains("default = route_warm_write and route_warm_write{ child = \"pool\", child_warm = \"warm\", child_unmoved = \"unmoved\" } or route_direct{ child = \"pool\" },"),
             "{text}"
         );
         assert!(!text.contains("route_split"), "{text}");
+        // A previous ring as long as the ring: nothing moved, nothing to warm.
+        assert_eq!(
+            render_warm("ns/x", &m.backends, &m.backends, Some(3), 1, None, "/f"),
+            plain
+        );
         let two = next(&Membership::default(), &ready(&["a", "b", "c", "d"]), 2, 2);
         assert_eq!(
             render_warm("ns/x", &two.backends, &[old], None, 2, None, "/f"),
@@ -617,7 +631,7 @@ mod tests {
             );
         }
         assert!(
-            text.contains("local zone = os.getenv(\"MEMCACHED_PROXY_ZONE\")\nif zone == \"\" then zone = nil end\nroutes{"),
+            text.contains("local zone = os.getenv(\"MEMCACHED_PROXY_ZONE\")\nif ({ [\"eu-1a\"] = true, [\"eu-1b\"] = true, [\"eu-1c\"] = true })[zone or \"\"] == nil then zone = nil end\nroutes{"),
             "{text}"
         );
         for read in ["get", "gets", "gat", "gats", "mg"] {

@@ -315,12 +315,26 @@ pub fn warm_growth(
         .filter_map(|g| Some((g.slots, g.until.parse::<jiff::Timestamp>().ok()?)))
         .filter(|(_, until)| *until > now)
         .collect();
-    // When the pods of the slots before `before` (those from it on) were created: the
-    // newest of the first, the oldest of the others.
+    // The ring before the growth: before this one, or before the one still warming (the
+    // pods of one scale-out may join far apart).
+    let base = running
+        .iter()
+        .map(|(slots, _)| *slots)
+        .min()
+        .map_or(before, |slots| slots.min(before));
+    // When the pods of the ring before (those joining now) were created: the newest of the
+    // first, the oldest of the others.
     let created = |earlier: bool| -> Vec<Option<jiff::Timestamp>> {
         next.backends
             .iter()
-            .filter(|b| !b.is_vacant() && (b.slot < before) == earlier)
+            .filter(|b| !b.is_vacant())
+            .filter(|b| {
+                if earlier {
+                    b.slot < base
+                } else {
+                    b.slot >= before
+                }
+            })
             .map(|b| {
                 pods.iter()
                     .find(|p| p.name == b.pod)
@@ -340,7 +354,7 @@ pub fn warm_growth(
         },
         _ => false,
     };
-    let grew = before > 0 && after > before && scale_out;
+    let grew = base > 0 && after > before && scale_out;
     let from = running
         .iter()
         .map(|(slots, _)| *slots)
@@ -789,7 +803,7 @@ pub(super) mod tests {
         // When each pod was created: a and b with the pool, long before; c and d by
         // scale-outs; e a second after a, as a pool's pods are created together.
         let created = |name: &str| match name {
-            "c" => later(-10),
+            "c" | "f" => later(-10),
             "d" => later(90),
             "e" => later(-999),
             _ => later(-1000),
@@ -843,6 +857,18 @@ pub(super) mod tests {
                 None,
                 Some((2, end.to_string())),
                 Some((2, end.to_string()))
+            ]
+        );
+        // Created together by one scale-out (c and f), joined 150 s apart: f's slot
+        // warms too, for a new window.
+        let (three, _) = grow(&two, &["a", "b", "c"], 3, now);
+        let (joined_late, until) = grow(&three, &["a", "b", "c", "f"], 4, later(150));
+        assert_eq!(until, Some(later(310)));
+        assert_eq!(
+            marks(&joined_late)[2..],
+            [
+                Some((2, later(310).to_string())),
+                Some((2, later(310).to_string()))
             ]
         );
         // Over: plain again.

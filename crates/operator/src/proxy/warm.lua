@@ -10,18 +10,22 @@
 -- is not awaited. `meta = true` marks the route of meta reads (`mg`): those with base64
 -- keys are not warmed.
 --
--- With `child_moved` (a scale-out: "warm" is the ring as it was before it grew), only the
--- keys that moved to a new slot are warmed: "moved" is the current ring with every slot
--- that existed before down, so a key that did not move gets an error from it at once,
--- without a request, and is read from "pool" alone. A moved key's read through "moved" is
--- its read from its new pod.
+-- With `child_unmoved` (a scale-out: "warm" is the ring as it was before it grew), only
+-- the keys that moved to a new slot are warmed: "unmoved" is the current ring with every
+-- slot the scale-out added down. A key that did not move is read through it, from its own
+-- pod, and that answer (a hit, a miss) is final. A key that moved gets an error from it at
+-- once, without a request, and goes through "pool" (its new pod) and "warm" as above. A
+-- key whose own pod fails gets an error too and then fails again through "pool".
 --
--- route_warm_write{ child = "pool", child_warm = "warm", child_moved = "moved" } sends a
--- write of a key that moved (known by a meta no-op read of it through "moved") to the pod
--- that held it before first, then to its new pod, whose answer the client gets; a key that
--- did not move is written to "pool" once (were it written through both rings, its pod
--- would apply an incr, a decr, an append or a prepend twice). Old pod first: a read that
--- misses on the new pod meanwhile can only find the old pod's value already changed.
+-- route_warm_write{ child = "pool", child_warm = "warm", child_unmoved = "unmoved" } sends
+-- a write through "unmoved": a key that did not move is written there once, to its own pod
+-- (were it written through both rings, its pod would apply an incr, a decr, an append or a
+-- prepend twice). On an error (the key moved, or its pod fails) the write goes to the pod
+-- that held the key before, then to its new pod, whose answer the client gets: a failing
+-- new pod never leaves the former pod with a value older than the write. A key whose own
+-- pod fails is written to that pod through both, and fails through both. Not atomic: a
+-- read of a moved key between the two writes may copy the former pod's changed value to
+-- the new pod before the write reaches it.
 --
 -- Must never raise an error while loading: a start file that fails stops memcached.
 register_route_handlers({ "warm", "warm_write" })
@@ -32,16 +36,14 @@ end
 
 local function route_warm_f(rctx, o)
     return function(r)
-        local res
-        if o.moved then
-            res = rctx:enqueue_and_wait(r, o.moved)
-            if res == nil or not res:ok() then
-                -- Not moved (or its new pod failed): the pool alone.
-                return rctx:enqueue_and_wait(r, o.new)
+        if o.unmoved then
+            local own = rctx:enqueue_and_wait(r, o.unmoved)
+            if own ~= nil and own:ok() then
+                -- Not moved: its own pod's answer.
+                return own
             end
-        else
-            res = rctx:enqueue_and_wait(r, o.new)
         end
+        local res = rctx:enqueue_and_wait(r, o.new)
         if res:hit() or (o.is_meta and r:has_flag("b")) then
             return res
         end
@@ -82,8 +84,8 @@ function route_warm_start(a, ctx, fgen)
         peek = fgen:new_handle(a.child_warm),
         is_meta = a.meta,
     }
-    if a.child_moved then
-        o.moved = fgen:new_handle(a.child_moved)
+    if a.child_unmoved then
+        o.unmoved = fgen:new_handle(a.child_unmoved)
     end
     fgen:ready({ a = o, n = ctx:label(), f = route_warm_f })
 end
@@ -94,12 +96,13 @@ end
 
 local function route_warm_write_f(rctx, o)
     return function(r)
-        if o.moved then
-            local probe = rctx:enqueue_and_wait(mcp.request("mg " .. r:key() .. "\r\n"), o.moved)
-            if probe ~= nil and probe:ok() then
-                rctx:enqueue_and_wait(r, o.old)
+        if o.unmoved then
+            local own = rctx:enqueue_and_wait(r, o.unmoved)
+            if own ~= nil and own:ok() then
+                return own
             end
         end
+        rctx:enqueue_and_wait(r, o.old)
         return rctx:enqueue_and_wait(r, o.new)
     end
 end
@@ -109,8 +112,8 @@ function route_warm_write_start(a, ctx, fgen)
         new = fgen:new_handle(a.child),
         old = fgen:new_handle(a.child_warm),
     }
-    if a.child_moved then
-        o.moved = fgen:new_handle(a.child_moved)
+    if a.child_unmoved then
+        o.unmoved = fgen:new_handle(a.child_unmoved)
     end
     fgen:ready({ a = o, n = ctx:label(), f = route_warm_write_f })
 end
