@@ -1752,6 +1752,17 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The routes in the ConfigMap of the Memcached `zoned`.
+async fn zoned_routes(env: &Env) -> String {
+    env.api::<ConfigMap>()
+        .get("zoned-proxy")
+        .await
+        .expect("the proxy's ConfigMap")
+        .data
+        .and_then(|d| d.get(proxy::CONFIG_KEY).cloned())
+        .unwrap_or_default()
+}
+
 on_both_versions! {
 /// `spec.proxy.zones` on a real control plane whose (fake) nodes are in zone-a, zone-b
 /// and zone-c: the server copies each pod's zone from its node when it schedules it, the
@@ -1848,14 +1859,7 @@ async fn zone_copies_hold_their_own_zones_pods(kube: Kube) {
             .unwrap_or_else(|| panic!("{b:?} is a pod of the pool"));
         assert_eq!(zone_of(pod).as_deref(), Some(zone), "{b:?} is in its copy's zone");
     }
-    let config = env
-        .api::<ConfigMap>()
-        .get("zoned-proxy")
-        .await
-        .expect("the proxy's ConfigMap")
-        .data
-        .and_then(|d| d.get(proxy::CONFIG_KEY).cloned())
-        .unwrap_or_default();
+    let config = zoned_routes(&env).await;
     for zone in zones {
         assert!(config.contains(&format!("[\"{zone}\"] = {{")), "{config}");
     }
@@ -1899,14 +1903,7 @@ async fn zone_copies_hold_their_own_zones_pods(kube: Kube) {
             .map(|c| (c, 0, Some(zones[(c - 1) as usize].to_string())))
             .collect::<Vec<_>>()
     );
-    let config = env
-        .api::<ConfigMap>()
-        .get("zoned-proxy")
-        .await
-        .expect("the proxy's ConfigMap")
-        .data
-        .and_then(|d| d.get(proxy::CONFIG_KEY).cloned())
-        .unwrap_or_default();
+    let config = zoned_routes(&env).await;
     assert!(!config.contains("vacant"), "{config}");
 }
 }

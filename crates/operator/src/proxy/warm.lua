@@ -34,14 +34,23 @@ function route_warm_conf(t, ctx)
     return t
 end
 
+-- With an unmoved ring: the answer of a key that did not move, from its own pod; nil for
+-- a key that moved or whose pod failed.
+local function unmoved_answer(rctx, o, r)
+    if o.unmoved then
+        local own = rctx:enqueue_and_wait(r, o.unmoved)
+        if own ~= nil and own:ok() then
+            return own
+        end
+    end
+    return nil
+end
+
 local function route_warm_f(rctx, o)
     return function(r)
-        if o.unmoved then
-            local own = rctx:enqueue_and_wait(r, o.unmoved)
-            if own ~= nil and own:ok() then
-                -- Not moved: its own pod's answer.
-                return own
-            end
+        local own = unmoved_answer(rctx, o, r)
+        if own ~= nil then
+            return own
         end
         local res = rctx:enqueue_and_wait(r, o.new)
         if res:hit() or (o.is_meta and r:has_flag("b")) then
@@ -96,11 +105,9 @@ end
 
 local function route_warm_write_f(rctx, o)
     return function(r)
-        if o.unmoved then
-            local own = rctx:enqueue_and_wait(r, o.unmoved)
-            if own ~= nil and own:ok() then
-                return own
-            end
+        local own = unmoved_answer(rctx, o, r)
+        if own ~= nil then
+            return own
         end
         rctx:enqueue_and_wait(r, o.old)
         return rctx:enqueue_and_wait(r, o.new)
