@@ -868,6 +868,18 @@ impl Tally {
     }
 }
 
+/// The cache-aside load through the proxy on `port` from an empty pool until its steady
+/// state: the connection and the key generator to go on with, and the steady hit ratio
+/// (the mean of the last 5 windows).
+fn steady_state(port: u16) -> (Conn, Zipf, f64) {
+    let mut conn = Conn::open(port);
+    let mut zipf = Zipf::new(0x5eed);
+    let mut tally = Tally::default();
+    tally.run(&mut conn, &mut zipf, WINDOWS_STEADY);
+    let last = &tally.ratios[WINDOWS_STEADY - 5..];
+    (conn, zipf, last.iter().sum::<f64>() / last.len() as f64)
+}
+
 /// A pool of 4 behind a proxy that loads the warm-up route, after the steady state of the
 /// cache-aside load.
 struct Loaded {
@@ -897,12 +909,7 @@ impl Loaded {
         let ports: Vec<u16> = pods.iter().map(|p| p.port).collect();
         let backends = configure_warm(&dir, &[], &ready(&ports), &[], gutter_ttl, 4, 1);
         let proxy = start_proxy_with(&dir, gutter.then_some(defaults.memory_mib));
-        let mut conn = Conn::open(proxy.port);
-        let mut zipf = Zipf::new(0x5eed);
-        let mut steady = Tally::default();
-        steady.run(&mut conn, &mut zipf, WINDOWS_STEADY);
-        let last = &steady.ratios[WINDOWS_STEADY - 5..];
-        let steady = last.iter().sum::<f64>() / last.len() as f64;
+        let (conn, zipf, steady) = steady_state(proxy.port);
         Loaded {
             conn,
             proxy,
@@ -1443,6 +1450,32 @@ fn warm_up_and_the_gutter_work_together() {
     assert_eq!(stat(proxy.port, "proxy_config_reload_fails"), 0);
 }
 
+/// The rings the operator computes for `pods` (each with its zone) in `copies` copies tied
+/// to `zones` (none: not tied), rendered into `dir`.
+fn configure_zoned(
+    dir: &ConfigDir,
+    pods: &[PoolPod],
+    copies: i32,
+    zones: &[String],
+) -> Vec<ProxyBackend> {
+    let size = pods.len() as i32;
+    let mut backends = proxy::membership(&[], pods, &[], size, copies, zones, 0).backends;
+    for b in &mut backends {
+        b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
+    }
+    let file = dir.file();
+    let (text, _) = proxy::render("test/pool", &backends, copies, &file.to_string_lossy());
+    dir.write(&text);
+    backends
+}
+
+/// A proxy reading the routes in `dir`, its pod in `zone` (its environment variable).
+fn start_proxy_in(dir: &ConfigDir, zone: &str) -> Running {
+    let port = free_port();
+    let args = proxy::proxy_args(i32::from(port), &dir.file().to_string_lossy());
+    start_with_env(&args[1..], port, &[(proxy::ZONE_ENV, zone)])
+}
+
 /// The zones of the zone-loss runs; the proxy is in the first.
 const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 /// Pods per zone in the zone-loss runs.
@@ -1480,11 +1513,8 @@ fn zone_loss(zoned: bool) -> ZoneLoss {
     } else {
         (1, Vec::new())
     };
-    let size = members.len() as i32;
-    let mut backends = proxy::membership(&[], &members, &[], size, copies, &zones, 0).backends;
-    for b in &mut backends {
-        b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
-    }
+    let dir = ConfigDir::new();
+    let backends = configure_zoned(&dir, &members, copies, &zones);
     if zoned {
         for (copy, zone) in ZONES.iter().enumerate() {
             let ring: Vec<&ProxyBackend> = backends
@@ -1495,20 +1525,9 @@ fn zone_loss(zoned: bool) -> ZoneLoss {
             assert!(ring.iter().all(|b| b.zone.as_deref() == Some(zone)));
         }
     }
-    let dir = ConfigDir::new();
-    let file = dir.file();
-    let (text, _) = proxy::render("test/pool", &backends, copies, &file.to_string_lossy());
-    dir.write(&text);
-    let port = free_port();
-    let args = proxy::proxy_args(i32::from(port), &file.to_string_lossy());
-    let proxy = start_with_env(&args[1..], port, &[(proxy::ZONE_ENV, ZONES[0])]);
+    let proxy = start_proxy_in(&dir, ZONES[0]);
 
-    let mut conn = Conn::open(proxy.port);
-    let mut zipf = Zipf::new(0x5eed);
-    let mut steady = Tally::default();
-    steady.run(&mut conn, &mut zipf, WINDOWS_STEADY);
-    let last = &steady.ratios[WINDOWS_STEADY - 5..];
-    let steady = last.iter().sum::<f64>() / last.len() as f64;
+    let (mut conn, mut zipf, steady) = steady_state(proxy.port);
 
     // Where the reads go at steady state: the gets each pod outside zone-a answers.
     let elsewhere = |pods: &[Running]| -> u64 {
@@ -1627,25 +1646,16 @@ fn zoned_routes_load_without_a_zone() {
         })
         .collect();
     let zones: Vec<String> = ZONES.iter().map(|z| z.to_string()).collect();
-    let mut backends = proxy::membership(&[], &members, &[], 3, 3, &zones, 0).backends;
-    for b in &mut backends {
-        b.address = format!("127.0.0.1:{}", b.pod.trim_start_matches("cache-"));
-    }
     let dir = ConfigDir::new();
-    let file = dir.file();
-    let (text, _) = proxy::render("test/pool", &backends, 3, &file.to_string_lossy());
+    configure_zoned(&dir, &members, 3, &zones);
+    let text = std::fs::read_to_string(dir.file()).expect("the routes");
     assert!(text.contains("set_zones"), "{text}");
-    dir.write(&text);
-    let port = free_port();
-    let args = proxy::proxy_args(i32::from(port), &file.to_string_lossy());
-    let proxy = start_with_env(&args[1..], port, &[(proxy::ZONE_ENV, "")]);
+    let proxy = start_proxy_in(&dir, "");
     let mut conn = Conn::open(proxy.port);
     assert_eq!(conn.set("k", "v").expect("set"), "STORED");
     assert_eq!(conn.get("k").expect("get"), Reply::Hit("v".into()));
     // Nor does a zone that is none of the copies'.
-    let elsewhere = free_port();
-    let args = proxy::proxy_args(i32::from(elsewhere), &file.to_string_lossy());
-    let other = start_with_env(&args[1..], elsewhere, &[(proxy::ZONE_ENV, "zone-x")]);
+    let other = start_proxy_in(&dir, "zone-x");
     assert_eq!(
         Conn::open(other.port).get("k").expect("get"),
         Reply::Hit("v".into())
