@@ -42,6 +42,9 @@ use crate::informer::identity;
 pub enum Urgency {
     /// Drift to repair: reconcile at once.
     Now,
+    /// A status move that completes the object ([`Classifier::urgent_when`]): not batched,
+    /// but not drift either (it is queued with the status moves, behind edits).
+    Soon,
     /// Status only: reconcile within the batching window.
     Batched,
 }
@@ -98,7 +101,7 @@ impl<K: Resource<DynamicType = ()>> Classifier<K> {
             None => Some(Urgency::Batched),
             Some(before) if before.0 != now.0 => Some(Urgency::Now),
             Some(before) if before.1 != now.1 => match self.settled {
-                Some(settled) if settled(obj) => Some(Urgency::Now),
+                Some(settled) if settled(obj) => Some(Urgency::Soon),
                 _ => Some(Urgency::Batched),
             },
             Some(_) => None,
@@ -195,9 +198,10 @@ impl Drop for BusyGuard {
     }
 }
 
-/// Passes `Now` keys through at once and releases each `Batched` key once, `window` after
-/// the first of a burst, or later while `busy` (see the module docs). A `Now` for a key with
-/// a pending batch replaces the batch.
+/// Passes `Now` and `Soon` keys through at once and releases each `Batched` key once,
+/// `window` after the first of a burst, or later while `busy` (see the module docs). A `Now`
+/// or `Soon` for a key with a pending batch replaces the batch. Each key comes out with its
+/// urgency, for the work queue's lanes.
 pub struct Batch<T, S> {
     input: Option<S>,
     window: Duration,
@@ -228,18 +232,18 @@ where
     T: Clone + Eq + std::hash::Hash + Unpin,
     S: Stream<Item = (T, Urgency)> + Unpin,
 {
-    type Item = T;
+    type Item = (T, Urgency);
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<(T, Urgency)>> {
         let this = self.get_mut();
         while let Some(input) = this.input.as_mut() {
             match input.poll_next_unpin(cx) {
                 Poll::Ready(Some((key, urgency))) => {
-                    if urgency == Urgency::Now || this.window.is_zero() {
+                    if urgency != Urgency::Batched || this.window.is_zero() {
                         if let Some((pending, _)) = this.pending.remove(&key) {
                             this.queue.remove(&pending);
                         }
-                        return Poll::Ready(Some(key));
+                        return Poll::Ready(Some((key, urgency)));
                     }
                     if !this.pending.contains_key(&key) {
                         let pending = this.queue.insert(key.clone(), this.window);
@@ -267,7 +271,7 @@ where
                         this.pending.insert(key, (again, held + 1));
                         continue;
                     }
-                    Poll::Ready(Some(key))
+                    Poll::Ready(Some((key, Urgency::Batched)))
                 }
                 // An empty queue: done only when the input is.
                 Poll::Ready(None) if this.input.is_none() => Poll::Ready(None),
@@ -346,7 +350,7 @@ mod tests {
         assert_eq!(c.classify(&pod("a", "x", None)), Some(Urgency::Batched));
         assert_eq!(
             c.classify(&pod("a", "x", Some("10.0.0.2"))),
-            Some(Urgency::Now),
+            Some(Urgency::Soon),
             "the move that settles it"
         );
     }
@@ -363,9 +367,17 @@ mod tests {
             tx.send(("a", Urgency::Batched)).ok();
         }
         tx.send(("b", Urgency::Now)).ok();
-        assert_eq!(out.next().await, Some("b"), "urgent keys are not held");
+        assert_eq!(
+            out.next().await,
+            Some(("b", Urgency::Now)),
+            "urgent keys are not held"
+        );
         assert_eq!(start.elapsed(), Duration::ZERO);
-        assert_eq!(out.next().await, Some("a"), "five changes, one reconcile");
+        assert_eq!(
+            out.next().await,
+            Some(("a", Urgency::Batched)),
+            "five changes, one reconcile"
+        );
         assert_eq!(start.elapsed(), window, "released when the window ends");
 
         // A burst for "c" is pending when an urgent change for it comes: the urgent one
@@ -374,8 +386,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         tx.send(("c", Urgency::Now)).ok();
         tx.send(("d", Urgency::Batched)).ok();
-        assert_eq!(out.next().await, Some("c"));
-        assert_eq!(out.next().await, Some("d"));
+        assert_eq!(out.next().await, Some(("c", Urgency::Now)));
+        assert_eq!(out.next().await, Some(("d", Urgency::Batched)));
         assert_eq!(
             start.elapsed(),
             window + Duration::from_millis(300) + window
@@ -399,12 +411,16 @@ mod tests {
         assert!(busy.is_busy());
         tx.send(("a", Urgency::Batched)).ok();
         tx.send(("b", Urgency::Now)).ok();
-        assert_eq!(out.next().await, Some("b"), "an edit is never held");
+        assert_eq!(
+            out.next().await,
+            Some(("b", Urgency::Now)),
+            "an edit is never held"
+        );
         let freed = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(2500)).await;
             drop(first);
         });
-        assert_eq!(out.next().await, Some("a"));
+        assert_eq!(out.next().await, Some(("a", Urgency::Batched)));
         let waited = start.elapsed();
         assert!(
             waited >= Duration::from_millis(2500) + BUSY_GRACE
@@ -417,7 +433,7 @@ mod tests {
         let third = busy.enter();
         let start = Instant::now();
         tx.send(("c", Urgency::Batched)).ok();
-        assert_eq!(out.next().await, Some("c"));
+        assert_eq!(out.next().await, Some(("c", Urgency::Batched)));
         assert_eq!(start.elapsed(), window * MAX_HOLD_WINDOWS + window);
         drop((second, third));
         assert!(
@@ -459,7 +475,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_zero_window_passes_everything_through() {
         let input = futures::stream::iter([("a", Urgency::Batched), ("a", Urgency::Batched)]);
-        let out: Vec<&str> = batch(input, Duration::ZERO, None).collect().await;
-        assert_eq!(out, ["a", "a"]);
+        let out: Vec<(&str, Urgency)> = batch(input, Duration::ZERO, None).collect().await;
+        assert_eq!(out, [("a", Urgency::Batched), ("a", Urgency::Batched)]);
     }
 }

@@ -704,6 +704,64 @@ async fn a_backlog_gets_its_children_before_any_event_and_no_event_is_lost() {
 }
 
 #[tokio::test]
+async fn a_scale_change_overtakes_a_backlog_of_new_pools() {
+    // One pool converged, then sixty new ones at once, two reconciles at a time and every
+    // request taking 20 ms: a backlog of seconds. A scale change of the first pool is
+    // reconciled as soon as a slot frees up, ahead of the new pools (the work queue's
+    // lanes), not after a random share of them.
+    const N: usize = 60;
+    let counters = Arc::new(ReconcileCounters::per_object());
+    let config = ControllerConfig {
+        concurrency: 2,
+        counters: counters.clone(),
+        event_max_hold: common::DEADLINE,
+        ..ControllerConfig::default()
+    };
+    let env = Env::start_with(config, |_| {}).await;
+    env.apply_sample("edited", 1).await;
+    env.converged("edited", 1).await;
+    quiet(&counters).await;
+    let names: Vec<String> = (0..N).map(|i| format!("new-{i}")).collect();
+    env.server().set_latency(Duration::from_millis(20));
+    futures::future::join_all(names.iter().map(|name| env.apply_sample(name, 1))).await;
+    let keys: Vec<_> = names
+        .iter()
+        .map(|n| kube::runtime::reflector::ObjectRef::<Memcached>::new(n).within("default"))
+        .collect();
+    let edited = kube::runtime::reflector::ObjectRef::<Memcached>::new("edited").within("default");
+    let not_started = || keys.iter().filter(|k| counters.started_for(k) == 0).count();
+    let before = counters.started_for(&edited);
+    let backlog = not_started();
+    env.memcacheds()
+        .patch(
+            "edited",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .expect("scaled");
+    let left = wait_for("the scale change reconciled", || async {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        (counters.started_for(&edited) > before).then(not_started)
+    })
+    .await;
+    assert!(
+        backlog >= N / 2,
+        "the backlog had gone before the change: {backlog} of {N} not started"
+    );
+    assert!(
+        left + 6 >= backlog,
+        "the change waited for {} of the {backlog} new pools queued before it",
+        backlog - left
+    );
+    env.converged("edited", 2).await;
+    for name in &names {
+        env.converged(name, 1).await;
+    }
+    env.stop().await;
+}
+
+#[tokio::test]
 async fn two_scalings_in_a_row_are_two_events_each_with_its_own_note() {
     let env = Env::start().await;
     env.apply_sample("twice", 2).await;

@@ -16,6 +16,7 @@ pub mod deletion_costs;
 pub mod events;
 pub mod flush;
 pub mod pacing;
+pub mod queue;
 pub mod reconcile;
 pub mod restart_gate;
 pub mod rollout;
@@ -29,14 +30,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Client;
-use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::controller::{
+    Action, Config as ControllerRuntimeConfig, Controller, Error as ControllerError,
+};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, predicates};
 use memcached_api::Memcached;
 use tracing::debug;
 
 pub use context::{Context, Error};
+pub use queue::{Lane, Next, WorkQueue};
 pub use reconcile::{error_policy, reconcile};
 pub use rollout::RolloutSlots;
 pub use telemetry::{ReconcileCounters, Telemetry};
@@ -163,13 +166,11 @@ pub async fn run_controller(
         t.controller
             .set_max_concurrent(i64::from(config.concurrency));
     }
-    let queued = move |key: Option<ObjectRef<Memcached>>| {
-        if let (Some(t), Some(key)) = (&telemetry, key.clone()) {
-            t.queued(key);
+    let queued = move |key: &ObjectRef<Memcached>| {
+        if let Some(t) = &telemetry {
+            t.queued(key.clone());
         }
-        key
     };
-    let q1 = queued.clone();
     let normal_forms = Arc::new(NormalForms::default());
     let forms = normal_forms.clone();
     let memcacheds = caches
@@ -181,13 +182,6 @@ pub async fn run_controller(
                 && mc.metadata.deletion_timestamp.is_some()
             {
                 forms.forget_owner(apply::owner_key(&ObjectRef::from_obj(mc)));
-            }
-        })
-        // Status writes (ours included) and metadata-only edits do not change the outcome.
-        .predicate_filter(predicates::generation, Default::default())
-        .inspect(move |mc| {
-            if let Ok(mc) = mc {
-                q1(Some(ObjectRef::from_obj(mc)));
             }
         });
 
@@ -220,19 +214,53 @@ pub async fn run_controller(
         watches::served_triggers(caches),
     ]);
     let children = triggers::batch(woken, config.status_batch, Some(busy))
-        .filter_map(move |key| futures::future::ready(queued(Some(key))));
-    Controller::for_stream(memcacheds, caches.memcacheds.store())
-        .reconcile_on(children)
-        .with_config(ControllerRuntimeConfig::default().concurrency(config.concurrency))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(object = %obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile error"),
+        .map(|(key, urgency)| (key, watches::lane_of(urgency)));
+    let wakes = futures::stream::select(watches::memcached_lanes(memcacheds), children)
+        .inspect(move |(key, _)| queued(key));
+    // The queue bounds how many run at once and in which order (see [`queue`]);
+    // kube-runtime's runner starts what it releases at once, never two of one object.
+    let work = WorkQueue::new(usize::from(config.concurrency));
+    let released = work.release(wakes);
+    let (w1, w2) = (work.clone(), work.clone());
+    Controller::for_stream(
+        futures::stream::pending::<Result<Memcached, kube::runtime::watcher::Error>>(),
+        caches.memcacheds.store(),
+    )
+    .reconcile_on(released)
+    .with_config(ControllerRuntimeConfig::default().concurrency(0))
+    .graceful_shutdown_on(shutdown)
+    .run(
+        move |mc, ctx| {
+            let work = w1.clone();
+            async move {
+                let key = ObjectRef::from_obj(mc.as_ref());
+                let result = reconcile(mc.clone(), ctx.clone()).await;
+                let next = match &result {
+                    Ok(next) => *next,
+                    Err(e) => Next::Recheck(error_policy(&mc, e, &ctx)),
+                };
+                work.done(&key, next);
+                result.map(|_| Action::await_change())
             }
-        })
-        .await;
+        },
+        // Retries are timed by the queue (above), so kube-runtime's own requeue is unused.
+        |_, _, _| Action::await_change(),
+        ctx,
+    )
+    .for_each(move |result| {
+        match result {
+            Ok((obj, _)) => debug!(object = %obj, "reconciled"),
+            // Released, but gone from the cache before it ran: nothing to look at again.
+            Err(ControllerError::ObjectNotFound(obj)) => {
+                if let Some(ns) = &obj.namespace {
+                    w2.done(&ObjectRef::new(&obj.name).within(ns), Next::OnChange);
+                }
+            }
+            Err(e) => debug!(error = %e, "reconcile error"),
+        }
+        futures::future::ready(())
+    })
+    .await;
     if let Some(t) = stopped {
         t.clear_problems();
     }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
@@ -21,6 +20,7 @@ use tracing::{Instrument, debug, warn};
 use super::apply::{self, Owner};
 use super::context::{Context, Error, object_key};
 use super::events::Changes;
+use super::queue::Next;
 use super::{deletion_costs, flush, restart_gate, secrets};
 use crate::builders;
 use crate::cached::CachedPod;
@@ -31,7 +31,7 @@ use crate::status::{self, Observed, ObservedPod, ObservedProxy, Problem};
 
 /// Reconciles one Memcached and reports how it went: one event for what changed, the
 /// metrics, and on failure the `Degraded` condition and a Warning event.
-pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Next, Error> {
     let _running = ctx.busy.enter();
     let key = ObjectRef::from_obj(mc.as_ref());
     let telemetry = ctx.config.telemetry.as_ref();
@@ -61,7 +61,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     if let Some(t) = telemetry {
         t.controller.record_result(match &result {
             Err(_) => ReconcileResult::Error,
-            Ok(action) if *action == Action::await_change() => ReconcileResult::Success,
+            Ok(Next::OnChange) => ReconcileResult::Success,
             Ok(_) => ReconcileResult::RequeueAfter,
         });
     }
@@ -96,13 +96,13 @@ async fn reconcile_inner(
     mc: &Memcached,
     ctx: &Context,
     changes: &mut Changes,
-) -> Result<Action, Error> {
+) -> Result<Next, Error> {
     let owner = Owner::of(mc);
     if mc.metadata.deletion_timestamp.is_some() {
         // Owned objects go with the CR through ownerReference garbage collection.
         ctx.normal_forms.forget_owner(owner.key);
         ctx.flushes.forget(owner.key);
-        return Ok(Action::await_change());
+        return Ok(Next::OnChange);
     }
     let namespace = mc.namespace().ok_or(Error::NoNamespace)?;
     let name = mc.name_any();
@@ -121,7 +121,7 @@ async fn reconcile_inner(
                 .publish(mc, EventType::Warning, "InvalidSpec", "Validate", message);
         }
         // Retrying cannot help: wait for the user to change the object.
-        return Ok(Action::await_change());
+        return Ok(Next::OnChange);
     }
 
     // 2. The Secrets the pods mount must exist before the pods are rolled to use them; a
@@ -140,7 +140,7 @@ async fn reconcile_inner(
                 );
             }
             // The Secret's creation or change wakes it; a look again costs no request.
-            return Ok(Action::requeue(ctx.config.secret_recheck));
+            return Ok(Next::Recheck(ctx.config.secret_recheck));
         }
     };
 
@@ -254,9 +254,10 @@ async fn reconcile_inner(
         recheck,
         applied.rollout_waiting.map(|_| ROLLOUT_SLOT_RECHECK),
     );
-    Ok(Action::requeue(
-        recheck.map_or(ctx.config.resync, |r| r.min(ctx.config.resync)),
-    ))
+    Ok(match recheck {
+        Some(r) if r < ctx.config.resync => Next::Recheck(r),
+        _ => Next::Resync(ctx.config.resync),
+    })
 }
 
 /// The sooner of two looks again, either of which may not be needed.
@@ -436,13 +437,14 @@ async fn record_problem(ctx: &Context, mc: &Memcached, problem: Problem) -> Resu
     write_status_if_changed(&ctx.client, mc, status).await
 }
 
-/// Retries a failed object with per-object exponential backoff.
-pub fn error_policy(mc: Arc<Memcached>, err: &Error, ctx: Arc<Context>) -> Action {
-    let failures = ctx.record_failure(ObjectRef::from_obj(mc.as_ref()));
+/// Retries a failed object with per-object exponential backoff: the delay before its next
+/// reconcile.
+pub fn error_policy(mc: &Memcached, err: &Error, ctx: &Context) -> Duration {
+    let failures = ctx.record_failure(ObjectRef::from_obj(mc));
     if let Some(t) = &ctx.config.telemetry {
         t.controller.queue_retry();
     }
     let delay = ctx.config.backoff.delay(failures);
-    warn!(object = %object_key(&mc), error = %err, failures, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    warn!(object = %object_key(mc), error = %err, failures, retry_in = ?delay, "reconcile failed");
+    delay
 }

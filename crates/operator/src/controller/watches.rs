@@ -2,8 +2,9 @@
 //! reconciler reads ([`Caches`], label-selected so that they hold only ours), and for each,
 //! which changes matter to which Memcached and how soon ([`child_triggers`]).
 
+use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -11,10 +12,11 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use memcached_api::Memcached;
 
+use super::queue::Lane;
 use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY};
 use crate::cached::{
     CacheForm, CachedConfigMap, CachedDeployment, CachedHpa, CachedNetworkPolicy, CachedPdb,
@@ -401,6 +403,56 @@ pub(super) fn child_triggers(
         ),
     ])
     .boxed()
+}
+
+/// A Memcached's own changes that wake it, with their lane: only a move of its generation
+/// (status writes, ours included, and metadata-only edits do not change the outcome); the
+/// first sighting of a Memcached (created, or listed when the operator starts) in
+/// [`Lane::First`], later ones (an edit of its spec, its deletion) in [`Lane::Change`].
+/// Known by uid, so a Memcached deleted and created again under its name is new.
+pub(super) fn memcached_lanes<S>(memcacheds: S) -> impl Stream<Item = (ObjectRef<Memcached>, Lane)>
+where
+    S: Stream<Item = Result<Memcached, watcher::Error>> + Send,
+{
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let forget = seen.clone();
+    let uid = |mc: &Memcached| {
+        let mut h = DefaultHasher::new();
+        mc.metadata.uid.hash(&mut h);
+        h.finish()
+    };
+    memcacheds
+        // Forgotten before the filter, which may not pass a deletion on.
+        .inspect(move |mc| {
+            if let Ok(mc) = mc
+                && mc.metadata.deletion_timestamp.is_some()
+            {
+                lock(&forget).remove(&uid(mc));
+            }
+        })
+        .predicate_filter(predicates::generation, Default::default())
+        .filter_map(|mc| futures::future::ready(mc.ok()))
+        .map(move |mc| {
+            let lane = if mc.metadata.deletion_timestamp.is_none() && lock(&seen).insert(uid(&mc)) {
+                Lane::First
+            } else {
+                Lane::Change
+            };
+            (ObjectRef::from_obj(&mc), lane)
+        })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The lane of a child's (or Secret's) wake-up: drift is a change someone made; a status
+/// move is the pool's progress.
+pub(super) fn lane_of(urgency: Urgency) -> Lane {
+    match urgency {
+        Urgency::Now => Lane::Change,
+        Urgency::Soon | Urgency::Batched => Lane::Progress,
+    }
 }
 
 #[cfg(test)]
