@@ -46,7 +46,8 @@ pub struct RunArgs {
     /// `WaitingForRolloutSlot`. Rollouts a pool's own spec asks for do not wait.
     #[arg(long, default_value_t = controller::DEFAULT_MAX_CONCURRENT_POOL_ROLLOUTS)]
     pub max_concurrent_pool_rollouts: usize,
-    /// Reconciles running at once (never two for the same object). 16: reconciles wait on the
+    /// Reconciles running at once over every watched namespace (never two for the same
+    /// object). 16: reconciles wait on the
     /// API server, and convergence of 1,000 Memcacheds fell from 20.4 s at 1 to 7.4 s at 16
     /// with no gain beyond (BENCHMARKS.md); idle cost is nil.
     #[arg(long, default_value_t = 16)]
@@ -390,6 +391,10 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
             tls_agent_image: args.tls_agent_image.clone(),
         },
         concurrency: args.max_concurrent_reconciles,
+        // One set of slots for every watched namespace's controller.
+        slots: Some(controller::Slots::new(usize::from(
+            args.max_concurrent_reconciles,
+        ))),
         resync: args.resync_period,
         status_batch: args.status_batch_window,
         status_progress_interval: args.status_progress_interval,

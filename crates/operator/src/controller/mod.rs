@@ -39,7 +39,7 @@ use memcached_api::Memcached;
 use tracing::debug;
 
 pub use context::{Context, Error};
-pub use queue::{Lane, Next, WorkQueue};
+pub use queue::{Lane, Next, Slots, WorkQueue};
 pub use reconcile::{error_policy, reconcile};
 pub use rollout::RolloutSlots;
 pub use telemetry::{ReconcileCounters, Telemetry};
@@ -48,7 +48,7 @@ pub use watches::Caches;
 use crate::builders::{BuildSettings, MANAGED_BY};
 use crate::children::{self, Child};
 use crate::drift::NormalForms;
-use crate::triggers::{self, Busy};
+use crate::triggers;
 
 /// Pools rolling at once for a new default memcached image, unless told otherwise: few
 /// enough that the backends behind the fleet's caches feel one cold pool at a time.
@@ -92,6 +92,10 @@ pub struct ControllerConfig {
     pub build: BuildSettings,
     /// Reconciles running at once (never two for one object).
     pub concurrency: u16,
+    /// The reconcile slots when several controllers (one per watched namespace) share them
+    /// (`--max-concurrent-reconciles` bounds the operator, not each namespace); `None`: a
+    /// controller of its own with `concurrency` slots.
+    pub slots: Option<Arc<Slots>>,
     /// How often a converged object is looked at again, as a safety net for missed events.
     pub resync: Duration,
     /// Window over which status-only changes of a Memcached's children are batched into
@@ -135,6 +139,7 @@ impl Default for ControllerConfig {
             namespace: None,
             build: BuildSettings::default(),
             concurrency: 16,
+            slots: None,
             resync: Duration::from_secs(300),
             status_batch: Duration::from_secs(1),
             status_progress_interval: Duration::from_secs(5),
@@ -192,7 +197,11 @@ pub async fn run_controller(
     config
         .rollout_slots
         .watch(config.namespace.clone(), caches.deployments.store());
-    let busy = Busy::new(usize::from(config.concurrency));
+    let slots = config
+        .slots
+        .clone()
+        .unwrap_or_else(|| Slots::new(usize::from(config.concurrency)));
+    let busy = slots.busy().clone();
     let events = events::Events::start(
         client.clone(),
         reporter,
@@ -219,7 +228,7 @@ pub async fn run_controller(
         .inspect(move |(key, _)| queued(key));
     // The queue bounds how many run at once and in which order (see [`queue`]);
     // kube-runtime's runner starts what it releases at once, never two of one object.
-    let work = WorkQueue::new(usize::from(config.concurrency));
+    let work = WorkQueue::new(slots);
     let released = work.release(wakes);
     let (w1, w2) = (work.clone(), work.clone());
     Controller::for_stream(

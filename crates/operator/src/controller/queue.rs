@@ -18,6 +18,12 @@
 //!    look again (a paced status write, a rollout slot, a warm-up's end), a retry.
 //! 4. [`Lane::Resync`]: the periodic look at a converged pool, a safety net only.
 //!
+//! The slots are shared by the queues of every watched scope ([`Slots`]; one controller per
+//! namespace when the operator watches a list of them): `--max-concurrent-reconciles` bounds
+//! the reconciles of the whole operator, and a queue releases a key only when no other
+//! queue holds one of a higher lane, so an edit in one namespace does not wait behind
+//! another namespace's backlog.
+//!
 //! Within a lane, first in, first out. A key is queued once, in the highest lane anything
 //! asked for; a key asked for while it is being reconciled is queued again when that
 //! reconcile ends (controller-runtime's workqueue keeps such keys "dirty" the same way, and
@@ -35,6 +41,8 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
+
+use crate::triggers::Busy;
 
 /// Why a key is queued, which says how soon it is reconciled: the lanes in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -59,8 +67,65 @@ pub enum Next {
     Resync(Duration),
 }
 
+/// The reconcile slots of the whole operator, shared by the work queue of every watched
+/// scope: at most `limit` reconciles run at once over all of them, and a queue releases a
+/// key only when no queue holds one of a higher lane.
+pub struct Slots {
+    limit: usize,
+    busy: Busy,
+    census: Mutex<Census>,
+}
+
+#[derive(Default)]
+struct Census {
+    running: usize,
+    /// Keys queued, per lane, over every queue.
+    waiting: [usize; LANES],
+    /// Queues waiting for a slot, or for a higher lane elsewhere to go first.
+    waiters: Vec<Waker>,
+}
+
+impl Census {
+    fn best_waiting(&self) -> Option<usize> {
+        self.waiting.iter().position(|n| *n > 0)
+    }
+
+    fn wake_all(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slots").field("limit", &self.limit).finish()
+    }
+}
+
+impl Slots {
+    /// Slots for at most `limit` reconciles at once (at least one).
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit: limit.max(1),
+            busy: Busy::new(limit.max(1)),
+            census: Mutex::default(),
+        })
+    }
+
+    /// The running reconciles' count that low-priority work yields to (batched status
+    /// refreshes, events): shared like the slots.
+    pub fn busy(&self) -> &Busy {
+        &self.busy
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Census> {
+        self.census.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 struct State<T> {
-    slots: usize,
+    slots: Arc<Slots>,
     lanes: [VecDeque<T>; LANES],
     /// The lane each queued key is in (an entry of another lane for the key is stale).
     queued: HashMap<T, Lane>,
@@ -82,25 +147,55 @@ impl<T: Clone + Eq + Hash> State<T> {
                 .or_insert(lane);
             return;
         }
-        match self.queued.get(&key) {
-            Some(l) if *l <= lane => {}
-            _ => {
-                self.queued.insert(key.clone(), lane);
-                self.lanes[lane as usize].push_back(key);
-            }
+        let before = self.queued.get(&key).copied();
+        if before.is_some_and(|l| l <= lane) {
+            return;
         }
+        let mut census = self.slots.lock();
+        if let Some(l) = before {
+            census.waiting[l as usize] -= 1;
+        }
+        census.waiting[lane as usize] += 1;
+        drop(census);
+        self.queued.insert(key.clone(), lane);
+        self.lanes[lane as usize].push_back(key);
     }
 
-    fn pop(&mut self) -> Option<T> {
+    /// The lane of the first key to go, dropping stale entries in front of it.
+    fn head(&mut self) -> Option<usize> {
         for lane in 0..LANES {
-            while let Some(key) = self.lanes[lane].pop_front() {
-                if self.queued.get(&key).is_some_and(|l| *l as usize == lane) {
-                    self.queued.remove(&key);
-                    return Some(key);
+            while let Some(key) = self.lanes[lane].front() {
+                if self.queued.get(key).is_some_and(|l| *l as usize == lane) {
+                    return Some(lane);
                 }
+                self.lanes[lane].pop_front();
             }
         }
         None
+    }
+
+    /// Takes the first key to go if a slot is free and no queue holds a higher lane; else
+    /// waits (`cx`) for a slot or for that queue.
+    fn release(&mut self, cx: &Context<'_>) -> Option<T> {
+        let lane = self.head()?;
+        let slots = self.slots.clone();
+        let mut census = slots.lock();
+        let best = census.best_waiting().unwrap_or(lane);
+        if census.running >= slots.limit || best < lane {
+            if !census.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                census.waiters.push(cx.waker().clone());
+            }
+            return None;
+        }
+        let key = self.lanes[lane].pop_front()?;
+        self.queued.remove(&key);
+        census.waiting[lane] -= 1;
+        census.running += 1;
+        if census.running < slots.limit && census.best_waiting().is_some() {
+            // Slots are left: other queues may take one.
+            census.wake_all();
+        }
+        Some(key)
     }
 
     fn wake(&mut self) {
@@ -111,6 +206,18 @@ impl<T: Clone + Eq + Hash> State<T> {
 
     fn len(&self) -> usize {
         self.queued.len()
+    }
+}
+
+impl<T> Drop for State<T> {
+    /// A queue that stops (its controller stopped) gives back its slots and its place.
+    fn drop(&mut self) {
+        let mut census = self.slots.lock();
+        census.running = census.running.saturating_sub(self.running.len());
+        for lane in self.queued.values() {
+            census.waiting[*lane as usize] = census.waiting[*lane as usize].saturating_sub(1);
+        }
+        census.wake_all();
     }
 }
 
@@ -129,11 +236,11 @@ impl<T> Clone for WorkQueue<T> {
 }
 
 impl<T: Clone + Eq + Hash + Unpin> WorkQueue<T> {
-    /// A queue that lets at most `slots` keys run at once (at least one).
-    pub fn new(slots: usize) -> Self {
+    /// A queue whose keys run in `slots` (shared with other queues, or its own).
+    pub fn new(slots: Arc<Slots>) -> Self {
         Self {
             state: Arc::new(Mutex::new(State {
-                slots: slots.max(1),
+                slots,
                 lanes: Default::default(),
                 queued: HashMap::new(),
                 running: HashSet::new(),
@@ -176,7 +283,11 @@ impl<T: Clone + Eq + Hash + Unpin> WorkQueue<T> {
                 state.timer_of.insert(key.clone(), (timer, at));
             }
         }
-        state.running.remove(key);
+        if state.running.remove(key) {
+            let mut census = state.slots.lock();
+            census.running = census.running.saturating_sub(1);
+            census.wake_all();
+        }
         if let Some(lane) = state.again.remove(key) {
             state.push(key.clone(), lane);
         }
@@ -193,8 +304,8 @@ impl<T: Clone + Eq + Hash + Unpin> WorkQueue<T> {
         self.len() == 0
     }
 
-    /// The keys to reconcile, highest lane first, each released only while fewer than
-    /// `slots` are running; `input` is everything that wakes a key, with its lane. Ends
+    /// The keys to reconcile, highest lane first, each released only while a slot is free
+    /// and no other queue sharing the slots holds a key of a higher lane; `input` is everything that wakes a key, with its lane. Ends
     /// when `input` has ended and nothing is queued, running or timed.
     pub fn release<S>(&self, input: S) -> Release<T, S>
     where
@@ -235,9 +346,7 @@ where
             state.timer_of.remove(&key);
             state.push(key, lane);
         }
-        if state.running.len() < state.slots
-            && let Some(key) = state.pop()
-        {
+        if let Some(key) = state.release(cx) {
             // A reconcile for any reason replaces the timed look; it says when to look next.
             if let Some((timer, _)) = state.timer_of.remove(&key) {
                 state.timers.remove(&timer);
@@ -273,7 +382,7 @@ mod tests {
     ) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let input: Input = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed();
-        let queue = WorkQueue::new(slots);
+        let queue = WorkQueue::new(Slots::new(slots));
         let out = queue.release(input);
         (queue, tx, out)
     }
@@ -318,6 +427,51 @@ mod tests {
         queue.done(&"p1", Next::OnChange);
         queue.done(&"p2", Next::OnChange);
         assert_eq!(released_now(&mut out).await, ["r1", "r2"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queues_sharing_slots_take_turns_by_lane_across_them() {
+        // Two namespaces' queues, one slot between them.
+        let slots = Slots::new(1);
+        let (a, b) = (WorkQueue::new(slots.clone()), WorkQueue::new(slots.clone()));
+        let (mut out_a, mut out_b) = (
+            a.release(futures::stream::pending::<(&str, Lane)>()),
+            b.release(futures::stream::pending::<(&str, Lane)>()),
+        );
+        a.push("a-new", Lane::First);
+        assert_eq!(released_now(&mut out_a).await, ["a-new"]);
+        a.push("a-progress", Lane::Progress);
+        b.push("b-resync", Lane::Resync);
+        assert_eq!(
+            released_now(&mut out_b).await,
+            Vec::<&str>::new(),
+            "no slot"
+        );
+        b.push("b-edit", Lane::Change);
+        a.done(&"a-new", Next::OnChange);
+        assert_eq!(
+            released_now(&mut out_a).await,
+            Vec::<&str>::new(),
+            "the other queue's edit goes first"
+        );
+        assert_eq!(released_now(&mut out_b).await, ["b-edit"]);
+        assert_eq!(
+            released_now(&mut out_a).await,
+            Vec::<&str>::new(),
+            "one slot"
+        );
+        b.done(&"b-edit", Next::OnChange);
+        assert_eq!(released_now(&mut out_b).await, Vec::<&str>::new());
+        assert_eq!(released_now(&mut out_a).await, ["a-progress"]);
+        a.done(&"a-progress", Next::OnChange);
+        a.push("a-left", Lane::Change);
+        assert_eq!(released_now(&mut out_b).await, Vec::<&str>::new());
+        drop((out_a, a));
+        assert_eq!(
+            released_now(&mut out_b).await,
+            ["b-resync"],
+            "a stopped queue leaves nothing behind in the slots"
+        );
     }
 
     #[tokio::test(start_paused = true)]
