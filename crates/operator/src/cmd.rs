@@ -50,7 +50,7 @@ pub struct RunArgs {
     /// object). 16: reconciles wait on the
     /// API server, and convergence of 1,000 Memcacheds fell from 20.4 s at 1 to 7.4 s at 16
     /// with no gain beyond (BENCHMARKS.md); idle cost is nil.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
     /// Threads running the operator's tasks besides the main thread; 0 (the default): the
     /// main thread runs them all. The work waits on the API server, and one thread does it

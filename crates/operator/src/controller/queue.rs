@@ -24,7 +24,9 @@
 //! queue holds one of a higher lane, so an edit in one namespace does not wait behind
 //! another namespace's backlog.
 //!
-//! Within a lane, first in, first out. A key is queued once, in the highest lane anything
+//! Within a lane, first in, first out; the lanes are strict (no ageing): while pools are
+//! created faster than they are reconciled, status progress and resyncs wait, as the
+//! statuses of pools not yet looked at would. A key is queued once, in the highest lane anything
 //! asked for; a key asked for while it is being reconciled is queued again when that
 //! reconcile ends (controller-runtime's workqueue keeps such keys "dirty" the same way, and
 //! its priority queue orders by priority the same way). Each reconcile says when it wants
@@ -54,6 +56,10 @@ pub enum Lane {
 }
 
 const LANES: usize = 4;
+
+/// The longest a look again is put off (a resync period of years, meant as "never", would
+/// overflow the timer wheel; kube-runtime clamps the same way).
+const LONGEST_WAIT: Duration = Duration::from_secs(180 * 24 * 3600);
 
 /// When a reconciled Memcached wants to be looked at again if nothing wakes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,7 +279,7 @@ impl<T: Clone + Eq + Hash + Unpin> WorkQueue<T> {
             Next::Resync(d) => Some((d, Lane::Resync)),
         };
         if let Some((delay, lane)) = after {
-            let at = Instant::now() + delay;
+            let at = Instant::now() + delay.min(LONGEST_WAIT);
             let earlier = state.timer_of.get(key).is_some_and(|(_, when)| *when <= at);
             if !earlier {
                 if let Some((old, _)) = state.timer_of.remove(key) {

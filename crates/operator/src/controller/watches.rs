@@ -2,9 +2,9 @@
 //! reconciler reads ([`Caches`], label-selected so that they hold only ours), and for each,
 //! which changes matter to which Memcached and how soon ([`child_triggers`]).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use memcached_api::Memcached;
 
@@ -298,10 +298,12 @@ pub(super) fn secret_triggers(
         .secrets
         .subscribe()
         .filter_map(move |secret| {
+            // A Secret seen for the first time (the informer's first list, or created) is
+            // batched; a new version of one is a change to act on at once.
             let woken: Vec<_> = secret
                 .ok()
-                .filter(|s| versions.classify(s).is_some())
-                .map(|s| {
+                .and_then(|s| Some((versions.classify(&s)?, s)))
+                .map(|(urgency, s)| {
                     let (namespace, name) = (s.namespace(), s.name_any());
                     memcacheds
                         .state()
@@ -312,7 +314,7 @@ pub(super) fn secret_triggers(
                                 .iter()
                                 .any(|(_, secret, _)| *secret == Some(name.as_str()))
                         })
-                        .map(|mc| (ObjectRef::from_obj(mc.as_ref()), Urgency::Now))
+                        .map(|mc| (ObjectRef::from_obj(mc.as_ref()), urgency))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -406,44 +408,36 @@ pub(super) fn child_triggers(
 }
 
 /// A Memcached's own changes that wake it, with their lane: only a move of its generation
-/// (status writes, ours included, and metadata-only edits do not change the outcome); the
-/// first sighting of a Memcached (created, or listed when the operator starts) in
-/// [`Lane::First`], later ones (an edit of its spec, its deletion) in [`Lane::Change`].
-/// Known by uid, so a Memcached deleted and created again under its name is new.
+/// (status writes, ours included, and metadata-only edits do not change the outcome). The
+/// first sighting of a Memcached (created, or listed when the operator starts) goes in
+/// [`Lane::First`]; a later generation (an edit of its spec) or its deletion in
+/// [`Lane::Change`]. A relist that brings an unchanged object again wakes nothing (the
+/// resync is the safety net). Known by uid, so a Memcached deleted and created again under
+/// its name is new; each entry is two integers.
 pub(super) fn memcached_lanes<S>(memcacheds: S) -> impl Stream<Item = (ObjectRef<Memcached>, Lane)>
 where
     S: Stream<Item = Result<Memcached, watcher::Error>> + Send,
 {
-    let seen = Arc::new(Mutex::new(HashSet::new()));
-    let forget = seen.clone();
-    let uid = |mc: &Memcached| {
-        let mut h = DefaultHasher::new();
-        mc.metadata.uid.hash(&mut h);
-        h.finish()
-    };
-    memcacheds
-        // Forgotten before the filter, which may not pass a deletion on.
-        .inspect(move |mc| {
-            if let Ok(mc) = mc
-                && mc.metadata.deletion_timestamp.is_some()
-            {
-                lock(&forget).remove(&uid(mc));
-            }
-        })
-        .predicate_filter(predicates::generation, Default::default())
-        .filter_map(|mc| futures::future::ready(mc.ok()))
-        .map(move |mc| {
-            let lane = if mc.metadata.deletion_timestamp.is_none() && lock(&seen).insert(uid(&mc)) {
-                Lane::First
-            } else {
+    let mut generations: HashMap<u64, Option<i64>> = HashMap::new();
+    memcacheds.filter_map(move |mc| {
+        let woken = mc.ok().and_then(|mc| {
+            let mut h = DefaultHasher::new();
+            mc.metadata.uid.hash(&mut h);
+            let uid = h.finish();
+            let lane = if mc.metadata.deletion_timestamp.is_some() {
+                generations.remove(&uid);
                 Lane::Change
+            } else {
+                match generations.insert(uid, mc.metadata.generation) {
+                    None => Lane::First,
+                    Some(before) if before != mc.metadata.generation => Lane::Change,
+                    Some(_) => return None,
+                }
             };
-            (ObjectRef::from_obj(&mc), lane)
-        })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+            Some((ObjectRef::from_obj(&mc), lane))
+        });
+        futures::future::ready(woken)
+    })
 }
 
 /// The lane of a child's (or Secret's) wake-up: drift is a change someone made; a status
@@ -477,6 +471,51 @@ mod tests {
             },
         }))
         .unwrap_or_default()
+    }
+
+    fn memcached(name: &str, uid: &str, generation: i64, deleting: bool) -> Memcached {
+        let mut mc: Memcached = serde_json::from_value(serde_json::json!({
+            "apiVersion": "memcached.cache.example.com/v1",
+            "kind": "Memcached",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "generation": generation},
+            "spec": {"size": 1},
+        }))
+        .unwrap_or_else(|e| panic!("a Memcached: {e}"));
+        if deleting {
+            mc.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            );
+        }
+        mc
+    }
+
+    #[tokio::test]
+    async fn a_memcached_is_first_once_then_a_change_per_generation_and_a_relist_wakes_nothing() {
+        let seen = [
+            memcached("a", "1", 1, false),
+            memcached("a", "1", 1, false),
+            memcached("b", "2", 1, false),
+            memcached("a", "1", 2, false),
+            memcached("a", "1", 2, false),
+            memcached("a", "1", 2, true),
+            memcached("a", "3", 1, false),
+        ];
+        let lanes: Vec<(String, Lane)> =
+            memcached_lanes(futures::stream::iter(seen.into_iter().map(Ok)))
+                .map(|(key, lane)| (key.name, lane))
+                .collect()
+                .await;
+        assert_eq!(
+            lanes,
+            [
+                ("a".to_string(), Lane::First),
+                ("b".to_string(), Lane::First),
+                ("a".to_string(), Lane::Change),
+                ("a".to_string(), Lane::Change),
+                ("a".to_string(), Lane::First),
+            ],
+            "the same generation again (a relist) wakes nothing; deleted and created again is new"
+        );
     }
 
     #[test]
