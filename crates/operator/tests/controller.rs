@@ -160,6 +160,18 @@ impl Env {
             .expect("sample applies");
     }
 
+    /// Sets `spec.size` by a merge patch, as `kubectl patch` would.
+    async fn resize(&self, name: &str, size: i32) {
+        self.memcacheds()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": size}})),
+            )
+            .await
+            .expect("spec.size patched");
+    }
+
     /// Waits until `name` reports `size` ready pods, all of them named in `status.nodes`,
     /// for its current generation.
     async fn converged(&self, name: &str, size: usize) -> Memcached {
@@ -318,14 +330,7 @@ async fn scaling_to_five_and_to_zero_follows_spec_size(server: Server) {
 
     // The scale above made another field manager own spec.size, so edit it as kubectl
     // patch would (a re-apply without --force-conflicts would rightly conflict).
-    env.memcacheds()
-        .patch(
-            "scaled",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 0}})),
-        )
-        .await
-        .expect("patch to zero");
+    env.resize("scaled", 0).await;
     let mc = env.converged("scaled", 0).await;
     assert!(mc.status.expect("status").nodes.is_empty());
     let d = env
@@ -732,14 +737,7 @@ async fn a_scale_change_overtakes_a_backlog_of_new_pools() {
     let not_started = || keys.iter().filter(|k| counters.started_for(k) == 0).count();
     let before = counters.started_for(&edited);
     let backlog = not_started();
-    env.memcacheds()
-        .patch(
-            "edited",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 2}})),
-        )
-        .await
-        .expect("scaled");
+    env.resize("edited", 2).await;
     let left = wait_for("the scale change reconciled", || async {
         tokio::time::sleep(Duration::from_millis(1)).await;
         (counters.started_for(&edited) > before).then(not_started)
@@ -767,14 +765,7 @@ async fn two_scalings_in_a_row_are_two_events_each_with_its_own_note() {
     env.apply_sample("twice", 2).await;
     env.converged("twice", 2).await;
     for size in [3, 4] {
-        env.memcacheds()
-            .patch(
-                "twice",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"size": size}})),
-            )
-            .await
-            .expect("scaled");
+        env.resize("twice", size).await;
         env.converged("twice", size as usize).await;
     }
     let events = env.events();

@@ -39,7 +39,8 @@ use memcached_api::Memcached;
 use tracing::debug;
 
 pub use context::{Context, Error};
-pub use queue::{Lane, Next, Slots, WorkQueue};
+pub use queue::Slots;
+use queue::{Next, WorkQueue};
 pub use reconcile::{error_policy, reconcile};
 pub use rollout::RolloutSlots;
 pub use telemetry::{ReconcileCounters, Telemetry};
