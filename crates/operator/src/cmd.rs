@@ -369,14 +369,16 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
         webhooks = Some(thread);
     }
 
-    // Informers start before the election, so a standby takes over with a warm cache.
-    let caches: Vec<(Option<String>, Caches)> = scopes
-        .into_iter()
-        .map(|scope| {
-            let caches = Caches::start(&client, scope.as_deref());
-            (scope, caches)
-        })
-        .collect();
+    // Informers start before the election, so a standby takes over with a warm cache. Each
+    // group of namespaces watches over one connection of its own (HTTP/2 where offered).
+    let mut caches: Vec<(Option<String>, Caches)> = Vec::with_capacity(scopes.len());
+    for group in scopes.chunks(crate::client::SCOPES_PER_WATCH_CONNECTION) {
+        let watches = crate::client::watch_client(kube_config.clone())
+            .map_err(|e| RunError::Config(e.to_string()))?;
+        for scope in group {
+            caches.push((scope.clone(), Caches::start(&watches, scope.as_deref())));
+        }
+    }
     tokio::select! {
         _ = futures::future::join_all(caches.iter().map(|(_, c)| c.wait_synced())) => {}
         _ = shutdown.cancelled() => return Ok(()),
