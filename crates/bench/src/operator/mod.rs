@@ -41,7 +41,7 @@ use memcached_operator::builders::{self, BuildSettings};
 use memcached_operator::cmd::parse_duration;
 use memcached_operator::status::{self, Observed};
 
-use crate::measure::{cpu_time, mib, secs};
+use crate::measure::{cpu_time, established_connections, mib, secs};
 use crate::{BoxError, Result, log};
 use env::Env;
 use latency::{deployment_reaches, measure_latency};
@@ -307,9 +307,11 @@ async fn operator_phases(
     let mut op = Operator::start(args, env, dir, reconciles).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     row.rss_idle = op.memory().0;
+    row.connections_idle = established_connections(op.pid());
     log(format!(
-        "operator idle: {} (pid {})",
+        "operator idle: {}, {} connections (pid {})",
         mib(row.rss_idle),
+        row.connections_idle,
         op.pid()
     ));
 
@@ -374,11 +376,13 @@ async fn operator_phases(
     }
     row.converging = env.requests_since(&mark);
     row.rss_converged = op.memory().0;
+    row.connections_converged = established_connections(op.pid());
     log(format!(
-        "N={n}: CRs created in {}, children and status in {}, {}",
+        "N={n}: CRs created in {}, children and status in {}, {}, {} connections",
         secs(row.create_crs),
         secs(row.children_and_status),
-        mib(row.rss_converged)
+        mib(row.rss_converged),
+        row.connections_converged
     ));
     let at = wait_progress(&progress, &mut op, args.timeout, "pods ready", |p| {
         p.pods_ready_at

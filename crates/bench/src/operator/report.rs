@@ -60,6 +60,9 @@ pub(super) struct Row {
     pub(super) rss_converged: u64,
     pub(super) rss_pods: u64,
     pub(super) rss_peak: u64,
+    /// The operator's connections to the API server, idle and converged.
+    pub(super) connections_idle: usize,
+    pub(super) connections_converged: usize,
     pub(super) wall: Duration,
 }
 
@@ -278,6 +281,10 @@ pub(super) fn table(args: &BenchArgs, rows: &[Row]) -> String {
         mib(r.rss_pods)
     });
     line("operator peak RSS (VmHWM)", &|r| mib(r.rss_peak));
+    line(
+        "operator's connections to the API server, idle / converged",
+        &|r| format!("{} / {}", r.connections_idle, r.connections_converged),
+    );
     line("wall time of this column", &|r| secs(r.wall));
     out
 }
