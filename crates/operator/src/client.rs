@@ -60,7 +60,9 @@ pub fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
 /// A client for the informers' lists and watches: the same stack as [`client`], but over
 /// one connection that speaks HTTP/2 if the server offers it, so that all of this client's
 /// watches share it. Give each group of [`SCOPES_PER_WATCH_CONNECTION`] namespaces a client
-/// of its own: one client keeps one HTTP/2 connection.
+/// of its own: one client keeps one HTTP/2 connection. Make one request on it before its
+/// watches start: requests made before the first connection is up each dial one of their
+/// own (and all but one are dropped once HTTP/2 is agreed).
 pub fn watch_client(config: kube::Config) -> Result<kube::Client, BoxError> {
     if config.proxy_url.is_some() {
         return Ok(kube::Client::try_from(config)?);
@@ -81,6 +83,10 @@ pub fn watch_client(config: kube::Config) -> Result<kube::Client, BoxError> {
         .wrap_connector(http_connector());
     let connections = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
+        // The pool would retire its one HTTP/2 connection once no request had checked it out
+        // for 90 s (open watches do not count), and a wave of watches restarting together
+        // would then dial a connection each; the pings find a dead one instead.
+        .pool_idle_timeout(None::<Duration>)
         .http1_max_buf_size(READ_BUFFER_MAX)
         .http2_keep_alive_interval(PING_INTERVAL)
         .http2_keep_alive_timeout(PING_TIMEOUT)

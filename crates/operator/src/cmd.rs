@@ -14,7 +14,7 @@ use manager::leader::{self, LeaderElectionConfig};
 use manager::metrics_server::{MetricsServer, MetricsServerConfig, parse_bind_address};
 use manager::{Health, LogFormat, Metrics};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::builders::BuildSettings;
 use crate::controller::{self, Caches, ControllerConfig, Telemetry};
@@ -375,6 +375,11 @@ pub async fn run_until(args: RunArgs, shutdown: CancellationToken) -> Result<(),
     for group in scopes.chunks(crate::client::SCOPES_PER_WATCH_CONNECTION) {
         let watches = crate::client::watch_client(kube_config.clone())
             .map_err(|e| RunError::Config(e.to_string()))?;
+        // One request first, so that the group's watches find its connection up and share
+        // it rather than each dialling one. A failure here is the informers' to retry.
+        if let Err(e) = watches.apiserver_version().await {
+            debug!(error = %e, "first request of a watch connection");
+        }
         for scope in group {
             caches.push((scope.clone(), Caches::start(&watches, scope.as_deref())));
         }
