@@ -23,39 +23,10 @@ pub(crate) fn memory_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// Established TCP connections of a process: the sockets among its open files
-/// (`/proc/PID/fd`) that `/proc/PID/net/tcp{,6}` shows in state 01. The operator connects to
-/// nothing but the API server.
+/// Established TCP connections of a process (the operator connects to nothing but the API
+/// server).
 pub(crate) fn established_connections(pid: u32) -> usize {
-    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter_map(|target| {
-            let target = target.to_string_lossy().into_owned();
-            Some(
-                target
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .to_string(),
-            )
-        })
-        .collect();
-    ["tcp", "tcp6"]
-        .iter()
-        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
-        .map(|table| {
-            table
-                .lines()
-                .skip(1)
-                .filter(|line| {
-                    // local, remote, state, ..., inode (the 10th field)
-                    let f: Vec<&str> = line.split_whitespace().collect();
-                    f.len() > 9 && f[3] == "01" && sockets.contains(f[9])
-                })
-                .count()
-        })
-        .sum()
+    envtest::established_connections(pid, None)
 }
 
 /// CPU time (user + system) of a process so far.

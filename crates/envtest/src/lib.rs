@@ -34,6 +34,7 @@ mod error;
 mod kubeconfig;
 mod node;
 mod process;
+mod sockets;
 mod versions;
 mod workloads;
 
@@ -60,6 +61,7 @@ pub use node::{
     RealNodeHostLock, RealNodeInfo, leftovers, real_node_record, take_real_node_host_lock,
 };
 pub use process::Process;
+pub use sockets::established_connections;
 pub use versions::{Kube, Version, pinned_kube_versions, repo_root};
 
 /// How long the whole control plane may take to start before [`ControlPlane::start`] fails.

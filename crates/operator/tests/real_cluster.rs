@@ -1074,44 +1074,6 @@ async fn kubectl_wait_for_ready_follows_the_pool(kube: Kube) {
 }
 }
 
-/// The operator's established TCP connections to the API server at `port`: the sockets
-/// among its open files (`/proc/PID/fd`) that `/proc/PID/net/tcp{,6}` shows connected to
-/// that port.
-fn connections_to(pid: u32, port: u16) -> usize {
-    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("the operator's open files")
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter_map(|target| {
-            let target = target.to_string_lossy().into_owned();
-            Some(
-                target
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .to_string(),
-            )
-        })
-        .collect();
-    let remote_port = format!(":{port:04X}");
-    ["tcp", "tcp6"]
-        .iter()
-        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
-        .flat_map(|table| {
-            table
-                .lines()
-                .skip(1)
-                .map(|line| {
-                    line.split_whitespace()
-                        .map(str::to_string)
-                        .collect::<Vec<_>>()
-                })
-                .collect::<Vec<_>>()
-        })
-        // local address, remote address, state (01: established), ..., inode (10th)
-        .filter(|f| f.len() > 9 && f[2].ends_with(&remote_port) && f[3] == "01")
-        .filter(|f| sockets.contains(&f[9]))
-        .count()
-}
-
 on_both_versions! {
 /// An operator watching 17 namespaces (9 kinds each, 153 watches) holds a few connections
 /// to the API server, not one per watch: the real server's HTTP/2 carries each group of 8
@@ -1144,7 +1106,7 @@ async fn the_watches_of_many_namespaces_share_a_few_connections(kube: Kube) {
     real.wait_leader(CONVERGE, |h| h == "op").await;
     real.apply("conns", 1).await;
     real.converged("conns", 1).await;
-    let held = connections_to(op.pid(), port);
+    let held = envtest::established_connections(op.pid(), Some(port));
     println!("{NAMESPACES} namespaces watched over {held} connections");
     // 3 for the watches (8 + 8 + 1 namespaces), the rest for reads and writes (the Lease,
     // the pool's children and status, events).
