@@ -23,12 +23,6 @@ pub(crate) fn memory_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// Established TCP connections of a process (the operator connects to nothing but the API
-/// server).
-pub(crate) fn established_connections(pid: u32) -> usize {
-    envtest::established_connections(pid, None)
-}
-
 /// CPU time (user + system) of a process so far.
 pub(crate) fn cpu_time(pid: u32) -> Duration {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

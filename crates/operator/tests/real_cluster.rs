@@ -1078,7 +1078,7 @@ on_both_versions! {
 /// An operator watching 17 namespaces (9 kinds each, 153 watches) holds a few connections
 /// to the API server, not one per watch: the real server's HTTP/2 carries each group of 8
 /// namespaces' watches over one connection. And what it watches that way works: a pool in
-/// the last namespace converges.
+/// one of the namespaces converges.
 async fn the_watches_of_many_namespaces_share_a_few_connections(kube: Kube) {
     const NAMESPACES: usize = 17;
     let real = Real::start(kube, "watch-conns").await;

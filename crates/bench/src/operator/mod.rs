@@ -41,7 +41,7 @@ use memcached_operator::builders::{self, BuildSettings};
 use memcached_operator::cmd::parse_duration;
 use memcached_operator::status::{self, Observed};
 
-use crate::measure::{cpu_time, established_connections, mib, secs};
+use crate::measure::{cpu_time, mib, secs};
 use crate::{BoxError, Result, log};
 use env::Env;
 use latency::{deployment_reaches, measure_latency};
@@ -307,7 +307,8 @@ async fn operator_phases(
     let mut op = Operator::start(args, env, dir, reconciles).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     row.rss_idle = op.memory().0;
-    row.connections_idle = established_connections(op.pid());
+    // The operator connects to nothing but the API server.
+    row.connections_idle = envtest::established_connections(op.pid(), None);
     log(format!(
         "operator idle: {}, {} connections (pid {})",
         mib(row.rss_idle),
@@ -376,7 +377,7 @@ async fn operator_phases(
     }
     row.converging = env.requests_since(&mark);
     row.rss_converged = op.memory().0;
-    row.connections_converged = established_connections(op.pid());
+    row.connections_converged = envtest::established_connections(op.pid(), None);
     log(format!(
         "N={n}: CRs created in {}, children and status in {}, {}, {} connections",
         secs(row.create_crs),
