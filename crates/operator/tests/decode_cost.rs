@@ -4,6 +4,10 @@
 //! times `webhook::decoded_size` (`webhook::limits::HELD_PER_BODY_BYTE`), for ordinary
 //! reviews and for JSON built to cost the most per byte.
 //!
+//! And what a subscriber of an idle cache holds: the operator subscribes to each kind it
+//! watches in each namespace, so room kept per subscription for objects that have not come
+//! is paid hundreds of times over by an operator watching many namespaces.
+//!
 //! A test binary of its own: it replaces the global allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -67,6 +71,15 @@ fn peak_of(f: impl FnOnce()) -> usize {
     f();
     COUNTING.with(|c| c.set(false));
     PEAK.with(|p| p.get()).max(0) as usize
+}
+
+/// What `f` made and still holds (in what it returns) on this thread.
+fn held_by<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    NOW.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    let kept = f();
+    COUNTING.with(|c| c.set(false));
+    (kept, NOW.with(|n| n.get()).max(0) as usize)
 }
 
 fn memcached(name: &str, spec: Value) -> Value {
@@ -186,4 +199,34 @@ fn answering_a_review_takes_no_more_than_the_budget_holds_for_it() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_subscriber_of_an_idle_cache_holds_no_room_for_objects() {
+    use kube::Api;
+    use kube::runtime::watcher;
+    use memcached_operator::cached::CachedPod;
+    use memcached_operator::informer::Informer;
+
+    let server = apisim::ApiServer::builder().build();
+    let pods: Api<CachedPod> = Api::namespaced(server.client(), "default");
+    let informer = Informer::start(pods, watcher::Config::default(), |_| {});
+    informer.wait_synced().await;
+    const SUBSCRIBERS: usize = 20;
+    let (streams, held) = held_by(|| {
+        (0..SUBSCRIBERS)
+            .map(|_| informer.subscribe())
+            .collect::<Vec<_>>()
+    });
+    let each = held / SUBSCRIBERS;
+    println!(
+        "a subscriber of an empty pod cache holds {each} bytes (a cached pod is {} bytes inline)",
+        std::mem::size_of::<CachedPod>()
+    );
+    // A channel of objects keeps room for 32 of them from the start: 15.9 KB of pods.
+    assert!(
+        each <= 2048,
+        "each subscriber holds {each} bytes before any change"
+    );
+    drop(streams);
 }

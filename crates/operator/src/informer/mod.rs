@@ -35,7 +35,11 @@ mod written;
 pub use while_served::WhileServed;
 pub use written::{Cache, Written};
 
-type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<K>>>>;
+/// The subscribers' channels. They carry `Arc`s, not objects: a tokio channel allocates
+/// its slots 32 at a time, and with 10 kinds watched per namespace and a `Memcached` of
+/// 2.6 KB (a pod of 0.5 KB) inline, slots of objects cost 16 to 84 KB per channel before a
+/// single change, most of an idle operator's heap over many namespaces.
+type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<K>>>>>;
 
 /// The key an object is indexed under (`None`: not indexed).
 pub type IndexKey<K> = fn(&K) -> Option<String>;
@@ -274,14 +278,10 @@ where
                 };
                 let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
                 for obj in changed {
-                    // A copy for every subscriber but the last, which gets the object itself.
-                    let mut obj = Some(obj);
-                    let mut left = subs.len();
-                    subs.retain(|tx| {
-                        left -= 1;
-                        let copy = if left == 0 { obj.take() } else { obj.clone() };
-                        copy.is_some_and(|o| tx.send(o).is_ok())
-                    });
+                    // One object shared; each subscriber takes it out when it reads it
+                    // (the last one without a copy).
+                    let obj = Arc::new(obj);
+                    subs.retain(|tx| tx.send(obj.clone()).is_ok());
                 }
             }
         });
@@ -322,7 +322,7 @@ where
             .push(tx);
         let snapshot: Vec<K> = self.store.state().iter().map(|o| (**o).clone()).collect();
         futures::stream::iter(snapshot)
-            .chain(tokio_stream_from(rx))
+            .chain(tokio_stream_from(rx).map(Arc::unwrap_or_clone))
             .map(Ok)
     }
 

@@ -141,6 +141,7 @@ where
         let forward = tokio::spawn(async move {
             let mut changes = std::pin::pin!(changes);
             while let Some(Ok(obj)) = changes.next().await {
+                let obj = Arc::new(obj);
                 let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
                 subs.retain(|tx| tx.send(obj.clone()).is_ok());
             }
@@ -188,7 +189,7 @@ where
             .map(|s| s.state().iter().map(|o| (**o).clone()).collect())
             .unwrap_or_default();
         futures::stream::iter(snapshot)
-            .chain(tokio_stream_from(rx))
+            .chain(tokio_stream_from(rx).map(Arc::unwrap_or_clone))
             .map(Ok)
     }
 }
