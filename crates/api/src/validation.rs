@@ -1698,82 +1698,82 @@ mod tests {
             ),
             (
                 with(|s| {
-                    s.pod_security_context = Some(PodSecurityContext {
+                    s.pod_security_context = Some(Box::new(PodSecurityContext {
                         run_as_user: Some(0),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.podSecurityContext.runAsUser",
                 "restricted",
             ),
             (
                 with(|s| {
-                    s.pod_security_context = Some(PodSecurityContext {
+                    s.pod_security_context = Some(Box::new(PodSecurityContext {
                         sysctls: Some(vec![Sysctl {
                             name: "net.core.somaxconn".into(),
                             value: "4096".into(),
                         }]),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.podSecurityContext.sysctls[0].name",
                 "net.ipv4.tcp_syncookies",
             ),
             (
                 with(|s| {
-                    s.container_security_context = Some(SecurityContext {
+                    s.container_security_context = Some(Box::new(SecurityContext {
                         allow_privilege_escalation: Some(true),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.containerSecurityContext.allowPrivilegeEscalation",
                 "must be false",
             ),
             (
                 with(|s| {
-                    s.container_security_context = Some(SecurityContext {
+                    s.container_security_context = Some(Box::new(SecurityContext {
                         capabilities: Some(Capabilities {
                             add: Some(vec!["NET_BIND_SERVICE".into()]),
                             drop: None,
                         }),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.containerSecurityContext.capabilities.drop",
                 "must include \"ALL\"",
             ),
             (
                 with(|s| {
-                    s.container_security_context = Some(SecurityContext {
+                    s.container_security_context = Some(Box::new(SecurityContext {
                         capabilities: Some(Capabilities {
                             add: Some(vec!["SYS_ADMIN".into()]),
                             drop: Some(vec!["ALL".into()]),
                         }),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.containerSecurityContext.capabilities.add[0]",
                 "only NET_BIND_SERVICE",
             ),
             (
                 with(|s| {
-                    s.container_security_context = Some(SecurityContext {
+                    s.container_security_context = Some(Box::new(SecurityContext {
                         seccomp_profile: Some(SeccompProfile {
                             type_: "Unconfined".into(),
                             localhost_profile: None,
                         }),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.containerSecurityContext.seccompProfile.type",
                 "Unsupported value: \"Unconfined\"",
             ),
             (
                 with(|s| {
-                    s.container_security_context = Some(SecurityContext {
+                    s.container_security_context = Some(Box::new(SecurityContext {
                         privileged: Some(true),
                         ..Default::default()
-                    })
+                    }))
                 }),
                 "spec.containerSecurityContext.privileged",
                 "restricted",
@@ -1802,7 +1802,7 @@ mod tests {
                     [("mesh.example.com/inject".to_string(), "false".to_string())].into(),
                 ),
             });
-            s.pod_security_context = Some(PodSecurityContext {
+            s.pod_security_context = Some(Box::new(PodSecurityContext {
                 run_as_user: Some(1_000_680_000),
                 se_linux_options: Some(SELinuxOptions {
                     level: Some("s0:c26,c5".into()),
@@ -1810,12 +1810,12 @@ mod tests {
                     ..Default::default()
                 }),
                 ..Default::default()
-            });
-            s.container_security_context = Some(SecurityContext {
+            }));
+            s.container_security_context = Some(Box::new(SecurityContext {
                 read_only_root_filesystem: Some(false),
                 run_as_non_root: Some(true),
                 ..Default::default()
-            });
+            }));
         });
         assert_eq!(validate(&good), Ok(()));
     }

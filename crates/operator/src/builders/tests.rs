@@ -1202,12 +1202,12 @@ fn security_overrides_replace_only_the_fields_they_set() {
     };
     let mc = proxied(|s| {
         s.tls = None;
-        s.pod_security_context = Some(PodSecurityContext {
+        s.pod_security_context = Some(Box::new(PodSecurityContext {
             run_as_user: Some(1_000_680_000),
             fs_group: Some(1_000_680_000),
             ..PodSecurityContext::default()
-        });
-        s.container_security_context = Some(SecurityContext {
+        }));
+        s.container_security_context = Some(Box::new(SecurityContext {
             capabilities: Some(Capabilities {
                 add: Some(vec!["NET_BIND_SERVICE".into()]),
                 drop: Some(vec!["ALL".into()]),
@@ -1217,7 +1217,7 @@ fn security_overrides_replace_only_the_fields_they_set() {
                 localhost_profile: Some("memcached.json".into()),
             }),
             ..SecurityContext::default()
-        });
+        }));
     });
     for pod in pool_and_proxy_pods(&mc) {
         let context = pod.security_context.as_ref().expect("pod context");
