@@ -203,7 +203,8 @@ pub struct MemcachedSpec {
     /// container, so the pod's applies (as OpenShift's UID ranges need). Values outside
     /// the `restricted` Pod Security Standard are refused.
     // Boxed (here and in `container_security_context`): inline, the two took 830 of a
-    // cached Memcached's 2,624 bytes, most often for nothing (BENCHMARKS.md, "Slots").
+    // cached Memcached's 2,624 bytes, most often for nothing (BENCHMARKS.md, "What the
+    // idle operator held").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<Box<PodSecurityContext>>,
 

@@ -38,7 +38,8 @@ pub use written::{Cache, Written};
 /// The subscribers' channels. They carry `Arc`s, not objects: a tokio channel allocates
 /// its slots 32 at a time, and with 10 kinds watched per namespace and a `Memcached` of
 /// 2.6 KB (a pod of 0.5 KB) inline, slots of objects cost 16 to 84 KB per channel before a
-/// single change, most of an idle operator's heap over many namespaces.
+/// single change: 17 of an idle operator's 49.5 MiB over 100 namespaces (BENCHMARKS.md,
+/// "What the idle operator held").
 type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<K>>>>>;
 
 /// The key an object is indexed under (`None`: not indexed).
