@@ -63,23 +63,21 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// The most `f` had allocated at once on this thread, beyond what was allocated before.
-fn peak_of(f: impl FnOnce()) -> usize {
+/// What `f` returns, what it made and still holds in that on this thread, and the most it
+/// had allocated at once, beyond what was allocated before.
+fn counted<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
     NOW.with(|n| n.set(0));
     PEAK.with(|p| p.set(0));
     COUNTING.with(|c| c.set(true));
-    f();
-    COUNTING.with(|c| c.set(false));
-    PEAK.with(|p| p.get()).max(0) as usize
-}
-
-/// What `f` made and still holds (in what it returns) on this thread.
-fn held_by<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    NOW.with(|n| n.set(0));
-    COUNTING.with(|c| c.set(true));
     let kept = f();
     COUNTING.with(|c| c.set(false));
-    (kept, NOW.with(|n| n.get()).max(0) as usize)
+    let held = NOW.with(|n| n.get()).max(0) as usize;
+    (kept, held, PEAK.with(|p| p.get()).max(0) as usize)
+}
+
+/// The most `f` had allocated at once on this thread, beyond what was allocated before.
+fn peak_of(f: impl FnOnce()) -> usize {
+    counted(f).2
 }
 
 fn memcached(name: &str, spec: Value) -> Value {
@@ -213,7 +211,7 @@ async fn a_subscriber_of_an_idle_cache_holds_no_room_for_objects() {
     let informer = Informer::start(pods, watcher::Config::default(), |_| {});
     informer.wait_synced().await;
     const SUBSCRIBERS: usize = 20;
-    let (streams, held) = held_by(|| {
+    let (streams, held, _) = counted(|| {
         (0..SUBSCRIBERS)
             .map(|_| informer.subscribe())
             .collect::<Vec<_>>()
