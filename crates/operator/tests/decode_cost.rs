@@ -8,6 +8,9 @@
 //! watches in each namespace, so room kept per subscription for objects that have not come
 //! is paid hundreds of times over by an operator watching many namespaces.
 //!
+//! And what a cached Deployment holds: its spec's text is shared with every pool's made from
+//! the same template.
+//!
 //! A test binary of its own: it replaces the global allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -227,4 +230,49 @@ async fn a_subscriber_of_an_idle_cache_holds_no_room_for_objects() {
         "each subscriber holds {each} bytes before any change"
     );
     drop(streams);
+}
+
+/// What the cache holds per pool for its Deployment: pools made from one Memcached template
+/// differ in their Deployments' specs only by their names, and the cache keeps that text
+/// once, so a Deployment costs its metadata and status, not its 2 KB pod template again.
+#[test]
+fn deployments_of_one_template_hold_their_spec_once() {
+    use memcached_api::Memcached;
+    use memcached_operator::builders::{BuildSettings, desired_deployment};
+    use memcached_operator::cached::CachedDeployment;
+
+    const POOLS: usize = 200;
+    let settings = BuildSettings::default();
+    let sent: Vec<String> = (0..POOLS)
+        .map(|i| {
+            let mut mc: Memcached =
+                serde_json::from_value(memcached(&format!("pool-{i:05}"), json!({"size": 3})))
+                    .expect("a Memcached");
+            mc.metadata.uid = Some(format!("6d9b2a4e-0000-4000-8000-{i:012}"));
+            let mut deployment =
+                serde_json::to_value(desired_deployment(&mc, &settings).expect("builds"))
+                    .expect("JSON");
+            deployment["metadata"]["uid"] = json!(format!("0c1f0e7e-0000-4000-8000-{i:012}"));
+            deployment["metadata"]["resourceVersion"] = json!(format!("{}", 100_000 + i));
+            deployment["status"] = json!({"observedGeneration": 1, "replicas": 3,
+                "readyReplicas": 3, "availableReplicas": 3, "updatedReplicas": 3});
+            deployment.to_string()
+        })
+        .collect();
+    let spec_bytes = serde_json::from_str::<Value>(&sent[0]).expect("JSON")["spec"]
+        .to_string()
+        .len();
+    let (cached, held, _) = counted(|| {
+        sent.iter()
+            .map(|text| serde_json::from_str::<CachedDeployment>(text).expect("cached"))
+            .map(std::sync::Arc::new)
+            .collect::<Vec<_>>()
+    });
+    let each = held / POOLS;
+    println!("a cached Deployment holds {each} bytes; its spec is {spec_bytes} bytes of JSON");
+    assert!(
+        each < spec_bytes,
+        "each cached Deployment holds {each} bytes, more than its spec's {spec_bytes}"
+    );
+    drop(cached);
 }

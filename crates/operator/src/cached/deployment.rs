@@ -23,12 +23,18 @@ pub struct CachedDeployment {
     meta_text: MetaText,
     /// `spec.replicas` (the API server defaults it to 1).
     pub replicas: Option<i32>,
-    spec_json: JsonText,
+    spec: SharedText,
     pub status: Option<DeploymentStatus>,
     verified: Verified,
 }
 
 impl CachedDeployment {
+    /// The spec's shared text (the same allocation as every Deployment's whose spec differs
+    /// only in its name).
+    pub fn spec_shared(&self) -> &SharedText {
+        &self.spec
+    }
+
     /// The Deployment without its spec, labels, annotations and ownerReferences: what the
     /// Memcached's status is computed from (its generation and status).
     pub fn without_spec(&self) -> Deployment {
@@ -117,10 +123,10 @@ impl From<WireDeployment> for CachedDeployment {
             .ok()
             .and_then(|s| s.replicas);
         CachedDeployment {
+            spec: SharedText::new(d.spec, metadata.name.as_deref()),
             metadata,
             meta_text,
             replicas,
-            spec_json: d.spec,
             status: d.status.map(DeploymentStatus::from),
             verified: Verified::default(),
         }
@@ -131,8 +137,8 @@ impl CacheForm for CachedDeployment {
     type Full = Deployment;
 
     fn live_json(&self) -> Option<Value> {
-        let mut json =
-            object_json::<Deployment>(&self.metadata, &self.meta_text, self.spec_json.as_str())?;
+        let spec = self.spec.text(self.metadata.name.as_deref());
+        let mut json = object_json::<Deployment>(&self.metadata, &self.meta_text, &spec)?;
         json["status"] = serde_json::to_value(&self.status).ok()?;
         Some(json)
     }

@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 use crate::builders::{LABEL_INSTANCE, LABEL_NAME};
@@ -385,4 +385,56 @@ fn children_are_kept_whole_for_the_drift_check() {
 #[test]
 fn it_is_a_fraction_of_a_pod() {
     assert!(std::mem::size_of::<CachedPod>() * 4 < std::mem::size_of::<Pod>());
+}
+
+/// Pools made from one template: their Deployments' specs differ only in the pools' names,
+/// so the cache holds one text for them, and each gives back exactly the spec the API server
+/// sent, also where the name is part of other values (a pool named `memcached` runs the image
+/// `memcached:…` with the command `memcached`; one named `m` is in `matchLabels`).
+#[test]
+fn pools_of_one_template_share_one_spec_text() {
+    let deployment = |name: &str, image: &str| {
+        json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+            "spec": {"replicas": 3,
+                "selector": {"matchLabels": {LABEL_INSTANCE: name}},
+                "template": {"metadata": {"labels": {LABEL_INSTANCE: name}},
+                    "spec": {"containers": [{"name": "memcached", "image": image,
+                        "command": ["memcached", "-m", "64"]}]}}},
+        })
+    };
+    let cache = |json: &Value| -> CachedDeployment {
+        serde_json::from_str(&json.to_string()).unwrap_or_default()
+    };
+    let sent = [
+        deployment("sessions", "memcached:1.6"),
+        deployment("carts", "memcached:1.6"),
+        deployment("memcached", "memcached:1.6"),
+        deployment("m", "memcached:1.6"),
+        deployment("other", "memcached:1.5"),
+    ];
+    let cached: Vec<CachedDeployment> = sent.iter().map(cache).collect();
+    for (sent, cached) in sent.iter().zip(&cached) {
+        let live = cached.live_json().unwrap_or_default();
+        assert_eq!(live["spec"], sent["spec"], "{}", sent["metadata"]["name"]);
+        assert_eq!(cached.replicas, Some(3));
+    }
+    let shared = |a: usize, b: usize| cached[a].spec_shared().shares_with(cached[b].spec_shared());
+    assert!(shared(0, 1), "one template, one text");
+    assert!(!shared(0, 4), "another image, another text");
+
+    // The same for the kinds cached as their spec: a budget's selector names its pool.
+    let budget = |name: &str| -> CachedPdb {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {LABEL_INSTANCE: name}}},
+        }))
+        .unwrap_or_default()
+    };
+    let (a, b) = (budget("sessions"), budget("carts"));
+    assert!(a.spec_shared().shares_with(b.spec_shared()));
+    assert_eq!(
+        serde_json::from_str::<Value>(&b.spec_json()).unwrap_or_default(),
+        json!({"maxUnavailable": 1, "selector": {"matchLabels": {LABEL_INSTANCE: "carts"}}})
+    );
 }

@@ -316,7 +316,7 @@ fn live_services(ctx: &Context, owner: &Owner, namespace: &str, name: &str) -> L
         ctx.services
             .get(&ObjectRef::new(service).within(namespace))
             .filter(|s| owner.other_controller(s.as_ref()).is_none())
-            .and_then(|s| serde_json::from_str::<serde_json::Value>(s.spec_json()).ok())
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s.spec_json()).ok())
     };
     LiveServices::of(
         spec(name).as_ref(),
@@ -343,7 +343,7 @@ fn proxy_backends(
         .config_maps
         .get(&ObjectRef::new(&proxy::proxy_name(&mc.name_any())).within(&namespace))
         .filter(|cm| owner.controls(cm.as_ref()))
-        .map(|cm| proxy::recorded_backends(cm.spec_json()))
+        .map(|cm| proxy::recorded_backends(&cm.spec_json()))
         .unwrap_or_default();
     // Stopping pods, which slots warm up from, only with warm-up.
     let leaving = if spec.warm_up_enabled() {

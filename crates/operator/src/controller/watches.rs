@@ -153,7 +153,8 @@ where
 {
     let mut h = DefaultHasher::new();
     metadata_outcome(s, &mut h);
-    s.spec_json().hash(&mut h);
+    // The shared text: the name it leaves out is the object's own, which never changes.
+    s.spec_shared().hash(&mut h);
     h.finish()
 }
 
