@@ -17,6 +17,10 @@
 //! entries) and some twenty small strings; as text, one allocation. A cached Service went
 //! from 2.3 to 1.3 KB (heaptrack, BENCHMARKS.md §16). Specs and metadata are written to text
 //! while they are read ([`JsonText`]), never built as a `serde_json::Value` tree first.
+//!
+//! And a spec's text is kept once for every child whose spec differs from it only in the
+//! child's own name ([`SharedText`]): the Deployments of the pools made from one template
+//! share one text (973 bytes per cached Deployment instead of 2,873, `tests/decode_cost.rs`).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
