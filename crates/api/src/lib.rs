@@ -141,7 +141,7 @@ pub struct MemcachedSpec {
     pub tolerations: Option<Vec<Toleration>>,
     /// Passed through to the pods (in addition to the topology spread below).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
+    pub affinity: Option<Box<Affinity>>,
     /// Passed through to the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
@@ -174,7 +174,7 @@ pub struct MemcachedSpec {
     /// `NAME-proxy`, that hashes every key to the same pod, so clients that do not hash keys
     /// themselves stop missing. Off unless `enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy: Option<ProxySpec>,
+    pub proxy: Option<Box<ProxySpec>>,
 
     /// How pods are replaced in a rollout. Unset: each new pod must stay Ready
     /// [`DEFAULT_MIN_READY_SECONDS`] seconds before the next old one goes.
@@ -184,12 +184,12 @@ pub struct MemcachedSpec {
     /// extstore: memcached keeps the values of cold items in a file on disk and only their
     /// keys in memory, so a pool holds more than its memory. Off unless `enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub extstore: Option<ExtstoreSpec>,
+    pub extstore: Option<Box<ExtstoreSpec>>,
 
     /// Extra annotations and labels on the pool's client Services (`NAME`, and `NAME-proxy`
     /// with the proxy): for load balancers, meshes and service discovery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<ServiceMetadataSpec>,
+    pub service: Option<Box<ServiceMetadataSpec>>,
 
     /// How a memcached or proxy pod stops: a delay before memcached is told to exit, so
     /// clients and proxies move away from a pod while it still answers. Unset: Kubernetes'
@@ -202,9 +202,10 @@ pub struct MemcachedSpec {
     /// seccomp). Setting `runAsUser` also removes the UID the operator sets on each
     /// container, so the pod's applies (as OpenShift's UID ranges need). Values outside
     /// the `restricted` Pod Security Standard are refused.
-    // Boxed (here and in `container_security_context`): inline, the two took 830 of a
-    // cached Memcached's 2,624 bytes, most often for nothing (BENCHMARKS.md, "What the
-    // idle operator held").
+    // Boxed (here, in `container_security_context`, and the largest of the other sections:
+    // `affinity`, `proxy`, `extstore`, `service`, `networkPolicy`): a cached Memcached is
+    // 1,344 bytes inline instead of 2,624, most of which was room for sections few pools
+    // set (BENCHMARKS.md, "What the idle operator held", and "10,000 pools in 150 MiB").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_security_context: Option<Box<PodSecurityContext>>,
 
@@ -212,7 +213,7 @@ pub struct MemcachedSpec {
     /// only from the peers listed and the pool's own proxy, to the exporter's only from
     /// the scrapers listed; nothing else. Off unless `enabled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network_policy: Option<NetworkPolicySpec>,
+    pub network_policy: Option<Box<NetworkPolicySpec>>,
 
     /// A HorizontalPodAutoscaler for the pool: it sets `spec.size` through the Memcached's
     /// scale subresource, between `minReplicas` and `maxReplicas`, from the memcached
@@ -930,17 +931,17 @@ impl MemcachedSpec {
 
     /// The proxy's settings, when it runs.
     pub fn proxy_enabled(&self) -> Option<&ProxySpec> {
-        self.proxy.as_ref().filter(|p| p.enabled)
+        self.proxy.as_deref().filter(|p| p.enabled)
     }
 
     /// The NetworkPolicy's settings, when it is on.
     pub fn network_policy_enabled(&self) -> Option<&NetworkPolicySpec> {
-        self.network_policy.as_ref().filter(|n| n.enabled)
+        self.network_policy.as_deref().filter(|n| n.enabled)
     }
 
     /// extstore's settings, when it is on.
     pub fn extstore_enabled(&self) -> Option<&ExtstoreSpec> {
-        self.extstore.as_ref().filter(|e| e.enabled)
+        self.extstore.as_deref().filter(|e| e.enabled)
     }
 
     /// `minReadySeconds` of the pool's Deployment.

@@ -1107,7 +1107,7 @@ mod tests {
         with(|s| {
             let mut e = crate::ExtstoreSpec::default();
             edit(&mut e);
-            s.extstore = Some(e);
+            s.extstore = Some(Box::new(e));
         })
     }
 
@@ -1383,11 +1383,11 @@ mod tests {
         };
         let zoned = |copies: i32, zones: &[&str]| {
             with(|s| {
-                s.proxy = Some(crate::ProxySpec {
+                s.proxy = Some(Box::new(crate::ProxySpec {
                     copies,
                     zones: zones.iter().map(|z| z.to_string()).collect(),
                     ..Default::default()
-                });
+                }));
             })
         };
         assert_eq!(fields(zoned(2, &["a", "b"])), Vec::<String>::new());
@@ -1423,7 +1423,7 @@ mod tests {
                     ..Default::default()
                 };
                 edit(&mut p);
-                s.proxy = Some(p);
+                s.proxy = Some(Box::new(p));
             })
         };
         let fields = |m: Memcached| -> Vec<String> {
@@ -1665,10 +1665,10 @@ mod tests {
                         .collect(),
                 )
             };
-            Some(crate::ServiceMetadataSpec {
+            Some(Box::new(crate::ServiceMetadataSpec {
                 labels: map(labels),
                 annotations: map(annotations),
-            })
+            }))
         };
         let cases: Vec<(Memcached, &str, &str)> = vec![
             (
@@ -1796,12 +1796,12 @@ mod tests {
         use k8s_openapi::api::core::v1::{PodSecurityContext, SELinuxOptions, SecurityContext};
         let good = with(|s| {
             s.graceful_shutdown = shutdown(20, Some(21));
-            s.service = Some(crate::ServiceMetadataSpec {
+            s.service = Some(Box::new(crate::ServiceMetadataSpec {
                 labels: Some([("team".to_string(), "cache".to_string())].into()),
                 annotations: Some(
                     [("mesh.example.com/inject".to_string(), "false".to_string())].into(),
                 ),
-            });
+            }));
             s.pod_security_context = Some(Box::new(PodSecurityContext {
                 run_as_user: Some(1_000_680_000),
                 se_linux_options: Some(SELinuxOptions {

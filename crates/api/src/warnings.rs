@@ -210,11 +210,11 @@ mod tests {
         assert_eq!(validate_update(&old, &m), Ok(()));
 
         let mut warm = mc("x", 3);
-        warm.spec.proxy = Some(crate::ProxySpec {
+        warm.spec.proxy = Some(Box::new(crate::ProxySpec {
             image: Some("memcached:1.6.38-patched".into()),
             warm_up: Some(crate::WarmUpSpec { enabled: true }),
             ..crate::ProxySpec::default()
-        });
+        }));
         let short = warnings(&warm, crate::DEFAULT_IMAGE);
         assert!(
             short.len() == 1 && short[0].contains("spec.gracefulShutdown.preStopDelaySeconds, 0 s"),
@@ -266,10 +266,10 @@ mod tests {
         let named = mc("cache-proxy", 3);
         assert!(warnings(&named, crate::DEFAULT_IMAGE)[0].contains("\"cache\""));
         let mut replicated = mc("x", 1);
-        replicated.spec.proxy = Some(crate::ProxySpec {
+        replicated.spec.proxy = Some(Box::new(crate::ProxySpec {
             copies: 2,
             ..crate::ProxySpec::default()
-        });
+        }));
         let said = warnings(&replicated, crate::DEFAULT_IMAGE);
         assert!(said.iter().any(|w| w.contains("cas")), "{said:?}");
         assert!(
@@ -280,12 +280,12 @@ mod tests {
         // Zones: fewer proxy pods than zones, and a size the zones do not share evenly.
         let zoned = |size: i32, replicas: i32| {
             let mut m = mc("x", size);
-            m.spec.proxy = Some(crate::ProxySpec {
+            m.spec.proxy = Some(Box::new(crate::ProxySpec {
                 copies: 3,
                 replicas,
                 zones: vec!["a".into(), "b".into(), "c".into()],
                 ..crate::ProxySpec::default()
-            });
+            }));
             warnings(&m, crate::DEFAULT_IMAGE)
         };
         let about = |said: &[String], field: &str| said.iter().any(|w| w.starts_with(field));

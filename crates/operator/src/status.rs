@@ -961,7 +961,7 @@ mod tests {
     fn proxy_ready_waits_for_pods_backends_and_the_kubelet() {
         let pool = deployment(1, 1, 3, 3, 3);
         let mut m = mc(3, 1);
-        m.spec.proxy = Some(memcached_api::ProxySpec::default());
+        m.spec.proxy = Some(Box::new(memcached_api::ProxySpec::default()));
         let backend = |pod: &str| ProxyBackend {
             zone: None,
             copy: 1,

@@ -219,7 +219,7 @@ impl Case {
                 ..MemcachedConfig::default()
             }),
             tls: (self.held == Held::Tls).then(|| TlsSpec::secret("certs")),
-            extstore: (self.load == Load::Extstore).then(ExtstoreSpec::default),
+            extstore: (self.load == Load::Extstore).then(Box::<ExtstoreSpec>::default),
             ..MemcachedSpec::with_size(1)
         };
         let mut mc = Memcached::new("headroom", spec.clone());

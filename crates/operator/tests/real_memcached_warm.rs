@@ -922,10 +922,10 @@ fn extstore_holds_four_times_the_memory() {
             memory_mib: MEMORY_MIB as i32,
             ..MemcachedConfig::default()
         }),
-        extstore: Some(ExtstoreSpec {
+        extstore: Some(Box::new(ExtstoreSpec {
             size: "1Gi".into(),
             ..ExtstoreSpec::default()
-        }),
+        })),
         ..MemcachedSpec::with_size(1)
     });
     memcached_api::validation::validate(&mc).expect("a valid spec");
@@ -1129,13 +1129,13 @@ fn small_extstore(size: &str, storage_class: Option<&str>, port: u16) -> Memcach
             memory_mib: 16,
             ..MemcachedConfig::default()
         }),
-        extstore: Some(ExtstoreSpec {
+        extstore: Some(Box::new(ExtstoreSpec {
             size: size.into(),
             storage_class_name: storage_class.map(String::from),
             page_size_mib: 2,
             write_buffer_mib: 2,
             ..ExtstoreSpec::default()
-        }),
+        })),
         ..MemcachedSpec::with_size(1)
     });
     memcached_api::validation::validate(&mc).expect("a valid spec");
@@ -1379,7 +1379,7 @@ proptest! {
         let mc = pool(MemcachedSpec {
             container_port: i32::from(port),
             config: Some(config),
-            extstore: Some(ext.clone()),
+            extstore: Some(Box::new(ext.clone())),
             rollout: min_ready.map(|s| RolloutSpec { min_ready_seconds: s, ..Default::default() }),
             tls: tls_rotation.map(|r| TlsSpec { secret_name: "certs".into(), rotation: Some(r), client_auth: None }),
             ..MemcachedSpec::with_size(1)

@@ -82,13 +82,13 @@ fn extstore_pool(env: &Env, storage_class: Option<&str>) -> MemcachedSpec {
             memory_mib: MEMORY_MIB,
             ..MemcachedConfig::default()
         }),
-        extstore: Some(ExtstoreSpec {
+        extstore: Some(Box::new(ExtstoreSpec {
             size: EXTSTORE_SIZE.into(),
             storage_class_name: storage_class.map(String::from),
             page_size_mib: 2,
             write_buffer_mib: 2,
             ..ExtstoreSpec::default()
-        }),
+        })),
         rollout: Some(RolloutSpec {
             min_ready_seconds: 0,
             ..Default::default()

@@ -507,7 +507,7 @@ pub fn desired_deployment_with(
                         }),
                         node_selector: spec.node_selector.clone(),
                         tolerations: spec.tolerations.clone(),
-                        affinity: pool_affinity(spec.affinity.as_ref(), zones),
+                        affinity: pool_affinity(spec.affinity.as_deref(), zones),
                         priority_class_name: spec.priority_class_name.clone(),
                         image_pull_secrets: spec.image_pull_secrets.clone(),
                         topology_spread_constraints: spread_constraints(

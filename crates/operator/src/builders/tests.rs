@@ -368,7 +368,7 @@ fn scheduling_fields_pass_through() {
     let mc = with_spec(|s| {
         s.node_selector = Some(BTreeMap::from([("pool".into(), "cache".into())]));
         s.tolerations = Some(tolerations.clone());
-        s.affinity = Some(affinity.clone());
+        s.affinity = Some(Box::new(affinity.clone()));
         s.priority_class_name = Some("high".into());
         s.pod_annotations = Some(BTreeMap::from([("team".into(), "infra".into())]));
         s.pod_labels = Some(BTreeMap::from([
@@ -797,12 +797,12 @@ fn rollouts_wait_30_seconds_per_pod_unless_told_otherwise() {
 #[test]
 fn extstore_headroom_is_in_the_volume_only() {
     let mc = with_spec(|s| {
-        s.extstore = Some(memcached_api::ExtstoreSpec {
+        s.extstore = Some(Box::new(memcached_api::ExtstoreSpec {
             size: "10G".into(),
             page_size_mib: 2,
             write_buffer_mib: 2,
             ..memcached_api::ExtstoreSpec::default()
-        })
+        }))
     });
     let d = deployment(&mc);
     let option = container(&d)
@@ -837,13 +837,13 @@ fn extstore_headroom_is_in_the_volume_only() {
     );
     assert_eq!(
         extstore_claim(&with_spec(|s| {
-            s.extstore = Some(memcached_api::ExtstoreSpec {
+            s.extstore = Some(Box::new(memcached_api::ExtstoreSpec {
                 size: "10G".into(),
                 storage_class_name: Some("fast".into()),
                 page_size_mib: 2,
                 write_buffer_mib: 2,
                 ..memcached_api::ExtstoreSpec::default()
-            })
+            }))
         })),
         // 10^10 bytes, an eighth of them and 64 MiB, rounded up to MiB.
         Some(Quantity("10793Mi".into()))
@@ -872,7 +872,7 @@ fn extstore_claim(mc: &Memcached) -> Option<Quantity> {
 
 #[test]
 fn extstore_adds_its_volume_flags_and_memory() {
-    let mc = with_spec(|s| s.extstore = Some(memcached_api::ExtstoreSpec::default()));
+    let mc = with_spec(|s| s.extstore = Some(Box::new(memcached_api::ExtstoreSpec::default())));
     let d = deployment(&mc);
     let args = container(&d).command.clone().expect("command");
     assert!(
@@ -919,7 +919,7 @@ fn extstore_adds_its_volume_flags_and_memory() {
 
     // With a StorageClass: a generic ephemeral volume of that class, off the node's disk.
     let mc = with_spec(|s| {
-        s.extstore = Some(memcached_api::ExtstoreSpec {
+        s.extstore = Some(Box::new(memcached_api::ExtstoreSpec {
             size: "20Gi".into(),
             storage_class_name: Some("fast-ssd".into()),
             page_size_mib: 32,
@@ -928,7 +928,7 @@ fn extstore_adds_its_volume_flags_and_memory() {
             item_size_bytes: 1024,
             item_age_seconds: Some(600),
             enabled: true,
-        })
+        }))
     });
     let d = deployment(&mc);
     let args = container(&d).command.clone().expect("command");
@@ -972,10 +972,10 @@ fn extstore_adds_its_volume_flags_and_memory() {
 
     // Off: nothing of it.
     let mc = with_spec(|s| {
-        s.extstore = Some(memcached_api::ExtstoreSpec {
+        s.extstore = Some(Box::new(memcached_api::ExtstoreSpec {
             enabled: false,
             ..memcached_api::ExtstoreSpec::default()
-        })
+        }))
     });
     let d = deployment(&mc);
     assert!(
@@ -1000,7 +1000,7 @@ fn image_pull_secrets_reach_every_pod() {
         s.image_pull_secrets = Some(vec![k8s_openapi::api::core::v1::LocalObjectReference {
             name: "registry-credentials".into(),
         }]);
-        s.proxy = Some(memcached_api::ProxySpec::default());
+        s.proxy = Some(Box::new(memcached_api::ProxySpec::default()));
     });
     let names = |pod: &PodSpec| {
         pod.image_pull_secrets
@@ -1125,7 +1125,7 @@ fn sasl_gives_memcached_a_configuration_with_plain_only() {
 
 fn proxied(edit: impl FnOnce(&mut MemcachedSpec)) -> Memcached {
     let mut mc = sample(3);
-    mc.spec.proxy = Some(memcached_api::ProxySpec::default());
+    mc.spec.proxy = Some(Box::new(memcached_api::ProxySpec::default()));
     edit(&mut mc.spec);
     mc
 }
@@ -1253,7 +1253,7 @@ fn security_overrides_replace_only_the_fields_they_set() {
 #[test]
 fn service_metadata_reaches_every_client_service_and_the_operators_labels_win() {
     let mc = proxied(|s| {
-        s.service = Some(memcached_api::ServiceMetadataSpec {
+        s.service = Some(Box::new(memcached_api::ServiceMetadataSpec {
             annotations: Some(
                 [(
                     "service.beta.kubernetes.io/aws-load-balancer-internal".to_string(),
@@ -1268,7 +1268,7 @@ fn service_metadata_reaches_every_client_service_and_the_operators_labels_win() 
                 ]
                 .into(),
             ),
-        })
+        }))
     });
     let services = [
         desired_service(&mc).expect("builds"),
@@ -1457,7 +1457,7 @@ fn the_network_policies_admit_the_clients_the_proxy_and_the_scrapers_only() {
             enabled: true,
             image: None,
         });
-        s.network_policy = Some(memcached_api::NetworkPolicySpec {
+        s.network_policy = Some(Box::new(memcached_api::NetworkPolicySpec {
             enabled: true,
             // The web pods of this namespace, and any pod of the `batch` namespaces.
             from: vec![
@@ -1478,7 +1478,7 @@ fn the_network_policies_admit_the_clients_the_proxy_and_the_scrapers_only() {
                 pod_selector: Some(selector(&[("app.kubernetes.io/name", "prometheus")])),
                 ..NetworkPolicyPeer::default()
             }],
-        });
+        }));
     });
     let pool = desired_network_policy(&mc)
         .expect("builds")
@@ -1711,12 +1711,12 @@ fn zones_place_the_pool_and_tell_each_proxy_pod_its_zone() {
     let zoned = |policy: Option<TopologySpread>, affinity: Option<Affinity>| {
         with_spec(|s| {
             s.topology_spread = policy;
-            s.affinity = affinity;
-            s.proxy = Some(memcached_api::ProxySpec {
+            s.affinity = affinity.map(Box::new);
+            s.proxy = Some(Box::new(memcached_api::ProxySpec {
                 copies: 2,
                 zones: zones.clone(),
                 ..memcached_api::ProxySpec::default()
-            });
+            }));
         })
     };
     let terms = |d: &Deployment| -> Vec<Vec<(String, Option<Vec<String>>)>> {
@@ -1814,11 +1814,11 @@ fn zones_place_the_pool_and_tell_each_proxy_pod_its_zone() {
 
     // Without zones: the user's affinity as given, no strict zone rule, no environment.
     let plain = with_spec(|s| {
-        s.affinity = Some(user.clone());
-        s.proxy = Some(memcached_api::ProxySpec {
+        s.affinity = Some(Box::new(user.clone()));
+        s.proxy = Some(Box::new(memcached_api::ProxySpec {
             copies: 2,
             ..memcached_api::ProxySpec::default()
-        });
+        }));
     });
     let d = deployment(&plain);
     assert_eq!(pod_spec(&d).affinity, Some(user));
@@ -1833,12 +1833,12 @@ fn zones_place_the_pool_and_tell_each_proxy_pod_its_zone() {
     assert_eq!(service.spec.and_then(|s| s.traffic_distribution), None);
     // Zones with the proxy off: no placement (the copies are the proxy's).
     let off = with_spec(|s| {
-        s.proxy = Some(memcached_api::ProxySpec {
+        s.proxy = Some(Box::new(memcached_api::ProxySpec {
             enabled: false,
             copies: 2,
             zones: zones.clone(),
             ..memcached_api::ProxySpec::default()
-        });
+        }));
     });
     assert_eq!(terms(&deployment(&off)), Vec::<Vec<_>>::new());
 }

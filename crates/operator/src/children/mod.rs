@@ -567,15 +567,15 @@ mod tests {
                     enabled: true,
                     image: None,
                 });
-                s.proxy = Some(memcached_api::ProxySpec {
+                s.proxy = Some(Box::new(memcached_api::ProxySpec {
                     enabled: true,
                     ..memcached_api::ProxySpec::default()
-                });
-                s.network_policy = Some(memcached_api::NetworkPolicySpec {
+                }));
+                s.network_policy = Some(Box::new(memcached_api::NetworkPolicySpec {
                     enabled: true,
                     from: vec![Default::default()],
                     metrics_from: Vec::new(),
-                });
+                }));
                 s.autoscaling = Some(memcached_api::AutoscalingSpec {
                     min_replicas: 1,
                     max_replicas: 5,

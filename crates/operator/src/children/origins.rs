@@ -75,7 +75,7 @@ const PASSED_THROUGH: &[PassedThrough] = &[
     PassedThrough {
         field: "spec.affinity",
         mark: |s| {
-            s.affinity = Some(Affinity {
+            s.affinity = Some(Box::new(Affinity {
                 node_affinity: Some(NodeAffinity {
                     required_during_scheduling_ignored_during_execution: Some(NodeSelector {
                         node_selector_terms: vec![NodeSelectorTerm {
@@ -90,7 +90,7 @@ const PASSED_THROUGH: &[PassedThrough] = &[
                     ..NodeAffinity::default()
                 }),
                 ..Affinity::default()
-            })
+            }))
         },
     },
     PassedThrough {
@@ -446,7 +446,7 @@ mod tests {
             enabled: true,
             image: None,
         });
-        mc.spec.proxy = Some(memcached_api::ProxySpec::default());
+        mc.spec.proxy = Some(Box::new(memcached_api::ProxySpec::default()));
         mc
     }
 

@@ -415,10 +415,10 @@ mod tests {
             enabled: true,
             image: None,
         });
-        s.extstore = Some(ExtstoreSpec {
+        s.extstore = Some(Box::new(ExtstoreSpec {
             enabled: true,
             ..ExtstoreSpec::default()
-        });
+        }));
     }
 
     fn deployment(mc: &Memcached, settings: &BuildSettings) -> Deployment {

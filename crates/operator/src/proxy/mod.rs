@@ -299,7 +299,7 @@ pub fn desired_proxy_deployment(
                         }),
                         node_selector: spec.node_selector.clone(),
                         tolerations: spec.tolerations.clone(),
-                        affinity: spec.affinity.clone(),
+                        affinity: spec.affinity.as_deref().cloned(),
                         priority_class_name: spec.priority_class_name.clone(),
                         image_pull_secrets: spec.image_pull_secrets.clone(),
                         topology_spread_constraints: builders::spread_constraints(
@@ -502,7 +502,7 @@ mod tests {
         let mut mc = Memcached::new(
             "cache",
             memcached_api::MemcachedSpec {
-                proxy,
+                proxy: proxy.map(Box::new),
                 ..memcached_api::MemcachedSpec::with_size(3)
             },
         );
