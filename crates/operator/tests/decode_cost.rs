@@ -233,8 +233,9 @@ async fn a_subscriber_of_an_idle_cache_holds_no_room_for_objects() {
 }
 
 /// What the cache holds per pool for its Deployment: pools made from one Memcached template
-/// differ in their Deployments' specs only by their names, and the cache keeps that text
-/// once, so a Deployment costs its metadata and status, not its 2 KB pod template again.
+/// differ in their Deployments' specs only by their names (and in their metadata's texts by
+/// their names and owners' uids), and the cache keeps those texts once, so a Deployment
+/// costs its typed metadata and status, not its 2 KB pod template and labels again.
 #[test]
 fn deployments_of_one_template_hold_their_spec_once() {
     use memcached_api::Memcached;
@@ -273,6 +274,14 @@ fn deployments_of_one_template_hold_their_spec_once() {
     assert!(
         each < spec_bytes,
         "each cached Deployment holds {each} bytes, more than its spec's {spec_bytes}"
+    );
+    // The labels, annotations and ownerReferences too: one text, the pool's name and uid
+    // put back from the metadata and the uid kept beside it.
+    use memcached_operator::cached::CacheForm;
+    assert!(
+        cached[0]
+            .meta_text()
+            .shares_with(cached[POOLS - 1].meta_text())
     );
     drop(cached);
 }

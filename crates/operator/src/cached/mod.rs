@@ -100,40 +100,57 @@ impl<'de> Deserialize<'de> for JsonText {
     }
 }
 
-/// A child's spec (or a ConfigMap's data) as JSON text, with every occurrence of the child's
-/// own name taken out, and that shape shared by every child whose text differs only in its
-/// name: the Deployments of pools made from one Memcached template hold one text between
-/// them, not 2.3 KB each (BENCHMARKS.md, "One text for the pools of one template").
+/// A child's spec (or a ConfigMap's data, or its labels, annotations and ownerReferences)
+/// as JSON text, with every occurrence of what makes it the child's own taken out (its own
+/// name, and its controller's uid), and that shape shared by every child whose text
+/// differs only in those: the Deployments of pools made from one Memcached template hold
+/// one text between them, not 2.3 KB each (BENCHMARKS.md, "One text for the pools of one
+/// template").
 ///
-/// The name is replaced by U+0001, which JSON text never holds unescaped (a serializer
-/// writes a control character as `\u0001`, and the text is always written by one), so
-/// putting the name back gives the text exactly as the API server sent it.
+/// Each value is replaced by its mark ([`MARKS`]: U+0001, U+0002), which JSON text never
+/// holds unescaped (a serializer writes a control character as `\u0001`, and the text is
+/// always written by one), so putting the values back gives the text
+/// exactly as the API server sent it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SharedText(Arc<str>);
 
-/// What stands for the child's name in a [`SharedText`].
-const NAME_MARK: char = '\u{1}';
+/// What stands in a [`SharedText`] for the child's name, and for its controller's uid.
+const MARKS: [char; 2] = ['\u{1}', '\u{2}'];
+
+/// The values a [`SharedText`]'s marks stand for, in the order of [`MARKS`].
+type Own<'a> = [Option<&'a str>; 2];
 
 impl SharedText {
-    /// `text` with `name` taken out, interned.
-    fn new(text: JsonText, name: Option<&str>) -> Self {
-        let text = String::from(text.0);
-        debug_assert!(!text.contains(NAME_MARK), "JSON text holds no raw U+0001");
-        let shape = match name {
-            Some(name) if !name.is_empty() && text.contains(name) => {
-                text.replace(name, NAME_MARK.encode_utf8(&mut [0; 4]))
+    /// `text` with its `own` values taken out, interned.
+    fn new(text: JsonText, own: Own) -> Self {
+        Self::of(String::from(text.0), own)
+    }
+
+    fn of(text: String, own: Own) -> Self {
+        debug_assert!(
+            !text.contains(MARKS),
+            "JSON text holds no raw U+0001 or U+0002"
+        );
+        let mut shape = text;
+        // The uid first: a short name (`a`) may occur inside a uid, which would otherwise
+        // be left in pieces, one per pool. Any order round-trips exactly.
+        for (value, mark) in own.into_iter().zip(MARKS).rev() {
+            if let Some(value) = value.filter(|v| !v.is_empty() && shape.contains(*v)) {
+                shape = shape.replace(value, mark.encode_utf8(&mut [0; 4]));
             }
-            _ => text,
-        };
+        }
         SharedText(Shapes::intern(shape))
     }
 
-    /// The text with `name` put back (the name it was made with).
-    pub fn text(&self, name: Option<&str>) -> Cow<'_, str> {
-        match name {
-            Some(name) if self.0.contains(NAME_MARK) => Cow::Owned(self.0.replace(NAME_MARK, name)),
-            _ => Cow::Borrowed(&self.0),
+    /// The text with its `own` values put back (those it was made with).
+    pub fn text(&self, own: Own) -> Cow<'_, str> {
+        let mut text = Cow::Borrowed(&*self.0);
+        for (value, mark) in own.into_iter().zip(MARKS) {
+            if let Some(value) = value.filter(|_| text.contains(mark)) {
+                text = Cow::Owned(text.replace(mark, value));
+            }
         }
+        text
     }
 
     /// Whether `self` and `other` are one allocation.
@@ -177,9 +194,14 @@ impl Shapes {
 }
 
 /// A cached child's labels, annotations and ownerReferences, as the text of one JSON object
-/// (`{"labels":…,"annotations":…,"ownerReferences":…}`, absent ones left out).
+/// (`{"labels":…,"annotations":…,"ownerReferences":…}`, absent ones left out), shared
+/// ([`SharedText`]) by the children of one kind and template: what differs between pools is
+/// the child's name (put back from its metadata) and its controller's uid (kept here).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MetaText(Box<str>);
+pub struct MetaText {
+    shape: SharedText,
+    owner_uid: Option<Box<str>>,
+}
 
 /// The three fields of [`MetaText`], typed.
 #[derive(Default, Deserialize)]
@@ -191,52 +213,73 @@ struct MetaFields {
 }
 
 impl MetaText {
-    fn new(fields: [(&str, Option<JsonText>); 3]) -> Self {
+    /// The fields of the child named `name`.
+    fn new(fields: [(&str, Option<JsonText>); 3], name: Option<&str>) -> Self {
+        #[derive(Deserialize)]
+        struct Owner {
+            uid: String,
+            #[serde(default)]
+            controller: Option<bool>,
+        }
         let mut text = String::from("{");
-        for (name, value) in fields {
+        let mut owner_uid = None;
+        for (field, value) in fields {
             if let Some(value) = value {
+                if field == "ownerReferences" {
+                    owner_uid = serde_json::from_str::<Vec<Owner>>(value.as_str())
+                        .ok()
+                        .and_then(|owners| owners.into_iter().find(|o| o.controller == Some(true)))
+                        .map(|o| o.uid.into_boxed_str());
+                }
                 if text.len() > 1 {
                     text.push(',');
                 }
                 text.push('"');
-                text.push_str(name);
+                text.push_str(field);
                 text.push_str("\":");
                 text.push_str(value.as_str());
             }
         }
         text.push('}');
-        MetaText(text.into_boxed_str())
+        MetaText {
+            shape: SharedText::of(text, [name, owner_uid.as_deref()]),
+            owner_uid,
+        }
     }
 
-    /// The text itself (hashed by the trigger classifier: any change to these fields is
-    /// drift).
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// The text of the child named `name` (the name in its metadata).
+    pub fn text(&self, name: Option<&str>) -> Cow<'_, str> {
+        self.shape.text([name, self.owner_uid.as_deref()])
+    }
+
+    /// Whether `self` and `other` share their text.
+    pub fn shares_with(&self, other: &MetaText) -> bool {
+        self.shape.shares_with(&other.shape)
     }
 
     /// The fields, typed. The text was written from the API's own JSON, so it parses; were
     /// a value not of its type (a label that is not a string), the fields read as absent,
     /// which the drift check sees as drift and repairs by applying again.
-    fn fields(&self) -> MetaFields {
-        serde_json::from_str(&self.0).unwrap_or_default()
+    fn fields(&self, name: Option<&str>) -> MetaFields {
+        serde_json::from_str(&self.text(name)).unwrap_or_default()
     }
 
-    /// `ownerReferences`, parsed.
-    pub fn owner_references(&self) -> Vec<OwnerReference> {
+    /// `ownerReferences` of the child named `name`, parsed.
+    fn owner_references(&self, name: Option<&str>) -> Vec<OwnerReference> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Owners {
             #[serde(default)]
             owner_references: Vec<OwnerReference>,
         }
-        serde_json::from_str::<Owners>(&self.0)
+        serde_json::from_str::<Owners>(&self.text(name))
             .map(|o| o.owner_references)
             .unwrap_or_default()
     }
 
     /// `metadata` with these fields filled in.
     pub fn complete(&self, metadata: &ObjectMeta) -> ObjectMeta {
-        let fields = self.fields();
+        let fields = self.fields(metadata.name.as_deref());
         ObjectMeta {
             labels: fields.labels,
             annotations: fields.annotations,
@@ -271,11 +314,14 @@ struct WireMeta {
 impl WireMeta {
     /// The metadata without labels, annotations and ownerReferences, and those as text.
     fn split(self) -> (ObjectMeta, MetaText) {
-        let text = MetaText::new([
-            ("labels", self.labels),
-            ("annotations", self.annotations),
-            ("ownerReferences", self.owner_references),
-        ]);
+        let text = MetaText::new(
+            [
+                ("labels", self.labels),
+                ("annotations", self.annotations),
+                ("ownerReferences", self.owner_references),
+            ],
+            self.name.as_deref(),
+        );
         let metadata = ObjectMeta {
             creation_timestamp: self.creation_timestamp,
             deletion_grace_period_seconds: self.deletion_grace_period_seconds,
@@ -316,6 +362,13 @@ pub trait CacheForm:
 
     /// Labels, annotations and ownerReferences (which `metadata` does not hold).
     fn meta_text(&self) -> &MetaText;
+
+    /// `metadata.ownerReferences` (`ResourceExt::owner_references` reads the typed
+    /// metadata, which does not hold them).
+    fn owners(&self) -> Vec<OwnerReference> {
+        self.meta_text()
+            .owner_references(self.meta().name.as_deref())
+    }
 
     /// The desired state this version of the child was last found converged with.
     fn verified(&self) -> &Verified;
@@ -386,7 +439,7 @@ impl<K> Clone for SpecOnly<K> {
 impl<K> SpecOnly<K> {
     /// The spec as the API server returned it, as JSON text.
     pub fn spec_json(&self) -> Cow<'_, str> {
-        self.spec.text(self.metadata.name.as_deref())
+        self.spec.text([self.metadata.name.as_deref(), None])
     }
 
     /// The spec's shared text (the same allocation as every child's whose spec differs
@@ -409,7 +462,7 @@ impl<'de, K> Deserialize<'de> for SpecOnly<K> {
         let wire = Wire::deserialize(deserializer)?;
         let (metadata, meta_text) = wire.metadata.split();
         Ok(Self {
-            spec: SharedText::new(wire.spec, metadata.name.as_deref()),
+            spec: SharedText::new(wire.spec, [metadata.name.as_deref(), None]),
             metadata,
             meta_text,
             verified: Verified::default(),

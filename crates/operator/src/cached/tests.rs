@@ -344,7 +344,7 @@ fn metadata_is_read_whole_except_managed_fields() {
         assert!(metadata.labels.is_none() && metadata.owner_references.is_none());
         assert_eq!(text.complete(&metadata), want);
         assert_eq!(
-            text.owner_references(),
+            text.owner_references(metadata.name.as_deref()),
             want.owner_references.clone().unwrap_or_default()
         );
     }
@@ -371,13 +371,13 @@ fn children_are_kept_whole_for_the_drift_check() {
         json["metadata"]["ownerReferences"]
     );
     assert_eq!(live["spec"], json["spec"]);
-    assert_eq!(cached.meta_text().owner_references()[0].name, "m");
+    assert_eq!(cached.owners()[0].name, "m");
 
     // A child with none of the three: an empty object, and nothing made up.
     let bare: CachedPdb =
         serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap_or_default();
-    assert_eq!(bare.meta_text().as_str(), "{}");
-    assert!(bare.meta_text().owner_references().is_empty());
+    assert_eq!(bare.meta_text().text(Some("b")), "{}");
+    assert!(bare.owners().is_empty());
     let live = bare.live_json().unwrap_or_default();
     assert!(live["metadata"].get("labels").is_none() && live.get("spec").is_none());
 }
@@ -437,4 +437,68 @@ fn pools_of_one_template_share_one_spec_text() {
         serde_json::from_str::<Value>(&b.spec_json()).unwrap_or_default(),
         json!({"maxUnavailable": 1, "selector": {"matchLabels": {LABEL_INSTANCE: "carts"}}})
     );
+}
+
+/// The labels, annotations and ownerReferences of the children of pools made from one
+/// template differ only in the pool's name and uid: one text for all of them, each child's
+/// read back exactly.
+#[test]
+fn pools_of_one_template_share_one_metadata_text() {
+    let service = |name: &str, owner: &str, uid: &str| {
+        json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("svc-{uid}"),
+                "labels": {LABEL_INSTANCE: owner, "app.kubernetes.io/name": "memcached"},
+                "annotations": {"team": "cache"},
+                "ownerReferences": [{"apiVersion": "cache.example.com/v1", "kind": "Memcached",
+                    "name": owner, "uid": uid, "controller": true,
+                    "blockOwnerDeletion": true}]},
+            "spec": {"clusterIP": "None", "selector": {LABEL_INSTANCE: owner}},
+        })
+    };
+    let sent = [
+        service(
+            "sessions",
+            "sessions",
+            "0c1f0e7e-1111-4000-8000-00000000000a",
+        ),
+        service("carts", "carts", "0c1f0e7e-2222-4000-8000-00000000000b"),
+        // Names that occur inside the uid, the label keys and values: read back exactly
+        // (shared or not).
+        service("a", "a", "0c1f0e7e-3333-4000-8000-0000000000aa"),
+        service(
+            "memcached",
+            "memcached",
+            "0c1f0e7e-4444-4000-8000-00000000000c",
+        ),
+        // A child not named as its owner: its text names the owner, so it is its own.
+        service(
+            "carts-proxy",
+            "carts",
+            "0c1f0e7e-2222-4000-8000-00000000000b",
+        ),
+        // No owner at all.
+        json!({"metadata": {"name": "loose", "labels": {"x": "loose"}}}),
+    ];
+    let cached: Vec<CachedService> = sent
+        .iter()
+        .map(|json| serde_json::from_str(&json.to_string()).unwrap_or_default())
+        .collect();
+    for (sent, cached) in sent.iter().zip(&cached) {
+        let live = cached.live_json().unwrap_or_default();
+        for field in ["labels", "annotations", "ownerReferences"] {
+            assert_eq!(
+                live["metadata"][field], sent["metadata"][field],
+                "{field} of {}",
+                sent["metadata"]["name"]
+            );
+        }
+        let owners = cached.owners();
+        let sent_owners = sent["metadata"]["ownerReferences"].as_array().cloned();
+        assert_eq!(owners.len(), sent_owners.unwrap_or_default().len());
+    }
+    let shared = |a: usize, b: usize| cached[a].meta_text().shares_with(cached[b].meta_text());
+    assert!(shared(0, 1), "one template, one text");
+    assert!(!shared(1, 4), "a proxy's text names its owner");
+    // Shared text, yet another owner: not the same metadata (the classifier hashes it).
+    assert_ne!(cached[0].meta_text(), cached[1].meta_text());
 }

@@ -362,8 +362,7 @@ impl Default for RolloutSlots {
 /// controls it; the proxy's Deployment is `NAME-proxy`).
 fn pool_of(d: &CachedDeployment) -> Option<ObjectRef<Memcached>> {
     let owner = d
-        .meta_text()
-        .owner_references()
+        .owners()
         .into_iter()
         .find(|o| o.controller == Some(true) && o.kind == "Memcached")?;
     (owner.api_version == Memcached::api_version(&()) && owner.name == d.name_any())

@@ -54,8 +54,7 @@ fn pod_owner(pod: &CachedPod) -> Option<ObjectRef<Memcached>> {
 /// Maps an owned child to the Memcached named in its controller ownerReference.
 fn controller_owner<K: CacheForm>(child: &K) -> Option<ObjectRef<Memcached>> {
     let owner = child
-        .meta_text()
-        .owner_references()
+        .owners()
         .into_iter()
         .find(|o| o.controller == Some(true) && o.kind == "Memcached")?;
     if owner.api_version != Memcached::api_version(&()) {

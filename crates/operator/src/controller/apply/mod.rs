@@ -54,8 +54,7 @@ impl Owner {
     /// The child's controller, when it is not this Memcached: `Kind name (uid …)`.
     pub fn other_controller<K: CacheForm>(&self, child: &K) -> Option<String> {
         let controller = child
-            .meta_text()
-            .owner_references()
+            .owners()
             .into_iter()
             .find(|o| o.controller == Some(true))?;
         (Some(&controller.uid) != self.uid.as_ref()).then(|| {
@@ -69,8 +68,7 @@ impl Owner {
     /// Whether this Memcached is the child's controller.
     pub fn controls<K: CacheForm>(&self, child: &K) -> bool {
         child
-            .meta_text()
-            .owner_references()
+            .owners()
             .iter()
             .any(|o| o.controller == Some(true) && Some(&o.uid) == self.uid.as_ref())
     }
