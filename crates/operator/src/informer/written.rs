@@ -18,6 +18,7 @@
 //! version is not a number is never held here.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,13 +40,18 @@ struct Entry<K> {
     object: Arc<K>,
 }
 
+/// The entries are filed under a hash of the object's namespace and name ([`State::key`]),
+/// not under an `ObjectRef` (about 250 bytes with its four strings, twice per write while
+/// thousands of pools are created): an entry answers only for the object it holds, so
+/// another object of the same hash (by a hasher seeded per process) only finds nothing.
 struct State<K: Resource<DynamicType = ()>> {
-    by_ref: HashMap<ObjectRef<K>, Entry<K>>,
+    by_ref: HashMap<u64, Entry<K>>,
     /// Deletions the watch delivered: the version deleted, and when.
-    deleted: HashMap<ObjectRef<K>, (u64, Instant)>,
+    deleted: HashMap<u64, (u64, Instant)>,
     /// When each entry and deletion was made, oldest first (one already gone, or made
     /// again since, is skipped when its turn comes).
-    order: VecDeque<(Instant, ObjectRef<K>)>,
+    order: VecDeque<(Instant, u64)>,
+    hasher: RandomState,
 }
 
 /// The objects this process wrote that the watch has not delivered yet (a cheap handle).
@@ -72,13 +78,27 @@ impl<K: Resource<DynamicType = ()>> Default for Written<K> {
                 by_ref: HashMap::new(),
                 deleted: HashMap::new(),
                 order: VecDeque::new(),
+                hasher: RandomState::new(),
             })),
             used: Arc::default(),
         }
     }
 }
 
+/// Whether `obj` is the object `namespace`/`name`.
+fn is<K: Resource>(obj: &K, namespace: Option<&str>, name: &str) -> bool {
+    obj.meta().name.as_deref() == Some(name) && obj.meta().namespace.as_deref() == namespace
+}
+
 impl<K: Resource<DynamicType = ()>> State<K> {
+    fn key(&self, namespace: Option<&str>, name: &str) -> u64 {
+        self.hasher.hash_one((namespace, name))
+    }
+
+    fn key_of(&self, obj: &K) -> u64 {
+        self.key(obj.meta().namespace.as_deref(), &obj.name_any())
+    }
+
     /// Drops what is past its time at `now` (oldest first: each is looked at once).
     fn expire(&mut self, now: Instant) {
         while let Some((at, _)) = self.order.front()
@@ -111,8 +131,8 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
         let Some(version) = version(obj.as_ref()) else {
             return;
         };
-        let key = ObjectRef::from_obj(obj.as_ref());
         let mut state = self.state();
+        let key = state.key_of(obj.as_ref());
         state.expire(now);
         // A write older than one already held (answers can come back out of order) leaves
         // it; one the watch has already delivered the deletion of is not brought back.
@@ -121,7 +141,7 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
         {
             return;
         }
-        state.order.push_back((now, key.clone()));
+        state.order.push_back((now, key));
         state.by_ref.insert(
             key,
             Entry {
@@ -141,8 +161,13 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
         if state.by_ref.is_empty() {
             return;
         }
-        let key = ObjectRef::from_obj(obj);
+        let key = state.key_of(obj);
         if let Some(entry) = state.by_ref.get(&key)
+            && is(
+                entry.object.as_ref(),
+                obj.meta().namespace.as_deref(),
+                &obj.name_any(),
+            )
             && version(obj).is_none_or(|v| v >= entry.version)
         {
             state.by_ref.remove(&key);
@@ -154,12 +179,12 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
         if !self.used() {
             return;
         }
-        let key = ObjectRef::from_obj(obj);
         let mut state = self.state();
+        let key = state.key_of(obj);
         state.expire(now);
         state.by_ref.remove(&key);
         if let Some(version) = version(obj) {
-            state.order.push_back((now, key.clone()));
+            state.order.push_back((now, key));
             state.deleted.insert(key, (version, now));
         }
     }
@@ -175,14 +200,19 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
     /// The newer of `cached` and our write of `key`, at `now`.
     fn newer(&self, key: &ObjectRef<K>, cached: Option<Arc<K>>, now: Instant) -> Option<Arc<K>> {
         let mut state = self.state();
-        let Some(entry) = state.by_ref.get(key) else {
+        let hash = state.key(key.namespace.as_deref(), &key.name);
+        let Some(entry) = state
+            .by_ref
+            .get(&hash)
+            .filter(|e| is(e.object.as_ref(), key.namespace.as_deref(), &key.name))
+        else {
             return cached;
         };
         let caught_up = cached
             .as_ref()
             .is_some_and(|c| version(c.as_ref()).is_none_or(|v| v >= entry.version));
         if caught_up || now.duration_since(entry.at) >= WRITTEN_TTL {
-            state.by_ref.remove(key);
+            state.by_ref.remove(&hash);
             return cached;
         }
         Some(entry.object.clone())
