@@ -71,6 +71,12 @@ pub struct BenchArgs {
     /// O(N²). The in-memory server runs no such controllers; it takes K all the same.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub namespaces: u16,
+    /// With `--kubeconfig`: run the operator as its default install does, watching every
+    /// namespace (one informer per kind), instead of exactly the phase's namespaces (one
+    /// informer per kind and namespace). The pools are spread over `--namespaces` all the
+    /// same.
+    #[arg(long, requires = "kubeconfig")]
+    pub cluster_wide: bool,
     /// With `--kubeconfig`: the API server's audit log (metadata level, one JSON event per
     /// line, as `make dev-cluster` writes it). The operator's requests (its `User-Agent` is
     /// `memcached-operator/…`) are counted from it, as the server saw them.

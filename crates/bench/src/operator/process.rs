@@ -56,8 +56,9 @@ impl Operator {
             // The operator logs to stdout, its start-up errors go to stderr.
             .stdout(file.try_clone()?)
             .stderr(file);
-        // On a cluster it watches the phase's namespaces (comma-separated), nothing else.
-        if env.cluster {
+        // On a cluster it watches the phase's namespaces (comma-separated), nothing else,
+        // unless it is to watch them all.
+        if env.cluster && !args.cluster_wide {
             cmd.arg(format!("--namespace={}", env.namespaces.join(",")));
         }
         let mut child = cmd.spawn()?;

@@ -128,6 +128,9 @@ pub(super) fn table(args: &BenchArgs, rows: &[Row]) -> String {
             if args.namespaces > 1 {
                 about.push(format!("{} namespaces", args.namespaces));
             }
+            if args.cluster_wide {
+                about.push("operator watching all namespaces".to_string());
+            }
             if about.is_empty() {
                 format!("N={}", r.n)
             } else {
@@ -329,6 +332,11 @@ mod tests {
             "| | N=60 (reconciles 16, 3 namespaces) |"
         );
         assert!(args(&["--namespaces", "0"]).is_err());
+        assert_eq!(
+            header(&["--namespaces", "3", "--kubeconfig", "k", "--cluster-wide"]),
+            "| | N=60 (3 namespaces, operator watching all namespaces) |"
+        );
+        assert!(args(&["--cluster-wide"]).is_err(), "only on a cluster");
     }
 
     #[test]
