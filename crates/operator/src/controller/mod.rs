@@ -174,7 +174,7 @@ pub async fn run_controller(
     }
     let queued = move |key: &ObjectRef<Memcached>| {
         if let Some(t) = &telemetry {
-            t.queued(key.clone());
+            t.queued(key);
         }
     };
     let normal_forms = Arc::new(NormalForms::default());
