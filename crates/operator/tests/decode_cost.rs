@@ -241,6 +241,7 @@ fn deployments_of_one_template_hold_their_spec_once() {
     use memcached_api::Memcached;
     use memcached_operator::builders::{BuildSettings, desired_deployment};
     use memcached_operator::cached::CachedDeployment;
+    use memcached_operator::drift;
 
     const POOLS: usize = 200;
     let settings = BuildSettings::default();
@@ -253,6 +254,12 @@ fn deployments_of_one_template_hold_their_spec_once() {
             let mut deployment =
                 serde_json::to_value(desired_deployment(&mc, &settings).expect("builds"))
                     .expect("JSON");
+            // The annotations the operator's apply and the Deployment controller add: a
+            // hash of the pool's own desired state, and the revision.
+            let hash = drift::desired_hash(&deployment);
+            let annotations = &mut deployment["metadata"]["annotations"];
+            annotations["deployment.kubernetes.io/revision"] = json!("1");
+            annotations["memcached.cache.example.com/applied-hash"] = json!(hash);
             deployment["metadata"]["uid"] = json!(format!("0c1f0e7e-0000-4000-8000-{i:012}"));
             deployment["metadata"]["resourceVersion"] = json!(format!("{}", 100_000 + i));
             deployment["status"] = json!({"observedGeneration": 1, "replicas": 3,

@@ -123,7 +123,7 @@ impl From<WireDeployment> for CachedDeployment {
             .ok()
             .and_then(|s| s.replicas);
         CachedDeployment {
-            spec: SharedText::new(d.spec, [metadata.name.as_deref(), None]),
+            spec: SharedText::new(d.spec, [metadata.name.as_deref(), None, None]),
             metadata,
             meta_text,
             replicas,
@@ -137,7 +137,7 @@ impl CacheForm for CachedDeployment {
     type Full = Deployment;
 
     fn live_json(&self) -> Option<Value> {
-        let spec = self.spec.text([self.metadata.name.as_deref(), None]);
+        let spec = self.spec.text([self.metadata.name.as_deref(), None, None]);
         let mut json = object_json::<Deployment>(&self.metadata, &self.meta_text, &spec)?;
         json["status"] = serde_json::to_value(&self.status).ok()?;
         Some(json)

@@ -19,8 +19,10 @@
 //! while they are read ([`JsonText`]), never built as a `serde_json::Value` tree first.
 //!
 //! And a spec's text is kept once for every child whose spec differs from it only in the
-//! child's own name ([`SharedText`]): the Deployments of the pools made from one template
-//! share one text (973 bytes per cached Deployment instead of 2,873, `tests/decode_cost.rs`).
+//! child's own name ([`SharedText`]), and the metadata's text once for every child whose
+//! differs only in its name, its owner's uid and its applied-hash annotation: the
+//! Deployments of the pools made from one template share both (682 bytes per cached
+//! Deployment instead of 2,873 with both texts its own, `tests/decode_cost.rs`).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -102,23 +104,24 @@ impl<'de> Deserialize<'de> for JsonText {
 
 /// A child's spec (or a ConfigMap's data, or its labels, annotations and ownerReferences)
 /// as JSON text, with every occurrence of what makes it the child's own taken out (its own
-/// name, and its controller's uid), and that shape shared by every child whose text
-/// differs only in those: the Deployments of pools made from one Memcached template hold
+/// name, its controller's uid, the hash of its desired state), and that shape shared by
+/// every child whose text differs only in those: the Deployments of pools made from one Memcached template hold
 /// one text between them, not 2.3 KB each (BENCHMARKS.md, "One text for the pools of one
 /// template").
 ///
-/// Each value is replaced by its mark ([`MARKS`]: U+0001, U+0002), which JSON text never
+/// Each value is replaced by its mark ([`MARKS`]: U+0001 to U+0003), which JSON text never
 /// holds unescaped (a serializer writes a control character as `\u0001`, and the text is
 /// always written by one), so putting the values back gives the text
 /// exactly as the API server sent it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SharedText(Arc<str>);
 
-/// What stands in a [`SharedText`] for the child's name, and for its controller's uid.
-const MARKS: [char; 2] = ['\u{1}', '\u{2}'];
+/// What stands in a [`SharedText`] for the child's name, its controller's uid, and the
+/// value of its applied-hash annotation.
+const MARKS: [char; 3] = ['\u{1}', '\u{2}', '\u{3}'];
 
 /// The values a [`SharedText`]'s marks stand for, in the order of [`MARKS`].
-type Own<'a> = [Option<&'a str>; 2];
+type Own<'a> = [Option<&'a str>; 3];
 
 impl SharedText {
     /// `text` with its `own` values taken out, interned.
@@ -129,11 +132,11 @@ impl SharedText {
     fn of(text: String, own: Own) -> Self {
         debug_assert!(
             !text.contains(MARKS),
-            "JSON text holds no raw U+0001 or U+0002"
+            "JSON text holds no raw U+0001 to U+0003"
         );
         let mut shape = text;
-        // The uid first: a short name (`a`) may occur inside a uid, which would otherwise
-        // be left in pieces, one per pool. Any order round-trips exactly.
+        // The hash and the uid first: a short name (`a`) may occur inside them, which would
+        // otherwise be left in pieces, one per pool. Any order round-trips exactly.
         for (value, mark) in own.into_iter().zip(MARKS).rev() {
             if let Some(value) = value.filter(|v| !v.is_empty() && shape.contains(*v)) {
                 shape = shape.replace(value, mark.encode_utf8(&mut [0; 4]));
@@ -196,11 +199,21 @@ impl Shapes {
 /// A cached child's labels, annotations and ownerReferences, as the text of one JSON object
 /// (`{"labels":…,"annotations":…,"ownerReferences":…}`, absent ones left out), shared
 /// ([`SharedText`]) by the children of one kind and template: what differs between pools is
-/// the child's name (put back from its metadata) and its controller's uid (kept here).
+/// the child's name (put back from its metadata), its controller's uid and its
+/// applied-hash annotation (kept here).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MetaText {
     shape: SharedText,
     owner_uid: Option<Box<str>>,
+    applied_hash: Option<Box<str>>,
+}
+
+/// The annotation whose value [`MetaText`] keeps beside its shared text
+/// ([`crate::builders::APPLIED_HASH_ANNOTATION`]).
+#[derive(Deserialize)]
+struct AppliedHash {
+    #[serde(rename = "memcached.cache.example.com/applied-hash")]
+    hash: Option<String>,
 }
 
 /// The three fields of [`MetaText`], typed.
@@ -223,8 +236,15 @@ impl MetaText {
         }
         let mut text = String::from("{");
         let mut owner_uid = None;
+        let mut applied_hash = None;
         for (field, value) in fields {
             if let Some(value) = value {
+                if field == "annotations" {
+                    applied_hash = serde_json::from_str::<AppliedHash>(value.as_str())
+                        .ok()
+                        .and_then(|a| a.hash)
+                        .map(String::into_boxed_str);
+                }
                 if field == "ownerReferences" {
                     owner_uid = serde_json::from_str::<Vec<Owner>>(value.as_str())
                         .ok()
@@ -242,14 +262,19 @@ impl MetaText {
         }
         text.push('}');
         MetaText {
-            shape: SharedText::of(text, [name, owner_uid.as_deref()]),
+            shape: SharedText::of(text, [name, owner_uid.as_deref(), applied_hash.as_deref()]),
             owner_uid,
+            applied_hash,
         }
     }
 
     /// The text of the child named `name` (the name in its metadata).
     pub fn text(&self, name: Option<&str>) -> Cow<'_, str> {
-        self.shape.text([name, self.owner_uid.as_deref()])
+        self.shape.text([
+            name,
+            self.owner_uid.as_deref(),
+            self.applied_hash.as_deref(),
+        ])
     }
 
     /// Whether `self` and `other` share their text.
@@ -439,7 +464,7 @@ impl<K> Clone for SpecOnly<K> {
 impl<K> SpecOnly<K> {
     /// The spec as the API server returned it, as JSON text.
     pub fn spec_json(&self) -> Cow<'_, str> {
-        self.spec.text([self.metadata.name.as_deref(), None])
+        self.spec.text([self.metadata.name.as_deref(), None, None])
     }
 
     /// The spec's shared text (the same allocation as every child's whose spec differs
@@ -462,7 +487,7 @@ impl<'de, K> Deserialize<'de> for SpecOnly<K> {
         let wire = Wire::deserialize(deserializer)?;
         let (metadata, meta_text) = wire.metadata.split();
         Ok(Self {
-            spec: SharedText::new(wire.spec, [metadata.name.as_deref(), None]),
+            spec: SharedText::new(wire.spec, [metadata.name.as_deref(), None, None]),
             metadata,
             meta_text,
             verified: Verified::default(),

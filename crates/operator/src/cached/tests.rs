@@ -6,7 +6,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::builders::{LABEL_INSTANCE, LABEL_NAME};
+use crate::builders::{APPLIED_HASH_ANNOTATION, LABEL_INSTANCE, LABEL_NAME};
 use crate::proxy::{DELETION_COST_ANNOTATION, PROXY_APP_NAME};
 
 #[test]
@@ -448,7 +448,9 @@ fn pools_of_one_template_share_one_metadata_text() {
         json!({
             "metadata": {"name": name, "namespace": "ns", "uid": format!("svc-{uid}"),
                 "labels": {LABEL_INSTANCE: owner, "app.kubernetes.io/name": "memcached"},
-                "annotations": {"team": "cache"},
+                "annotations": {"team": "cache",
+                    // Each pool's own, as the operator writes it.
+                    APPLIED_HASH_ANNOTATION: uid[19..].replace('-', "")},
                 "ownerReferences": [{"apiVersion": "cache.example.com/v1", "kind": "Memcached",
                     "name": owner, "uid": uid, "controller": true,
                     "blockOwnerDeletion": true}]},
@@ -501,4 +503,8 @@ fn pools_of_one_template_share_one_metadata_text() {
     assert!(!shared(1, 4), "a proxy's text names its owner");
     // Shared text, yet another owner: not the same metadata (the classifier hashes it).
     assert_ne!(cached[0].meta_text(), cached[1].meta_text());
+    // The annotation whose value is kept aside is the one the operator writes.
+    let applied: AppliedHash = serde_json::from_value(json!({APPLIED_HASH_ANNOTATION: "00ff"}))
+        .unwrap_or(AppliedHash { hash: None });
+    assert_eq!(applied.hash.as_deref(), Some("00ff"));
 }
