@@ -362,8 +362,9 @@ pub fn refusal(
         422 => true,
         // Forbidden, but not by RBAC: the cluster's own policies refuse the object (a
         // ResourceQuota or LimitRange, an admission webhook or policy), and will go on
-        // refusing it however often it is retried.
-        403 => !is_rbac_denial(status),
+        // refusing it however often it is retried. Nor because its namespace is being
+        // deleted: nothing about the object, and over when the namespace is gone.
+        403 => !is_rbac_denial(status) && !is_namespace_terminating(status),
         // The server could not even convert the object to its type (a quantity that does
         // not parse): a 500 about the object, not about the server.
         500 => status
@@ -384,6 +385,17 @@ pub fn is_rbac_denial(status: &Status) -> bool {
     status.code == 403
         && status.message.contains(" cannot ")
         && status.message.contains(" resource \"")
+}
+
+/// Whether the server refused to create an object because its namespace is being deleted
+/// (the namespace lifecycle admission's 403, with a `NamespaceTerminating` cause on
+/// `metadata.namespace`).
+pub fn is_namespace_terminating(status: &Status) -> bool {
+    status.code == 403
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
 }
 
 /// The API server's refusal of `child` as errors on the Memcached: each cause with a field
@@ -585,5 +597,42 @@ mod tests {
         ] {
             assert!(!is_rbac_denial(&status(admission)), "{admission}");
         }
+    }
+
+    /// A create refused because the pool's namespace is being deleted is not the spec's
+    /// fault: not reported as a refusal of what the spec builds (the answer below is the
+    /// API server's, as the operator logged it while the bench's namespaces terminated).
+    #[test]
+    fn a_terminating_namespace_is_not_a_refused_spec() {
+        let terminating: Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure",
+            "message": "deployments.apps \"cache\" is forbidden: unable to create new content \
+                in namespace team-a because it is being terminated",
+            "reason": "Forbidden",
+            "details": {"name": "cache", "group": "apps", "kind": "deployments",
+                "causes": [{"reason": "NamespaceTerminating",
+                    "message": "namespace team-a is being terminated",
+                    "field": "metadata.namespace"}]},
+            "code": 403,
+        }))
+        .unwrap_or_else(|_| Status::failure("unparsed", "Forbidden"));
+        assert!(is_namespace_terminating(&terminating));
+        let mc = every_feature();
+        let inputs = Inputs {
+            settings: &BuildSettings::default(),
+            secrets: &SecretVersions::default(),
+            backends: &[],
+            services: LiveServices::default(),
+        };
+        let child = &CHILDREN[0];
+        assert!(refusal(child, &mc, &inputs, "cache", &terminating).is_none());
+        // A quota's 403 is still the object's.
+        let quota = Status::failure(
+            "deployments.apps \"cache\" is forbidden: exceeded quota",
+            "Forbidden",
+        )
+        .with_code(403);
+        assert!(!is_namespace_terminating(&quota));
+        assert!(refusal(child, &mc, &inputs, "cache", &quota).is_some());
     }
 }
