@@ -105,14 +105,14 @@ impl<'de> Deserialize<'de> for JsonText {
 /// A child's spec (or a ConfigMap's data, or its labels, annotations and ownerReferences)
 /// as JSON text, with every occurrence of what makes it the child's own taken out (its own
 /// name, its controller's uid, the hash of its desired state), and that shape shared by
-/// every child whose text differs only in those: the Deployments of pools made from one Memcached template hold
-/// one text between them, not 2.3 KB each (BENCHMARKS.md, "One text for the pools of one
-/// template").
+/// every child whose text differs only in those: the Deployments of pools made from one
+/// Memcached template hold one text between them, not 2.3 KB each (BENCHMARKS.md, "One
+/// text for the pools of one template").
 ///
 /// Each value is replaced by its mark ([`MARKS`]: U+0001 to U+0003), which JSON text never
 /// holds unescaped (a serializer writes a control character as `\u0001`, and the text is
-/// always written by one), so putting the values back gives the text
-/// exactly as the API server sent it.
+/// always written by one), so putting the values back gives the text exactly as the API
+/// server sent it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SharedText(Arc<str>);
 

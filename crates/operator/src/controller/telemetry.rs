@@ -116,7 +116,8 @@ pub struct Telemetry {
     /// The series of `problems` each pool has now (condition and reason; the namespace and
     /// name are the key's), to remove them when they clear. Not the labels themselves: at
     /// 10,000 new pools, each Ready and Available False until its pods are, a second copy
-    /// of every series' four strings was some 5 MB.
+    /// of every series' labels was about 3 MB (`tests/decode_cost.rs`: 1,502 bytes a new
+    /// pool against 1,212).
     problems_by_pool: Arc<Mutex<HashMap<ObjectRef<Memcached>, Vec<Problem>>>>,
     /// Keys waiting for a reconcile (the work queue's content, for `workqueue_depth`).
     /// Filed by a hash of the key (seeded per process), not a third copy of every queued
