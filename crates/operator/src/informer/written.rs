@@ -41,9 +41,10 @@ struct Entry<K> {
 }
 
 /// The entries are filed under a hash of the object's namespace and name ([`State::key`]),
-/// not under an `ObjectRef` (about 250 bytes with its four strings, twice per write while
-/// thousands of pools are created): an entry answers only for the object it holds, so
-/// another object of the same hash (by a hasher seeded per process) only finds nothing.
+/// not under an `ObjectRef` (a copy of its name, namespace, version and uid, twice per
+/// write while thousands of pools are created): an entry answers only for the object it
+/// holds ([`State::held`]), so another object of the same hash (by a hasher seeded per
+/// process) only finds nothing.
 struct State<K: Resource<DynamicType = ()>> {
     by_ref: HashMap<u64, Entry<K>>,
     /// Deletions the watch delivered: the version deleted, and when.
@@ -85,18 +86,36 @@ impl<K: Resource<DynamicType = ()>> Default for Written<K> {
     }
 }
 
-/// Whether `obj` is the object `namespace`/`name`.
-fn is<K: Resource>(obj: &K, namespace: Option<&str>, name: &str) -> bool {
-    obj.meta().name.as_deref() == Some(name) && obj.meta().namespace.as_deref() == namespace
-}
-
 impl<K: Resource<DynamicType = ()>> State<K> {
     fn key(&self, namespace: Option<&str>, name: &str) -> u64 {
         self.hasher.hash_one((namespace, name))
     }
 
     fn key_of(&self, obj: &K) -> u64 {
-        self.key(obj.meta().namespace.as_deref(), &obj.name_any())
+        let meta = obj.meta();
+        self.key(
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// The key `namespace`/`name` is filed under, and its entry if one holds that object.
+    fn held(&self, namespace: Option<&str>, name: &str) -> (u64, Option<&Entry<K>>) {
+        let key = self.key(namespace, name);
+        let entry = self.by_ref.get(&key).filter(|e| {
+            let meta = e.object.meta();
+            meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == namespace
+        });
+        (key, entry)
+    }
+
+    /// The entry `obj` would be filed under, if one holds that object.
+    fn held_of(&self, obj: &K) -> (u64, Option<&Entry<K>>) {
+        let meta = obj.meta();
+        self.held(
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
     }
 
     /// Drops what is past its time at `now` (oldest first: each is looked at once).
@@ -161,15 +180,8 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
         if state.by_ref.is_empty() {
             return;
         }
-        let key = state.key_of(obj);
-        if let Some(entry) = state.by_ref.get(&key)
-            && is(
-                entry.object.as_ref(),
-                obj.meta().namespace.as_deref(),
-                &obj.name_any(),
-            )
-            && version(obj).is_none_or(|v| v >= entry.version)
-        {
+        let (key, entry) = state.held_of(obj);
+        if entry.is_some_and(|e| version(obj).is_none_or(|v| v >= e.version)) {
             state.by_ref.remove(&key);
         }
     }
@@ -180,9 +192,11 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
             return;
         }
         let mut state = self.state();
-        let key = state.key_of(obj);
+        let (key, entry) = state.held_of(obj);
+        if entry.is_some() {
+            state.by_ref.remove(&key);
+        }
         state.expire(now);
-        state.by_ref.remove(&key);
         if let Some(version) = version(obj) {
             state.order.push_back((now, key));
             state.deleted.insert(key, (version, now));
@@ -200,12 +214,8 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
     /// The newer of `cached` and our write of `key`, at `now`.
     fn newer(&self, key: &ObjectRef<K>, cached: Option<Arc<K>>, now: Instant) -> Option<Arc<K>> {
         let mut state = self.state();
-        let hash = state.key(key.namespace.as_deref(), &key.name);
-        let Some(entry) = state
-            .by_ref
-            .get(&hash)
-            .filter(|e| is(e.object.as_ref(), key.namespace.as_deref(), &key.name))
-        else {
+        let (hash, entry) = state.held(key.namespace.as_deref(), &key.name);
+        let Some(entry) = entry else {
             return cached;
         };
         let caught_up = cached
@@ -391,5 +401,30 @@ mod tests {
         // A version that is not a number is never held.
         written.record(Arc::new(cm("d", "v1", "z")), t0 + WRITTEN_TTL);
         assert_eq!(written.len(), 1);
+    }
+
+    /// An entry answers only for the object it holds: another object filed under the same
+    /// hash (forced here) finds nothing, and the watch's events of it leave the entry.
+    #[test]
+    fn an_entry_answers_only_for_its_own_object() {
+        let written = Written::<ConfigMap>::default();
+        let t0 = Instant::now();
+        {
+            let mut state = written.state();
+            let b = state.key(Some("ns"), "b");
+            state.by_ref.insert(
+                b,
+                Entry {
+                    version: 10,
+                    at: t0,
+                    object: Arc::new(cm("a", "10", "a's")),
+                },
+            );
+        }
+        written.used.store(true, Ordering::Relaxed);
+        assert_eq!(written.newer(&key("b"), None, t0), None);
+        written.seen(&cm("b", "11", "b's"));
+        written.deleted(&cm("b", "12", "b's"), t0);
+        assert_eq!(written.len(), 1, "b's events leave the entry holding a");
     }
 }
