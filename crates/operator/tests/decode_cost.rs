@@ -341,3 +341,71 @@ fn the_problems_of_new_pools_are_held_once() {
         "a new pool's two problem series hold {each} bytes"
     );
 }
+
+/// What the pod cache holds per pod, the store's own bookkeeping included: a pool's pods
+/// are most of what an operator of many pools caches (30,000 at 10,000 pools), and the
+/// store files each under its namespace and name without copying them (8 bytes a slot,
+/// where kube-runtime's reflector keeps a copy of the name, namespace, resourceVersion and
+/// uid in a 104-byte slot).
+#[test]
+fn the_pod_cache_keeps_no_copy_of_a_pods_identity() {
+    use kube::runtime::watcher::Event;
+    use memcached_operator::cached::CachedPod;
+    use memcached_operator::informer::Store;
+
+    const PODS: usize = 3_000;
+    let sent: Vec<String> = (0..PODS)
+        .map(|i| {
+            let pool = format!("pool-{:05}", i / 3);
+            json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": format!("{pool}-7d9f8c6b5d-{:05x}", i),
+                    "namespace": format!("mc-bench-{}", i % 100),
+                    "uid": format!("0c1f0e7e-0000-4000-8000-{i:012}"),
+                    "resourceVersion": format!("{}", 1_000_000 + i),
+                    "creationTimestamp": "2026-11-29T08:00:00Z",
+                    "labels": {
+                        "app.kubernetes.io/name": "memcached",
+                        "app.kubernetes.io/instance": pool,
+                        "app.kubernetes.io/managed-by": "memcached-operator",
+                        "pod-template-hash": "7d9f8c6b5d",
+                    },
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                        "name": format!("{pool}-7d9f8c6b5d"), "controller": true,
+                        "uid": format!("1c1f0e7e-0000-4000-8000-{i:012}")}],
+                },
+                "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6"}]},
+                "status": {"phase": "Running", "podIP": format!("10.0.{}.{}", i / 250, i % 250),
+                    "conditions": [{"type": "Ready", "status": "True"}]},
+            })
+            .to_string()
+        })
+        .collect();
+    let parse = |text: &String| serde_json::from_str::<CachedPod>(text).expect("a cached pod");
+    let (objects, objects_held, _) = counted(|| {
+        sent.iter()
+            .map(|t| std::sync::Arc::new(parse(t)))
+            .collect::<Vec<_>>()
+    });
+    drop(objects);
+    let ((store, writer), held, _) = counted(|| {
+        let (store, mut writer) = Store::<CachedPod>::new();
+        for text in &sent {
+            writer.apply(Event::Apply(parse(text)));
+        }
+        (store, writer)
+    });
+    assert_eq!(store.len(), PODS);
+    let each = held / PODS;
+    let own = objects_held.saturating_sub(PODS * 8) / PODS;
+    println!("the pod cache holds {each} bytes per pod; each pod's own objects are {own}");
+    // The table of `Arc`s grows by doubling: at most 16 bytes a pod with its empty slots.
+    assert!(
+        each <= own + 40,
+        "the pod cache holds {each} bytes per pod, {} more than the pod itself",
+        each - own
+    );
+    drop((store, writer));
+}

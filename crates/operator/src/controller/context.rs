@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use memcached_api::{Memcached, validation};
 
@@ -21,7 +21,7 @@ use crate::cached::{
 };
 use crate::children::Kind;
 use crate::drift::NormalForms;
-use crate::informer::{Cache, Index, WhileServed};
+use crate::informer::{Cache, Index, Store, WhileServed};
 use crate::triggers::Busy;
 
 /// Why a reconcile failed; each names the object and the step.

@@ -234,7 +234,7 @@ pub async fn run_controller(
     let (w1, w2) = (work.clone(), work.clone());
     Controller::for_stream(
         futures::stream::pending::<Result<Memcached, kube::runtime::watcher::Error>>(),
-        caches.memcacheds.store(),
+        caches.memcacheds_for_controller.clone(),
     )
     .reconcile_on(released)
     .with_config(ControllerRuntimeConfig::default().concurrency(0))

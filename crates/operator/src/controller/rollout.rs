@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use memcached_api::Memcached;
 use serde_json::Value;
@@ -26,6 +26,7 @@ use crate::builders::{
     TLS_AGENT_NAME,
 };
 use crate::cached::{CacheForm, CachedDeployment};
+use crate::informer::Store;
 
 /// The pod template's containers whose live form a pool keeps: `(list, name)`.
 const KEPT_CONTAINERS: [(&str, &str); 2] = [

@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use memcached_api::Memcached;
@@ -211,6 +211,8 @@ where
 /// They run whether or not this process leads, so a standby takes over with a warm cache.
 pub struct Caches {
     pub memcacheds: Informer<Memcached>,
+    /// The Memcacheds' cache as kube-runtime's `Controller` reads it (the same objects).
+    pub memcacheds_for_controller: reflector::Store<Memcached>,
     pub deployments: Informer<CachedDeployment>,
     pub services: Informer<CachedService>,
     pub pdbs: Informer<CachedPdb>,
@@ -238,12 +240,14 @@ impl Caches {
             slim,
             pod_index_key,
         );
+        let (memcacheds, memcacheds_for_controller) = Informer::start_for_controller(
+            scoped(client, namespace),
+            watcher::Config::default(),
+            slim,
+        );
         Self {
-            memcacheds: Informer::start(
-                scoped(client, namespace),
-                watcher::Config::default(),
-                slim,
-            ),
+            memcacheds,
+            memcacheds_for_controller,
             deployments: Informer::start(scoped(client, namespace), owned.clone(), slim),
             services: Informer::start(scoped(client, namespace), owned.clone(), slim),
             pdbs: Informer::start(scoped(client, namespace), owned.clone(), slim),

@@ -1,11 +1,12 @@
-//! Informers: a kube-runtime `watcher` feeding a `reflector` store, run independently of any
+//! Informers: a kube-runtime `watcher` feeding a [`Store`], run independently of any
 //! controller so the cache stays warm on a standby and is shared by everything that reads it.
 //! A controller subscribes when it starts (on taking the lease) and gets every cached object
 //! once, then every change, deletions included.
 //!
 //! kube-runtime's own shared streams (`Writer::subscribe`) do not pass deletions on, and a
 //! deleted child must trigger its owner at once, so the fan-out here is ours; the watching,
-//! backoff and caching are kube-runtime's. Objects deleted while the watch was down (and so
+//! backoff are kube-runtime's, and the store behaves as its reflector's (kept smaller, see
+//! [`store`]). Objects deleted while the watch was down (and so
 //! missing from the re-list, with no Delete event) are passed on as deletions too. A re-list
 //! is passed on only once the store has swapped it in (at `InitDone`), so an object a
 //! subscriber hears of is in the store when the reconcile it triggers looks for it.
@@ -22,16 +23,17 @@ use std::time::Instant;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+mod store;
 mod while_served;
 mod written;
 
+pub use store::{Store, Writer};
 pub use while_served::WhileServed;
 pub use written::{Cache, Written};
 
@@ -146,18 +148,16 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Index<K> {
         state.by_key.len()
     }
 
-    /// Follows `event`, which the store has already applied.
-    fn apply(&self, event: &watcher::Event<K>) {
+    /// Follows `event`, which the store has already applied (its objects as the store
+    /// holds them).
+    fn apply(&self, event: &watcher::Event<Arc<K>>) {
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         match event {
             watcher::Event::Apply(obj) => {
-                let cached = self
-                    .store
-                    .get(&ObjectRef::from_obj(obj))
-                    .unwrap_or_else(|| Arc::new(obj.clone()));
-                state.insert(cached, (self.key)(obj).as_deref());
+                let key = (self.key)(obj);
+                state.insert(obj.clone(), key.as_deref());
             }
-            watcher::Event::Delete(obj) => state.remove(identity(obj)),
+            watcher::Event::Delete(obj) => state.remove(identity(obj.as_ref())),
             // A re-list fills a buffer that the store swaps in when it ends; the index is
             // rebuilt from the store then, so it never holds objects the store does not.
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
@@ -192,8 +192,22 @@ where
     /// Starts watching `api` with `config`; `slim` trims each object before it is cached
     /// (drop what no reader needs, to keep memory small).
     pub fn start(api: Api<K>, config: watcher::Config, slim: fn(&mut K)) -> Self {
-        let (store, writer) = reflector::store::<K>();
+        let (store, writer) = Store::new();
         Self::spawn(watcher(api, config), slim, store, writer, None)
+    }
+
+    /// [`Informer::start`] on kube-runtime's own store, for the kind a kube-runtime
+    /// `Controller` reconciles: it reads its objects from that type, returned too.
+    pub fn start_for_controller(
+        api: Api<K>,
+        config: watcher::Config,
+        slim: fn(&mut K),
+    ) -> (Self, reflector::Store<K>) {
+        let (store, writer, kube_store) = Store::kube();
+        (
+            Self::spawn(watcher(api, config), slim, store, writer, None),
+            kube_store,
+        )
     }
 
     /// [`Informer::start`], also keeping an [`Index`] of the cache by `key`.
@@ -203,7 +217,7 @@ where
         slim: fn(&mut K),
         key: IndexKey<K>,
     ) -> (Self, Index<K>) {
-        let (store, writer) = reflector::store::<K>();
+        let (store, writer) = Store::new();
         let index = Index::new(store.clone(), key);
         let informer = Self::spawn(
             watcher(api, config),
@@ -219,39 +233,48 @@ where
         watch: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
         slim: fn(&mut K),
         store: Store<K>,
-        writer: reflector::store::Writer<K>,
+        mut writer: Writer<K>,
         indexer: Option<Index<K>>,
     ) -> Self {
         let subscribers: Subscribers<K> = Arc::default();
         let fan_out = subscribers.clone();
-        let written = Written::default();
+        let written: Written<K> = Written::default();
         let seen = written.clone();
         let kind = K::kind(&()).into_owned();
         let store_for_task = store.clone();
         let task = tokio::spawn(async move {
-            let mut events = watch.default_backoff().modify(slim).reflect(writer).boxed();
+            let mut events = watch.default_backoff().modify(slim).boxed();
             // The cache as it was when a re-list started (the store swaps at its end).
             let mut before_relist: Vec<Arc<K>> = Vec::new();
             while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => writer.apply(event),
+                    Err(e) => {
+                        warn!(kind, error = %e, "watch failed; retrying with backoff");
+                        continue;
+                    }
+                };
                 // The store has the change already; the index follows before anyone is
                 // told, so a reconcile it triggers sees both.
-                if let (Some(index), Ok(event)) = (&indexer, &event) {
-                    index.apply(event);
+                if let Some(index) = &indexer {
+                    index.apply(&event);
                 }
                 // Our writes: not needed once the watch delivers them (or a deletion).
                 match &event {
-                    Ok(watcher::Event::Apply(obj)) => seen.seen(obj),
-                    Ok(watcher::Event::Delete(obj)) => seen.deleted(obj, Instant::now()),
-                    Ok(watcher::Event::InitDone) => seen.clear(),
+                    watcher::Event::Apply(obj) => seen.seen(obj.as_ref()),
+                    watcher::Event::Delete(obj) => seen.deleted(obj.as_ref(), Instant::now()),
+                    watcher::Event::InitDone => seen.clear(),
                     _ => {}
                 }
                 let changed = match event {
-                    Ok(watcher::Event::Apply(obj)) => vec![obj],
+                    watcher::Event::Apply(obj) => vec![obj],
                     // A deleted object is passed on marked as being deleted, so predicates
                     // that look at the deletion state let it through (a deleted child must
                     // trigger its owner, to be recreated).
-                    Ok(watcher::Event::Delete(obj)) => vec![marked_deleted(obj)],
-                    Ok(watcher::Event::Init) => {
+                    watcher::Event::Delete(obj) => {
+                        vec![Arc::new(marked_deleted(Arc::unwrap_or_clone(obj)))]
+                    }
+                    watcher::Event::Init => {
                         before_relist = store_for_task.state();
                         continue;
                     }
@@ -259,11 +282,11 @@ where
                     // a reconcile finds its object in the store or not at all (kube-runtime
                     // drops it then, without a requeue): the re-list is passed on once the
                     // store holds it.
-                    Ok(watcher::Event::InitApply(_)) => continue,
+                    watcher::Event::InitApply(_) => continue,
                     // The store now holds exactly the re-list: every object in it, then the
                     // objects deleted while the watch was down (gone from the new list
                     // without a Delete event), passed on as deletions.
-                    Ok(watcher::Event::InitDone) => {
+                    watcher::Event::InitDone => {
                         let before = std::mem::take(&mut before_relist);
                         // Nobody to tell (a standby, or the first list): no copies made. A
                         // subscriber arriving later starts from the store.
@@ -272,16 +295,11 @@ where
                         }
                         relisted(&store_for_task, before)
                     }
-                    Err(e) => {
-                        warn!(kind, error = %e, "watch failed; retrying with backoff");
-                        continue;
-                    }
                 };
                 let mut subs = fan_out.lock().unwrap_or_else(|e| e.into_inner());
                 for obj in changed {
-                    // One object shared; each subscriber takes it out when it reads it
-                    // (the last one without a copy).
-                    let obj = Arc::new(obj);
+                    // One object shared (with the store, too); each subscriber takes it out
+                    // when it reads it.
                     subs.retain(|tx| tx.send(obj.clone()).is_ok());
                 }
             }
@@ -307,7 +325,7 @@ where
     /// Waits until the first full list has been cached.
     pub async fn wait_synced(&self) {
         // The writer lives as long as the task; if the task ended, there is nothing to wait for.
-        let _ = self.store.wait_until_ready().await;
+        self.store.wait_until_ready().await;
     }
 
     /// A stream of every cached object once, then every changed or deleted object, for as
@@ -353,12 +371,12 @@ fn marked_deleted<K: Resource>(mut obj: K) -> K {
 
 /// After a re-list: every object `now` holds, then those of `before` it no longer holds,
 /// marked as being deleted.
-fn relisted<K>(now: &Store<K>, before: Vec<Arc<K>>) -> Vec<K>
+fn relisted<K>(now: &Store<K>, before: Vec<Arc<K>>) -> Vec<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    let mut changed: Vec<K> = now.state().iter().map(|o| (**o).clone()).collect();
-    changed.extend(vanished(before, now));
+    let mut changed = now.state();
+    changed.extend(vanished(before, now).into_iter().map(Arc::new));
     changed
 }
 
@@ -369,8 +387,8 @@ where
 {
     before
         .into_iter()
-        .filter(|obj| now.get(&ObjectRef::from_obj(obj.as_ref())).is_none())
-        .map(|obj| marked_deleted((*obj).clone()))
+        .filter(|obj| now.get_like(obj).is_none())
+        .map(|obj| marked_deleted(Arc::unwrap_or_clone(obj)))
         .collect()
 }
 
@@ -440,14 +458,14 @@ mod tests {
 
     #[test]
     fn objects_missing_from_a_relist_are_reported_deleted() {
-        let (store, mut writer) = reflector::store::<Pod>();
+        let (store, mut writer) = Store::<Pod>::new();
         for name in ["a", "b", "c"] {
-            writer.apply_watcher_event(&watcher::Event::Apply(pod(name, "x")));
+            writer.apply(watcher::Event::Apply(pod(name, "x")));
         }
         let before = store.state();
-        writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitApply(pod("b", "x")));
-        writer.apply_watcher_event(&watcher::Event::InitDone);
+        writer.apply(watcher::Event::Init);
+        writer.apply(watcher::Event::InitApply(pod("b", "x")));
+        writer.apply(watcher::Event::InitDone);
         let mut gone: Vec<Pod> = vanished(before, &store);
         gone.sort_by_key(|p| p.name_any());
         assert_eq!(
@@ -459,10 +477,10 @@ mod tests {
 
     #[test]
     fn index_follows_changes_deletions_and_relists() {
-        let (store, mut writer) = reflector::store::<Pod>();
+        let (store, mut writer) = Store::<Pod>::new();
         let index = Index::new(store, key);
         let mut apply = |event: watcher::Event<Pod>| {
-            writer.apply_watcher_event(&event);
+            let event = writer.apply(event);
             index.apply(&event);
         };
         apply(watcher::Event::Apply(pod("a", "x")));

@@ -9,13 +9,12 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::{Informer, Subscribers, tokio_stream_from};
+use super::{Informer, Store, Subscribers, tokio_stream_from};
 
 /// The informer while it runs, and the task passing its changes on.
 struct Running<K: Resource<DynamicType = ()> + Clone + 'static> {

@@ -23,8 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+
+use super::Store;
 
 /// How long a written object answers for the cache at most.
 pub const WRITTEN_TTL: Duration = Duration::from_secs(120);
@@ -285,8 +287,9 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
-    use kube::runtime::reflector;
     use kube::runtime::watcher::Event;
+
+    use crate::informer::Writer;
 
     fn cm(name: &str, version: &str, data: &str) -> ConfigMap {
         ConfigMap {
@@ -302,12 +305,8 @@ mod tests {
     }
 
     /// A cache reading through `written`, and the store's writer (the watch's side).
-    fn cache() -> (
-        Cache<ConfigMap>,
-        Written<ConfigMap>,
-        reflector::store::Writer<ConfigMap>,
-    ) {
-        let (store, writer) = reflector::store::<ConfigMap>();
+    fn cache() -> (Cache<ConfigMap>, Written<ConfigMap>, Writer<ConfigMap>) {
+        let (store, writer) = Store::<ConfigMap>::new();
         let written = Written::default();
         (Cache::new(store, written.clone()), written, writer)
     }
@@ -327,11 +326,11 @@ mod tests {
         cache.wrote(cm("a", "10", "new"));
         assert_eq!(data(cache.get(&key("a"))).as_deref(), Some("new"));
         // The watch delivers an older version first: ours is still the newer.
-        writer.apply_watcher_event(&Event::Apply(cm("a", "9", "old")));
+        writer.apply(Event::Apply(cm("a", "9", "old")));
         written.seen(&cm("a", "9", "old"));
         assert_eq!(data(cache.get(&key("a"))).as_deref(), Some("new"));
         // Then ours: the cache answers, and nothing is held any more.
-        writer.apply_watcher_event(&Event::Apply(cm("a", "10", "new")));
+        writer.apply(Event::Apply(cm("a", "10", "new")));
         written.seen(&cm("a", "10", "new"));
         assert!(written.is_empty());
         assert_eq!(data(cache.get(&key("a"))).as_deref(), Some("new"));
@@ -342,7 +341,7 @@ mod tests {
         let (cache, written, mut writer) = cache();
         cache.wrote(cm("a", "10", "ours"));
         // A later change by someone else reached the cache before its event was seen here.
-        writer.apply_watcher_event(&Event::Apply(cm("a", "12", "theirs")));
+        writer.apply(Event::Apply(cm("a", "12", "theirs")));
         assert_eq!(data(cache.get(&key("a"))).as_deref(), Some("theirs"));
         assert!(written.is_empty());
     }
