@@ -37,10 +37,10 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Next, Er
     let telemetry = ctx.config.telemetry.as_ref();
     let timer = telemetry.map(|t| {
         t.started(&key);
-        // Counting the cache copies it, so the gauge is refreshed at most once a second.
+        // At most once a second: the pruning looks every pool with a problem series up.
         if t.instances_due() {
             let scope = ctx.config.namespace.as_deref().unwrap_or("");
-            t.set_instances(scope, ctx.memcacheds.state().len());
+            t.set_instances(scope, ctx.memcacheds.len());
             t.prune_problems(|key| ctx.memcacheds.get(key).is_some());
         }
         t.controller.reconcile_started()

@@ -4,12 +4,12 @@
 //! once, then every change, deletions included.
 //!
 //! kube-runtime's own shared streams (`Writer::subscribe`) do not pass deletions on, and a
-//! deleted child must trigger its owner at once, so the fan-out here is ours; the watching,
-//! backoff are kube-runtime's, and the store behaves as its reflector's (kept smaller, see
-//! [`store`]). Objects deleted while the watch was down (and so
-//! missing from the re-list, with no Delete event) are passed on as deletions too. A re-list
-//! is passed on only once the store has swapped it in (at `InitDone`), so an object a
-//! subscriber hears of is in the store when the reconcile it triggers looks for it.
+//! deleted child must trigger its owner at once, so the fan-out here is ours. The watching
+//! and its backoff are kube-runtime's; the store behaves as its reflector's, in less memory
+//! (see [`store`]). Objects deleted while the watch was down (and so missing from the
+//! re-list, with no Delete event) are passed on as deletions too. A re-list is passed on
+//! only once the store has swapped it in (at `InitDone`), so an object a subscriber hears
+//! of is in the store when the reconcile it triggers looks for it.
 //!
 //! An informer can also keep an [`Index`]: the cached objects grouped by a key (the pods of
 //! one Memcached), so a reader finds its few objects without scanning the whole cache.
@@ -347,7 +347,7 @@ where
 
     /// Number of cached objects.
     pub fn len(&self) -> usize {
-        self.store.state().len()
+        self.store.len()
     }
 
     /// Whether the cache is empty.
