@@ -34,6 +34,20 @@ pub(super) struct Env {
     pub(super) cluster: bool,
     /// The real API server's audit log, when given.
     pub(super) audit: Option<PathBuf>,
+    /// How long [`Env::cleanup`] waits for the phase's namespaces to go.
+    pub(super) cleanup_wait: Duration,
+}
+
+/// How long a phase's namespaces are waited for after it. With `--cluster-wide` the next
+/// phase's operator would watch what is left of them (and reconcile those pools too), so
+/// the wait is then as long as a phase may take.
+fn cleanup_wait(args: &BenchArgs) -> Duration {
+    let usual = Duration::from_secs(600);
+    if args.cluster_wide {
+        args.timeout.max(usual)
+    } else {
+        usual
+    }
 }
 
 /// Where request counting started: the in-memory server resets its counts; an audit log is
@@ -75,6 +89,7 @@ impl Env {
                 _handle: None,
                 cluster: true,
                 audit: args.audit_log.clone(),
+                cleanup_wait: cleanup_wait(args),
             });
         }
         let server = apisim::ApiServer::builder()
@@ -100,6 +115,7 @@ impl Env {
             _handle: Some(handle),
             cluster: false,
             audit: None,
+            cleanup_wait: cleanup_wait(args),
         })
     }
 
@@ -167,7 +183,7 @@ impl Env {
             // compete with what is measured next. One namespace is asked after at a time.
             let started = Instant::now();
             let mut waiting = deleted.into_iter().peekable();
-            while started.elapsed() < Duration::from_secs(600) {
+            while started.elapsed() < self.cleanup_wait {
                 let Some(namespace) = waiting.peek() else {
                     break;
                 };
@@ -184,7 +200,8 @@ impl Env {
             }
             for namespace in waiting {
                 log(format!(
-                    "namespace {namespace} still terminating after 10 min; going on"
+                    "namespace {namespace} still terminating after {}; going on",
+                    secs(self.cleanup_wait)
                 ));
             }
         }
