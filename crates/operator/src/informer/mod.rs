@@ -55,10 +55,19 @@ fn hash_of(parts: impl Hash) -> u64 {
     h.finish()
 }
 
-/// An object's identity in its kind and scope: its namespace and name, hashed.
-pub(crate) fn identity<K: Resource>(obj: &K) -> u64 {
+/// Where an object is in its kind: its namespace and name. The caches, the index and our
+/// held writes all file objects under this (hashed), never under a copy of it.
+pub(crate) fn place<K: Resource>(obj: &K) -> (Option<&str>, &str) {
     let meta = obj.meta();
-    hash_of((meta.namespace.as_deref(), meta.name.as_deref()))
+    (
+        meta.namespace.as_deref(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// An object's identity in its kind and scope: its [`place`], hashed.
+pub(crate) fn identity<K: Resource>(obj: &K) -> u64 {
+    hash_of(place(obj))
 }
 
 struct IndexState<K> {

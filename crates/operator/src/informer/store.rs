@@ -2,7 +2,7 @@
 //!
 //! kube-runtime's reflector store files each object under an `ObjectRef`: a copy of its
 //! name, namespace, resourceVersion and uid (four strings, 96 bytes inline) in a table of
-//! 104-byte slots. For the children and pods of 10,000 pools that is some 70,000 keys, the
+//! 104-byte slots. For the children and pods of 10,000 pools that is some 60,000 keys, the
 //! largest part of the cache after the objects themselves. The store here keeps only the
 //! objects: a table of `Arc`s (8 bytes a slot) found by a hash of the namespace and name
 //! they carry, compared with the object's own on every lookup, so two objects of one hash
@@ -23,6 +23,8 @@ use kube::Resource;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use tokio::sync::watch;
+
+use super::place;
 
 /// A read-only handle on an informer's cache (a cheap clone).
 pub struct Store<K: Resource<DynamicType = ()> + Clone + 'static> {
@@ -55,15 +57,6 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Store<K> {
             },
         }
     }
-}
-
-/// Where an object is filed: its namespace and name.
-fn place<K: Resource>(obj: &K) -> (Option<&str>, &str) {
-    let meta = obj.meta();
-    (
-        meta.namespace.as_deref(),
-        meta.name.as_deref().unwrap_or_default(),
-    )
 }
 
 impl<K> Shared<K>

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::Store;
+use super::{Store, place};
 
 /// How long a written object answers for the cache at most.
 pub const WRITTEN_TTL: Duration = Duration::from_secs(120);
@@ -94,11 +94,8 @@ impl<K: Resource<DynamicType = ()>> State<K> {
     }
 
     fn key_of(&self, obj: &K) -> u64 {
-        let meta = obj.meta();
-        self.key(
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        )
+        let (namespace, name) = place(obj);
+        self.key(namespace, name)
     }
 
     /// The key `namespace`/`name` is filed under, and its entry if one holds that object.
